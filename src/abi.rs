@@ -1,0 +1,374 @@
+//! The C ABI of NCCL 2.28.9: every `#[repr(C)]` type, enum and constant that crosses the
+//! library boundary. cbindgen generates `include/nccl.h` from these definitions (see
+//! `cbindgen.toml`), so names follow NVIDIA's header exactly.
+//!
+//! Enums arrive from C as plain integers and may hold any value, so entry points take the
+//! `Raw*` wrappers (rendered as the enum's C name in the header) and convert them with a
+//! checked `TryFrom`; the Rust enums are only ever built from valid values.
+#![allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    clippy::upper_case_acronyms
+)]
+
+use std::os::raw::{c_char, c_int, c_uint, c_void};
+
+pub const NCCL_MAJOR: c_int = 2;
+pub const NCCL_MINOR: c_int = 28;
+pub const NCCL_PATCH: c_int = 9;
+pub const NCCL_VERSION_CODE: c_int = 22809;
+pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
+pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
+pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
+pub const NCCL_UNDEF_FLOAT: f32 = -1.0;
+pub const NCCL_WIN_DEFAULT: c_int = 0x00;
+pub const NCCL_WIN_COLL_SYMMETRIC: c_int = 0x01;
+pub const NCCL_WIN_REQUIRED_ALIGNMENT: usize = 4096;
+pub const NCCL_CTA_POLICY_DEFAULT: c_int = 0x00;
+pub const NCCL_CTA_POLICY_EFFICIENCY: c_int = 0x01;
+pub const NCCL_CTA_POLICY_ZERO: c_int = 0x02;
+pub const NCCL_SHRINK_DEFAULT: c_int = 0x00;
+pub const NCCL_SHRINK_ABORT: c_int = 0x01;
+pub const NCCL_REVOKE_DEFAULT: c_int = 0x00;
+/// `ncclConfig_t::magic` of an initialised config.
+pub const NCCL_CONFIG_MAGIC: c_uint = 0xcafe_beef;
+/// `ncclSimInfo_t::magic` of an initialised sim info.
+pub const NCCL_SIM_INFO_MAGIC: c_uint = 0x7468_5283;
+
+/// Opaque communicator handed to C (`struct ncclComm*`).
+#[repr(C)]
+pub struct ncclComm {
+    _opaque: [u8; 0],
+}
+pub type ncclComm_t = *mut ncclComm;
+
+/// Opaque window handle (`struct ncclWindow_vidmem*`).
+#[repr(C)]
+pub struct ncclWindow_vidmem {
+    _opaque: [u8; 0],
+}
+pub type ncclWindow_t = *mut ncclWindow_vidmem;
+
+/// CUDA's stream type; the header takes `cudaStream_t` from `cuda_runtime.h`.
+#[repr(C)]
+pub struct CUstream_st {
+    _opaque: [u8; 0],
+}
+pub type cudaStream_t = *mut CUstream_st;
+
+/// The 128 opaque bytes every rank needs to join a communicator.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ncclUniqueId {
+    pub internal: [c_char; NCCL_UNIQUE_ID_BYTES],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ncclResult_t {
+    ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
+    ncclSystemError = 2,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5,
+    ncclRemoteError = 6,
+    ncclInProgress = 7,
+    ncclNumResults = 8,
+}
+
+impl ncclResult_t {
+    /// The result for a raw code read back from C (unknown codes become `None`).
+    pub fn from_raw(code: c_int) -> Option<Self> {
+        use ncclResult_t::*;
+        Some(match code {
+            0 => ncclSuccess,
+            1 => ncclUnhandledCudaError,
+            2 => ncclSystemError,
+            3 => ncclInternalError,
+            4 => ncclInvalidArgument,
+            5 => ncclInvalidUsage,
+            6 => ncclRemoteError,
+            7 => ncclInProgress,
+            8 => ncclNumResults,
+            _ => return None,
+        })
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ncclRedOp_dummy_t {
+    ncclNumOps_dummy = 5,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ncclRedOp_t {
+    ncclSum = 0,
+    ncclProd = 1,
+    ncclMax = 2,
+    ncclMin = 3,
+    ncclAvg = 4,
+    ncclNumOps = 5,
+    ncclMaxRedOp = 0x7fff_ffff,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ncclDataType_t {
+    ncclInt8 = 0,
+    ncclUint8 = 1,
+    ncclInt32 = 2,
+    ncclUint32 = 3,
+    ncclInt64 = 4,
+    ncclUint64 = 5,
+    ncclFloat16 = 6,
+    ncclFloat32 = 7,
+    ncclFloat64 = 8,
+    ncclBfloat16 = 9,
+    ncclFloat8e4m3 = 10,
+    ncclFloat8e5m2 = 11,
+    ncclNumTypes = 12,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ncclScalarResidence_t {
+    ncclScalarDevice = 0,
+    ncclScalarHostImmediate = 1,
+}
+
+/// A result code as C passes it (rendered `ncclResult_t` in the header).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawResult(pub c_int);
+/// A data type as C passes it (rendered `ncclDataType_t`).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawDataType(pub c_int);
+/// A reduction op as C passes it (rendered `ncclRedOp_t`); may be a dynamic op handle.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawRedOp(pub c_int);
+/// A scalar residence as C passes it (rendered `ncclScalarResidence_t`).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawScalarResidence(pub c_int);
+
+/// Communicator configuration, NCCL 2.28 layout (`struct ncclConfig_v22800`).
+/// Callers built against older headers pass a shorter struct: read only `size` bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ncclConfig_v22800 {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub blocking: c_int,
+    pub cgaClusterSize: c_int,
+    pub minCTAs: c_int,
+    pub maxCTAs: c_int,
+    pub netName: *const c_char,
+    pub splitShare: c_int,
+    pub trafficClass: c_int,
+    pub commName: *const c_char,
+    pub collnetEnable: c_int,
+    pub CTAPolicy: c_int,
+    pub shrinkShare: c_int,
+    pub nvlsCTAs: c_int,
+    pub nChannelsPerNetPeer: c_int,
+    pub nvlinkCentricSched: c_int,
+}
+pub type ncclConfig_t = ncclConfig_v22800;
+
+impl Default for ncclConfig_v22800 {
+    /// The same values as `NCCL_CONFIG_INITIALIZER`.
+    fn default() -> Self {
+        let u = NCCL_CONFIG_UNDEF_INT;
+        ncclConfig_v22800 {
+            size: std::mem::size_of::<ncclConfig_t>(),
+            magic: NCCL_CONFIG_MAGIC,
+            version: NCCL_VERSION_CODE as c_uint,
+            blocking: u,
+            cgaClusterSize: u,
+            minCTAs: u,
+            maxCTAs: u,
+            netName: std::ptr::null(),
+            splitShare: u,
+            trafficClass: u,
+            commName: std::ptr::null(),
+            collnetEnable: u,
+            CTAPolicy: u,
+            shrinkShare: u,
+            nvlsCTAs: u,
+            nChannelsPerNetPeer: u,
+            nvlinkCentricSched: u,
+        }
+    }
+}
+
+/// Simulation results of `ncclGroupSimulateEnd` (`struct ncclSimInfo_v22200`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ncclSimInfo_v22200 {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub estimatedTime: f32,
+}
+pub type ncclSimInfo_t = ncclSimInfo_v22200;
+
+// ---- Device-API host types (nccl_device/core.h). Only what the host functions touch. ----
+
+/// A team of ranks (`struct ncclTeam`), returned by value from the team functions.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ncclTeam {
+    pub nRanks: c_int,
+    pub rank: c_int,
+    pub stride: c_int,
+}
+pub type ncclTeam_t = ncclTeam;
+
+/// Opaque device-API structs: we never read them until the device API is built.
+#[repr(C)]
+pub struct ncclDevComm {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct ncclDevCommRequirements {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct ncclDevResourceRequirements {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct ncclLsaBarrierHandle {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct ncclGinBarrierHandle {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct ncclLLA2AHandle {
+    _opaque: [u8; 0],
+}
+
+/// Untyped pointer alias used by the allocation entry points.
+pub type VoidPtr = *mut c_void;
+
+impl ncclDataType_t {
+    /// Checked conversion from the integer C passed.
+    pub fn from_raw(raw: RawDataType) -> Option<Self> {
+        use ncclDataType_t::*;
+        Some(match raw.0 {
+            0 => ncclInt8,
+            1 => ncclUint8,
+            2 => ncclInt32,
+            3 => ncclUint32,
+            4 => ncclInt64,
+            5 => ncclUint64,
+            6 => ncclFloat16,
+            7 => ncclFloat32,
+            8 => ncclFloat64,
+            9 => ncclBfloat16,
+            10 => ncclFloat8e4m3,
+            11 => ncclFloat8e5m2,
+            _ => return None,
+        })
+    }
+
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        use ncclDataType_t::*;
+        match self {
+            ncclInt8 | ncclUint8 | ncclFloat8e4m3 | ncclFloat8e5m2 => 1,
+            ncclFloat16 | ncclBfloat16 => 2,
+            ncclInt32 | ncclUint32 | ncclFloat32 => 4,
+            ncclInt64 | ncclUint64 | ncclFloat64 => 8,
+            ncclNumTypes => 0,
+        }
+    }
+
+    /// NCCL's short name for the type, as its logs print it.
+    pub fn name(self) -> &'static str {
+        use ncclDataType_t::*;
+        match self {
+            ncclInt8 => "int8",
+            ncclUint8 => "uint8",
+            ncclInt32 => "int32",
+            ncclUint32 => "uint32",
+            ncclInt64 => "int64",
+            ncclUint64 => "uint64",
+            ncclFloat16 => "half",
+            ncclFloat32 => "float",
+            ncclFloat64 => "double",
+            ncclBfloat16 => "bfloat16",
+            ncclFloat8e4m3 => "fp8e4m3",
+            ncclFloat8e5m2 => "fp8e5m2",
+            ncclNumTypes => "invalid",
+        }
+    }
+
+    /// Whether the type is a floating-point type.
+    pub fn is_float(self) -> bool {
+        use ncclDataType_t::*;
+        matches!(
+            self,
+            ncclFloat16
+                | ncclFloat32
+                | ncclFloat64
+                | ncclBfloat16
+                | ncclFloat8e4m3
+                | ncclFloat8e5m2
+        )
+    }
+
+    /// All twelve real data types, in enum order.
+    pub const ALL: [ncclDataType_t; 12] = {
+        use ncclDataType_t::*;
+        [
+            ncclInt8,
+            ncclUint8,
+            ncclInt32,
+            ncclUint32,
+            ncclInt64,
+            ncclUint64,
+            ncclFloat16,
+            ncclFloat32,
+            ncclFloat64,
+            ncclBfloat16,
+            ncclFloat8e4m3,
+            ncclFloat8e5m2,
+        ]
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_nvidia_2_28_9() {
+        assert_eq!(std::mem::size_of::<ncclUniqueId>(), 128);
+        assert_eq!(std::mem::size_of::<ncclConfig_t>(), 80);
+        assert_eq!(std::mem::offset_of!(ncclConfig_t, netName), 32);
+        assert_eq!(std::mem::offset_of!(ncclConfig_t, commName), 48);
+        assert_eq!(std::mem::offset_of!(ncclConfig_t, nvlinkCentricSched), 76);
+        assert_eq!(std::mem::size_of::<ncclSimInfo_t>(), 24);
+        assert_eq!(std::mem::size_of::<ncclResult_t>(), 4);
+        assert_eq!(std::mem::size_of::<ncclRedOp_t>(), 4);
+    }
+
+    #[test]
+    fn data_type_round_trip() {
+        for (i, t) in ncclDataType_t::ALL.iter().enumerate() {
+            assert_eq!(ncclDataType_t::from_raw(RawDataType(i as c_int)), Some(*t));
+        }
+        assert_eq!(ncclDataType_t::from_raw(RawDataType(12)), None);
+        assert_eq!(ncclDataType_t::from_raw(RawDataType(-1)), None);
+    }
+}

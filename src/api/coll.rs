@@ -1,0 +1,576 @@
+//! Collectives: argument checks shared by all of them, then a task for the group machinery.
+
+use super::{comm, entry};
+use crate::abi::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclResult_t, RawDataType, RawRedOp};
+use crate::core::redop::RedOp;
+use crate::error::{Error, Result};
+use crate::sched::{CollKind, Task};
+use std::os::raw::{c_int, c_void};
+
+/// Everything a collective call passes, before validation.
+pub(crate) struct Call {
+    pub kind: CollKind,
+    pub sendbuff: *const c_void,
+    pub recvbuff: *mut c_void,
+    pub count: usize,
+    pub dtype: RawDataType,
+    /// `None` for operations that do not reduce.
+    pub op: Option<RawRedOp>,
+    /// Root rank, or peer for Send/Recv; ignored where the operation has none.
+    pub root: c_int,
+    pub comm: ncclComm_t,
+    pub stream: cudaStream_t,
+}
+
+fn has_root(kind: CollKind) -> bool {
+    matches!(
+        kind,
+        CollKind::Broadcast
+            | CollKind::Reduce
+            | CollKind::Gather
+            | CollKind::Scatter
+            | CollKind::Send
+            | CollKind::Recv
+    )
+}
+
+/// Validate a call as NVIDIA's library does and hand it to the communicator.
+pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
+    entry(name, call.comm, || {
+        let c = comm(call.comm)?;
+        c.check_usable()?;
+        let dtype = ncclDataType_t::from_raw(call.dtype).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "invalid type {}, comm {:p}",
+                call.dtype.0, call.comm
+            ))
+        })?;
+        let op = match call.op {
+            Some(raw) => c.redops.resolve(raw, dtype)?,
+            None => RedOp::Sum,
+        };
+        if has_root(call.kind) && (call.root < 0 || call.root >= c.nranks) {
+            let what = if matches!(call.kind, CollKind::Send | CollKind::Recv) {
+                "peer"
+            } else {
+                "root"
+            };
+            return Err(Error::invalid_argument(format!(
+                "invalid {what} {}, nranks {}",
+                call.root, c.nranks
+            )));
+        }
+        check_buffers(&call, c.rank, c.nranks)?;
+        let task = Task {
+            kind: call.kind,
+            dtype,
+            op,
+            count: call.count,
+            sendbuff: call.sendbuff as u64,
+            recvbuff: call.recvbuff as u64,
+            root: call.root,
+        };
+        crate::core::enqueue::enqueue(&c, task, call.stream)
+    })
+}
+
+/// Buffers a rank actually touches must not be NULL when there is data to move.
+fn check_buffers(call: &Call, rank: i32, _nranks: i32) -> Result<()> {
+    if call.count == 0 {
+        return Ok(());
+    }
+    let is_root = rank == call.root;
+    let (needs_send, needs_recv) = match call.kind {
+        CollKind::Send => (true, false),
+        CollKind::Recv => (false, true),
+        CollKind::Reduce => (true, is_root),
+        CollKind::Gather => (true, is_root),
+        CollKind::Scatter => (is_root, true),
+        CollKind::Broadcast => (is_root, true),
+        _ => (true, true),
+    };
+    if needs_send && call.sendbuff.is_null() {
+        return Err(Error::invalid_argument("sendbuff argument is NULL"));
+    }
+    if needs_recv && call.recvbuff.is_null() {
+        return Err(Error::invalid_argument("recvbuff argument is NULL"));
+    }
+    Ok(())
+}
+
+fn all_reduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    op: RawRedOp,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let kind = CollKind::AllReduce;
+    submit(
+        "ncclAllReduce",
+        Call {
+            kind,
+            sendbuff,
+            recvbuff,
+            count,
+            dtype: datatype,
+            op: Some(op),
+            root: 0,
+            comm,
+            stream,
+        },
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    op: RawRedOp,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
+}
+#[no_mangle]
+pub extern "C" fn pncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    op: RawRedOp,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    op: RawRedOp,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let kind = CollKind::Reduce;
+    submit(
+        "ncclReduce",
+        Call {
+            kind,
+            sendbuff,
+            recvbuff,
+            count,
+            dtype: datatype,
+            op: Some(op),
+            root,
+            comm,
+            stream,
+        },
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn ncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    op: RawRedOp,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
+}
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn pncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    op: RawRedOp,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
+}
+
+/// Broadcast, Gather and Scatter: data movement with a root and no reduction.
+#[allow(clippy::too_many_arguments)]
+fn rooted(
+    name: &str,
+    kind: CollKind,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    submit(
+        name,
+        Call {
+            kind,
+            sendbuff,
+            recvbuff,
+            count,
+            dtype: datatype,
+            op: None,
+            root,
+            comm,
+            stream,
+        },
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    rooted(
+        "ncclBcast",
+        CollKind::Broadcast,
+        buff,
+        buff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+    )
+}
+#[no_mangle]
+pub extern "C" fn pncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    rooted(
+        "ncclBcast",
+        CollKind::Broadcast,
+        buff,
+        buff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    rooted(
+        "ncclBroadcast",
+        CollKind::Broadcast,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+    )
+}
+#[no_mangle]
+pub extern "C" fn pncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    rooted(
+        "ncclBroadcast",
+        CollKind::Broadcast,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    rooted(
+        "ncclGather",
+        CollKind::Gather,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+    )
+}
+#[no_mangle]
+pub extern "C" fn pncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    rooted(
+        "ncclGather",
+        CollKind::Gather,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    rooted(
+        "ncclScatter",
+        CollKind::Scatter,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+    )
+}
+#[no_mangle]
+pub extern "C" fn pncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    rooted(
+        "ncclScatter",
+        CollKind::Scatter,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+    )
+}
+
+fn reduce_scatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: RawDataType,
+    op: RawRedOp,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let kind = CollKind::ReduceScatter;
+    let count = recvcount;
+    submit(
+        "ncclReduceScatter",
+        Call {
+            kind,
+            sendbuff,
+            recvbuff,
+            count,
+            dtype: datatype,
+            op: Some(op),
+            root: 0,
+            comm,
+            stream,
+        },
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: RawDataType,
+    op: RawRedOp,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
+}
+#[no_mangle]
+pub extern "C" fn pncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: RawDataType,
+    op: RawRedOp,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
+}
+
+/// AllGather and AlltoAll: per-rank counts, no root, no reduction.
+#[allow(clippy::too_many_arguments)]
+fn unrooted(
+    name: &str,
+    kind: CollKind,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    submit(
+        name,
+        Call {
+            kind,
+            sendbuff,
+            recvbuff,
+            count,
+            dtype: datatype,
+            op: None,
+            root: 0,
+            comm,
+            stream,
+        },
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: RawDataType,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    unrooted(
+        "ncclAllGather",
+        CollKind::AllGather,
+        sendbuff,
+        recvbuff,
+        sendcount,
+        datatype,
+        comm,
+        stream,
+    )
+}
+#[no_mangle]
+pub extern "C" fn pncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: RawDataType,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    unrooted(
+        "ncclAllGather",
+        CollKind::AllGather,
+        sendbuff,
+        recvbuff,
+        sendcount,
+        datatype,
+        comm,
+        stream,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    unrooted(
+        "ncclAlltoAll",
+        CollKind::AlltoAll,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        comm,
+        stream,
+    )
+}
+#[no_mangle]
+pub extern "C" fn pncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: RawDataType,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    unrooted(
+        "ncclAlltoAll",
+        CollKind::AlltoAll,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        comm,
+        stream,
+    )
+}

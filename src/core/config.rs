@@ -1,0 +1,278 @@
+//! `ncclConfig_t` as callers built against any header from 2.14 to 2.28 pass it: read by the
+//! caller's `size` (fields an older caller lacks stay undefined), checked, and completed from
+//! the `NCCL_*` environment where the caller left a field undefined.
+
+use crate::abi::{ncclConfig_t, NCCL_CONFIG_MAGIC, NCCL_CONFIG_UNDEF_INT};
+use crate::error::{Error, Result};
+use std::ffi::CStr;
+
+/// Most channels (CTAs) a communicator may use.
+pub const MAX_CHANNELS: i32 = 64;
+
+/// The settled configuration of one communicator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommConfig {
+    pub blocking: bool,
+    pub cga_cluster_size: i32,
+    pub min_ctas: i32,
+    pub max_ctas: i32,
+    pub net_name: Option<String>,
+    pub split_share: bool,
+    pub traffic_class: i32,
+    pub comm_name: Option<String>,
+    pub collnet_enable: bool,
+    pub cta_policy: i32,
+    pub shrink_share: bool,
+    pub nvls_ctas: i32,
+    pub n_channels_per_net_peer: i32,
+    pub nvlink_centric_sched: bool,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            blocking: true,
+            cga_cluster_size: 0,
+            min_ctas: 1,
+            max_ctas: MAX_CHANNELS,
+            net_name: None,
+            split_share: false,
+            traffic_class: NCCL_CONFIG_UNDEF_INT,
+            comm_name: None,
+            collnet_enable: false,
+            cta_policy: 0,
+            shrink_share: false,
+            nvls_ctas: NCCL_CONFIG_UNDEF_INT,
+            n_channels_per_net_peer: NCCL_CONFIG_UNDEF_INT,
+            nvlink_centric_sched: false,
+        }
+    }
+}
+
+/// Read a caller's config struct. Only the first `size` bytes are touched.
+///
+/// # Safety
+/// `cfg` is NULL or points to at least `size` readable bytes, where `size` is the struct's
+/// first field (the caller's `sizeof(ncclConfig_t)`).
+pub unsafe fn read_user_config(cfg: *const ncclConfig_t) -> Result<Option<ncclConfig_t>> {
+    if cfg.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: every config version starts with size_t size, unsigned magic, unsigned version.
+    let size = unsafe { std::ptr::addr_of!((*cfg).size).read_unaligned() };
+    let magic = unsafe { std::ptr::addr_of!((*cfg).magic).read_unaligned() };
+    if magic != NCCL_CONFIG_MAGIC {
+        return Err(Error::invalid_argument(format!(
+            "config magic {magic:#x} is not NCCL_CONFIG_MAGIC (0xcafebeef): initialise the config with NCCL_CONFIG_INITIALIZER"
+        )));
+    }
+    let ours = std::mem::size_of::<ncclConfig_t>();
+    if !(16..=1 << 16).contains(&size) {
+        return Err(Error::invalid_argument(format!(
+            "config size {size} is not a valid ncclConfig_t size"
+        )));
+    }
+    let mut out = ncclConfig_t::default();
+    let n = size.min(ours);
+    // SAFETY: the caller provides `size` readable bytes; we copy at most that many into a
+    // struct of at least `n` bytes. Fields past `n` keep NCCL_CONFIG_INITIALIZER's values.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            cfg as *const u8,
+            &mut out as *mut ncclConfig_t as *mut u8,
+            n,
+        )
+    };
+    // Pointer fields a short struct did not cover must stay NULL, which default() set.
+    Ok(Some(out))
+}
+
+fn defined(v: i32) -> Option<i32> {
+    (v != NCCL_CONFIG_UNDEF_INT).then_some(v)
+}
+
+fn check_range(name: &str, v: Option<i32>, lo: i32, hi: i32) -> Result<Option<i32>> {
+    match v {
+        Some(x) if x < lo || x > hi => Err(Error::invalid_argument(format!(
+            "config.{name} = {x} is out of range (valid: {lo}..={hi})"
+        ))),
+        other => Ok(other),
+    }
+}
+
+fn string_field(p: *const std::os::raw::c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's config holds a NUL-terminated string here (NCCL's contract).
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+impl CommConfig {
+    /// Settle a configuration: the caller's fields where defined, else `parent` (split and
+    /// shrink inherit), else the environment, else defaults. Rejects out-of-range values.
+    pub fn resolve(user: Option<&ncclConfig_t>, parent: Option<&CommConfig>) -> Result<CommConfig> {
+        let base = parent.cloned().unwrap_or_else(Self::from_env);
+        let Some(u) = user else { return Ok(base) };
+        let blocking = check_range("blocking", defined(u.blocking), 0, 1)?;
+        let cga = check_range("cgaClusterSize", defined(u.cgaClusterSize), 0, 8)?;
+        let min_ctas = check_range("minCTAs", defined(u.minCTAs), 1, MAX_CHANNELS)?;
+        let max_ctas = check_range("maxCTAs", defined(u.maxCTAs), 1, MAX_CHANNELS)?;
+        let split_share = check_range("splitShare", defined(u.splitShare), 0, 1)?;
+        let collnet = check_range("collnetEnable", defined(u.collnetEnable), 0, 1)?;
+        let policy = check_range("CTAPolicy", defined(u.CTAPolicy), 0, 0x03)?;
+        let shrink_share = check_range("shrinkShare", defined(u.shrinkShare), 0, 1)?;
+        let nvls_ctas = check_range("nvlsCTAs", defined(u.nvlsCTAs), 1, MAX_CHANNELS)?;
+        let per_peer = check_range(
+            "nChannelsPerNetPeer",
+            defined(u.nChannelsPerNetPeer),
+            1,
+            MAX_CHANNELS,
+        )?;
+        let nvl_sched = check_range("nvlinkCentricSched", defined(u.nvlinkCentricSched), 0, 1)?;
+        let mut c = base;
+        if let Some(v) = blocking {
+            c.blocking = v == 1;
+        }
+        if let Some(v) = cga {
+            c.cga_cluster_size = v;
+        }
+        if let Some(v) = min_ctas {
+            c.min_ctas = v;
+        }
+        if let Some(v) = max_ctas {
+            c.max_ctas = v;
+        }
+        if c.min_ctas > c.max_ctas {
+            return Err(Error::invalid_argument(format!(
+                "config.minCTAs ({}) is larger than config.maxCTAs ({})",
+                c.min_ctas, c.max_ctas
+            )));
+        }
+        if let Some(name) = string_field(u.netName) {
+            c.net_name = Some(name);
+        }
+        if let Some(v) = split_share {
+            c.split_share = v == 1;
+        }
+        if let Some(v) = defined(u.trafficClass) {
+            c.traffic_class = v;
+        }
+        if let Some(name) = string_field(u.commName) {
+            c.comm_name = Some(name);
+        }
+        if let Some(v) = collnet {
+            c.collnet_enable = v == 1;
+        }
+        if let Some(v) = policy {
+            c.cta_policy = v;
+        }
+        if let Some(v) = shrink_share {
+            c.shrink_share = v == 1;
+        }
+        if let Some(v) = nvls_ctas {
+            c.nvls_ctas = v;
+        }
+        if let Some(v) = per_peer {
+            c.n_channels_per_net_peer = v;
+        }
+        if let Some(v) = nvl_sched {
+            c.nvlink_centric_sched = v == 1;
+        }
+        Ok(c)
+    }
+
+    /// Defaults with the environment applied (`NCCL_COMM_BLOCKING`, `NCCL_MIN_CTAS`, ...).
+    pub fn from_env() -> CommConfig {
+        use crate::env;
+        let d = CommConfig::default();
+        let clamp = |v: i64| v.clamp(1, MAX_CHANNELS as i64) as i32;
+        let min_ctas = clamp(env::int(
+            "NCCL_MIN_CTAS",
+            env::int("NCCL_MIN_NCHANNELS", d.min_ctas as i64),
+        ));
+        let max_ctas = clamp(env::int(
+            "NCCL_MAX_CTAS",
+            env::int("NCCL_MAX_NCHANNELS", d.max_ctas as i64),
+        ));
+        CommConfig {
+            blocking: env::flag("NCCL_COMM_BLOCKING", true),
+            cga_cluster_size: env::int("NCCL_CGA_CLUSTER_SIZE", 0).clamp(0, 8) as i32,
+            min_ctas: min_ctas.min(max_ctas),
+            max_ctas,
+            net_name: env::get("NCCL_NET"),
+            split_share: env::flag("NCCL_COMM_SPLIT_SHARE_RESOURCES", false),
+            comm_name: None,
+            ..d
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 2.14 layout: everything up to and including netName.
+    #[repr(C)]
+    struct ConfigV21400 {
+        size: usize,
+        magic: u32,
+        version: u32,
+        blocking: i32,
+        cga_cluster_size: i32,
+        min_ctas: i32,
+        max_ctas: i32,
+        net_name: *const std::os::raw::c_char,
+    }
+
+    #[test]
+    fn old_header_config_is_read_by_size() {
+        let old = ConfigV21400 {
+            size: std::mem::size_of::<ConfigV21400>(),
+            magic: NCCL_CONFIG_MAGIC,
+            version: 21403,
+            blocking: 0,
+            cga_cluster_size: NCCL_CONFIG_UNDEF_INT,
+            min_ctas: 2,
+            max_ctas: 4,
+            net_name: std::ptr::null(),
+        };
+        // SAFETY: `old` is a live struct of the size it declares.
+        let read = unsafe { read_user_config(&old as *const ConfigV21400 as *const ncclConfig_t) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.blocking, 0);
+        assert_eq!(read.maxCTAs, 4);
+        assert_eq!(read.splitShare, NCCL_CONFIG_UNDEF_INT);
+        assert!(read.commName.is_null());
+        let c = CommConfig::resolve(Some(&read), Some(&CommConfig::default())).unwrap();
+        assert!(!c.blocking);
+        assert_eq!((c.min_ctas, c.max_ctas), (2, 4));
+    }
+
+    #[test]
+    fn bad_magic_and_ranges_are_rejected() {
+        let mut cfg = ncclConfig_t::default();
+        cfg.magic = 0;
+        // SAFETY: cfg is a full-size live struct.
+        let e = unsafe { read_user_config(&cfg) }.err().unwrap();
+        assert_eq!(e.code, crate::abi::ncclResult_t::ncclInvalidArgument);
+        let mut cfg = ncclConfig_t::default();
+        cfg.blocking = 7;
+        assert!(CommConfig::resolve(Some(&cfg), Some(&CommConfig::default())).is_err());
+        let mut cfg = ncclConfig_t::default();
+        cfg.minCTAs = 8;
+        cfg.maxCTAs = 2;
+        assert!(CommConfig::resolve(Some(&cfg), Some(&CommConfig::default())).is_err());
+    }
+
+    #[test]
+    fn parent_config_is_inherited() {
+        let parent = CommConfig {
+            blocking: false,
+            max_ctas: 3,
+            ..CommConfig::default()
+        };
+        assert_eq!(CommConfig::resolve(None, Some(&parent)).unwrap(), parent);
+    }
+}

@@ -1,0 +1,133 @@
+//! Communicator state and lifecycle: the registry of live handles, ranks and devices, the
+//! async error and abort flag, user-defined reduction ops, and the group/enqueue machinery.
+
+pub mod config;
+pub mod enqueue;
+pub mod group;
+pub mod lifecycle;
+pub mod redop;
+
+use crate::abi::{ncclComm, ncclComm_t, ncclResult_t};
+use crate::error::{Error, LastError, Result};
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Arc;
+
+pub use config::CommConfig;
+
+/// One rank's communicator.
+pub struct Comm {
+    pub rank: i32,
+    pub nranks: i32,
+    pub cuda_dev: i32,
+    /// This rank's index among the ranks of its host, and how many share the host.
+    pub local_rank: i32,
+    pub local_nranks: i32,
+    pub config: CommConfig,
+    pub last_error: LastError,
+    /// `ncclResult_t` of an error found after the call that caused it returned.
+    async_error: AtomicI32,
+    /// Set by `ncclCommAbort`; every wait of this communicator checks it.
+    pub abort: Arc<AtomicBool>,
+    pub redops: redop::RedOpTable,
+    destroyed: AtomicBool,
+}
+
+static REGISTRY: Lazy<Mutex<HashMap<usize, Arc<Comm>>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+impl Comm {
+    /// A communicator with no transport yet (filled in by init).
+    pub fn new(rank: i32, nranks: i32, cuda_dev: i32, config: CommConfig) -> Self {
+        Comm {
+            rank,
+            nranks,
+            cuda_dev,
+            local_rank: rank,
+            local_nranks: nranks,
+            config,
+            last_error: LastError::default(),
+            async_error: AtomicI32::new(ncclResult_t::ncclSuccess as i32),
+            abort: Arc::new(AtomicBool::new(false)),
+            redops: redop::RedOpTable::default(),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    /// Publish a communicator and return the handle C will hold.
+    pub fn register(comm: Arc<Comm>) -> ncclComm_t {
+        let handle = Arc::as_ptr(&comm) as *mut ncclComm;
+        REGISTRY.lock().insert(handle as usize, comm);
+        handle
+    }
+
+    /// Remove a handle from the registry; later calls with it get `ncclInvalidArgument`.
+    pub fn unregister(handle: ncclComm_t) -> Option<Arc<Comm>> {
+        REGISTRY.lock().remove(&(handle as usize))
+    }
+
+    /// The communicator behind a handle: NULL and unknown (or destroyed) handles are
+    /// `ncclInvalidArgument`, never a dereference.
+    pub fn from_handle(handle: ncclComm_t) -> Result<Arc<Comm>> {
+        if handle.is_null() {
+            return Err(Error::invalid_argument("comm argument is NULL"));
+        }
+        REGISTRY
+            .lock()
+            .get(&(handle as usize))
+            .cloned()
+            .ok_or_else(|| {
+                Error::invalid_argument(format!("comm {handle:p} is not a live communicator"))
+            })
+    }
+
+    /// The asynchronous error state (`ncclCommGetAsyncError`).
+    pub fn async_error(&self) -> ncclResult_t {
+        ncclResult_t::from_raw(self.async_error.load(Ordering::Acquire))
+            .unwrap_or(ncclResult_t::ncclInternalError)
+    }
+
+    /// Record an asynchronous error (the first one wins).
+    pub fn set_async_error(&self, e: &Error) {
+        if self
+            .async_error
+            .compare_exchange(
+                ncclResult_t::ncclSuccess as i32,
+                e.code as i32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            self.last_error.set(&e.msg);
+        }
+    }
+
+    /// Whether `ncclCommAbort` was called.
+    pub fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Acquire)
+    }
+
+    /// Fail with `ncclInvalidUsage` if the communicator was destroyed or aborted, or with its
+    /// async error if one is pending.
+    pub fn check_usable(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) || self.aborted() {
+            return Err(Error::invalid_usage(
+                "communicator was destroyed or aborted",
+            ));
+        }
+        match self.async_error() {
+            ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(()),
+            code => Err(Error::new(
+                code,
+                "communicator has a pending asynchronous error",
+            )),
+        }
+    }
+
+    /// Mark as destroyed (the handle is unregistered by the caller).
+    pub fn mark_destroyed(&self) {
+        self.destroyed.store(true, Ordering::Release);
+    }
+}

@@ -1,0 +1,52 @@
+//! The channel scheduler: turns a group of operations into per-channel work for the kernels.
+//! Pure, safe Rust: what runs where is decided here and unit-tested without a GPU.
+
+use crate::abi::ncclDataType_t;
+use crate::core::redop::RedOp;
+
+/// Which operation a task performs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CollKind {
+    AllReduce,
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+    AlltoAll,
+    Gather,
+    Scatter,
+    Send,
+    Recv,
+}
+
+impl CollKind {
+    /// NCCL's name for the operation, as logs print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CollKind::AllReduce => "AllReduce",
+            CollKind::Broadcast => "Broadcast",
+            CollKind::Reduce => "Reduce",
+            CollKind::AllGather => "AllGather",
+            CollKind::ReduceScatter => "ReduceScatter",
+            CollKind::AlltoAll => "AlltoAll",
+            CollKind::Gather => "Gather",
+            CollKind::Scatter => "Scatter",
+            CollKind::Send => "Send",
+            CollKind::Recv => "Recv",
+        }
+    }
+}
+
+/// One operation of a group, as the user called it. `count` keeps the API's meaning:
+/// per-rank count for AllGather (sendcount), ReduceScatter (recvcount), AlltoAll, Gather and
+/// Scatter; the whole buffer otherwise. `root` is the root rank, or the peer for Send/Recv.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Task {
+    pub kind: CollKind,
+    pub dtype: ncclDataType_t,
+    pub op: RedOp,
+    pub count: usize,
+    pub sendbuff: u64,
+    pub recvbuff: u64,
+    pub root: i32,
+}
