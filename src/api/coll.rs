@@ -49,7 +49,7 @@ pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
             Some(raw) => c.redops.resolve(raw, dtype)?,
             None => RedOp::Sum,
         };
-        if has_root(call.kind) && (call.root < 0 || call.root >= c.nranks) {
+        if has_root(call.kind) && (call.root < 0 || call.root >= c.nranks()) {
             let what = if matches!(call.kind, CollKind::Send | CollKind::Recv) {
                 "peer"
             } else {
@@ -57,10 +57,11 @@ pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
             };
             return Err(Error::invalid_argument(format!(
                 "invalid {what} {}, nranks {}",
-                call.root, c.nranks
+                call.root,
+                c.nranks()
             )));
         }
-        check_buffers(&call, c.rank, c.nranks)?;
+        check_buffers(&call, c.rank(), c.nranks())?;
         let task = Task {
             kind: call.kind,
             dtype,

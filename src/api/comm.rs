@@ -407,11 +407,11 @@ fn query(
 
 #[no_mangle]
 pub extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
-    query("ncclCommCount", comm, count, "count", |c| c.nranks)
+    query("ncclCommCount", comm, count, "count", |c| c.nranks())
 }
 #[no_mangle]
 pub extern "C" fn pncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
-    query("ncclCommCount", comm, count, "count", |c| c.nranks)
+    query("ncclCommCount", comm, count, "count", |c| c.nranks())
 }
 #[no_mangle]
 pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
@@ -423,11 +423,11 @@ pub extern "C" fn pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncc
 }
 #[no_mangle]
 pub extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
-    query("ncclCommUserRank", comm, rank, "rank", |c| c.rank)
+    query("ncclCommUserRank", comm, rank, "rank", |c| c.rank())
 }
 #[no_mangle]
 pub extern "C" fn pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
-    query("ncclCommUserRank", comm, rank, "rank", |c| c.rank)
+    query("ncclCommUserRank", comm, rank, "rank", |c| c.rank())
 }
 
 fn create_pre_mul_sum(

@@ -9,6 +9,7 @@ use crate::abi::{
 };
 use crate::error::Error;
 use std::os::raw::c_int;
+use std::sync::atomic::Ordering::Relaxed;
 
 fn dev_comm_create(
     c: ncclComm_t,
@@ -84,25 +85,25 @@ fn team(name: &str, c: ncclComm_t, make: fn(&crate::core::Comm) -> ncclTeam_t) -
 
 fn world(c: &crate::core::Comm) -> ncclTeam_t {
     ncclTeam_t {
-        nRanks: c.nranks,
-        rank: c.rank,
+        nRanks: c.nranks(),
+        rank: c.rank(),
         stride: 1,
     }
 }
 
 fn lsa(c: &crate::core::Comm) -> ncclTeam_t {
     ncclTeam_t {
-        nRanks: c.local_nranks,
-        rank: c.local_rank,
+        nRanks: c.local_nranks.load(Relaxed),
+        rank: c.local_rank.load(Relaxed),
         stride: 1,
     }
 }
 
 fn rail(c: &crate::core::Comm) -> ncclTeam_t {
-    let local = c.local_nranks.max(1);
+    let local = c.local_nranks.load(Relaxed).max(1);
     ncclTeam_t {
-        nRanks: c.nranks / local,
-        rank: c.rank / local,
+        nRanks: c.nranks() / local,
+        rank: c.rank() / local,
         stride: local,
     }
 }
@@ -137,7 +138,7 @@ fn team_rank_to_world(c: ncclComm_t, tm: ncclTeam_t, rank: c_int) -> c_int {
     let mut out = -1;
     entry("ncclTeamRankToWorld", c, || {
         let c = comm(c)?;
-        out = c.rank + (rank - tm.rank) * tm.stride;
+        out = c.rank() + (rank - tm.rank) * tm.stride;
         Ok(())
     });
     out
@@ -157,7 +158,7 @@ fn team_rank_to_lsa(c: ncclComm_t, tm: ncclTeam_t, rank: c_int) -> c_int {
     let mut out = -1;
     entry("ncclTeamRankToLsa", c, || {
         let c = comm(c)?;
-        out = c.local_rank + (rank - tm.rank) * tm.stride;
+        out = c.local_rank.load(Relaxed) + (rank - tm.rank) * tm.stride;
         Ok(())
     });
     out

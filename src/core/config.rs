@@ -252,17 +252,23 @@ mod tests {
 
     #[test]
     fn bad_magic_and_ranges_are_rejected() {
-        let mut cfg = ncclConfig_t::default();
-        cfg.magic = 0;
+        let cfg = ncclConfig_t {
+            magic: 0,
+            ..Default::default()
+        };
         // SAFETY: cfg is a full-size live struct.
         let e = unsafe { read_user_config(&cfg) }.err().unwrap();
         assert_eq!(e.code, crate::abi::ncclResult_t::ncclInvalidArgument);
-        let mut cfg = ncclConfig_t::default();
-        cfg.blocking = 7;
+        let cfg = ncclConfig_t {
+            blocking: 7,
+            ..Default::default()
+        };
         assert!(CommConfig::resolve(Some(&cfg), Some(&CommConfig::default())).is_err());
-        let mut cfg = ncclConfig_t::default();
-        cfg.minCTAs = 8;
-        cfg.maxCTAs = 2;
+        let cfg = ncclConfig_t {
+            minCTAs: 8,
+            maxCTAs: 2,
+            ..Default::default()
+        };
         assert!(CommConfig::resolve(Some(&cfg), Some(&CommConfig::default())).is_err());
     }
 

@@ -1,20 +1,25 @@
-//! Enqueue: a validated task joins the thread's group; outside a group it runs at once.
+//! Enqueue: a validated task joins the thread's group (a call outside a group is a group of
+//! one). Zero-count collectives are no-ops, as in NVIDIA's library.
 
 use super::Comm;
 use crate::abi::cudaStream_t;
-use crate::error::{Error, Result};
-use crate::sched::Task;
+use crate::error::Result;
+use crate::sched::{CollKind, Task};
+use std::sync::Arc;
 
 /// Queue `task` on `comm` for `stream`.
-pub fn enqueue(comm: &Comm, task: Task, stream: cudaStream_t) -> Result<()> {
-    let _ = (comm, stream);
-    if task.count == 0
-        && !matches!(
-            task.kind,
-            crate::sched::CollKind::Send | crate::sched::CollKind::Recv
-        )
-    {
+pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()> {
+    if task.count == 0 && !matches!(task.kind, CollKind::Send | CollKind::Recv) {
         return Ok(());
     }
-    Err(Error::unsupported(&format!("nccl{}", task.kind.name())))
+    crate::trace!(
+        COLL,
+        "{}: count {} datatype {} root {} comm rank {}",
+        task.kind.name(),
+        task.count,
+        task.dtype.name(),
+        task.root,
+        comm.rank()
+    );
+    super::group::submit_op(comm, task, stream as usize)
 }

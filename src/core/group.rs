@@ -1,37 +1,203 @@
-//! Group semantics: `ncclGroupStart`/`ncclGroupEnd` nesting per thread, and the operations
-//! collected until the outermost end.
+//! Group semantics: `ncclGroupStart`/`ncclGroupEnd` nesting per thread; the communicator
+//! creations and operations collected until the outermost end, which then runs creations
+//! (concurrently, one thread each) and then each communicator's operations as one launch
+//! (concurrently across communicators, since connection setup waits on peers).
 
+use super::lifecycle::{run_job, InitJob};
+use super::Comm;
+use crate::abi::ncclResult_t;
 use crate::error::{Error, Result};
-use std::cell::Cell;
+use crate::sched::Task;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// One collected operation: the communicator, the task and the user's stream.
+struct Op {
+    comm: Arc<Comm>,
+    task: Task,
+    stream: usize,
+}
+
+#[derive(Default)]
+struct Pending {
+    depth: usize,
+    inits: Vec<InitJob>,
+    ops: Vec<Op>,
+}
 
 thread_local! {
-    static DEPTH: Cell<usize> = const { Cell::new(0) };
+    static GROUP: RefCell<Pending> = RefCell::new(Pending::default());
 }
 
 /// Open a (possibly nested) group on this thread.
 pub fn start() {
-    DEPTH.with(|d| d.set(d.get() + 1));
-}
-
-/// Close a group; the outermost end submits what was collected.
-pub fn end() -> Result<()> {
-    let depth = DEPTH.with(|d| d.get());
-    if depth == 0 {
-        return Err(Error::invalid_usage(
-            "ncclGroupEnd called without a matching ncclGroupStart",
-        ));
-    }
-    DEPTH.with(|d| d.set(depth - 1));
-    Ok(())
+    GROUP.with(|g| g.borrow_mut().depth += 1);
 }
 
 /// Current nesting depth on this thread (0 outside a group).
 pub fn depth() -> usize {
-    DEPTH.with(|d| d.get())
+    GROUP.with(|g| g.borrow().depth)
+}
+
+/// Close a group; the outermost end runs what was collected.
+pub fn end() -> Result<()> {
+    let (inits, ops) = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Error::invalid_usage(
+                "ncclGroupEnd called without a matching ncclGroupStart",
+            ));
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        Ok((std::mem::take(&mut g.inits), std::mem::take(&mut g.ops)))
+    })?;
+    execute(inits, ops)
 }
 
 /// `ncclGroupSimulateEnd`: close the group without running it and estimate its time in µs.
 pub fn simulate_end() -> Result<f32> {
-    end()?;
-    Err(Error::unsupported("ncclGroupSimulateEnd"))
+    let ops = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Error::invalid_usage(
+                "ncclGroupSimulateEnd called without a matching ncclGroupStart",
+            ));
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Ok(Vec::new());
+        }
+        g.inits.clear();
+        Ok(std::mem::take(&mut g.ops))
+    })?;
+    let tasks: Vec<(i32, Task)> = ops.iter().map(|o| (o.comm.nranks(), o.task)).collect();
+    Ok(crate::sched::estimate_us(&tasks))
+}
+
+/// A communicator creation: now (outside a group), at the group's end, or in the background
+/// for non-blocking communicators (returning `ncclInProgress`).
+pub fn submit_init(job: InitJob) -> Result<()> {
+    if depth() > 0 {
+        GROUP.with(|g| g.borrow_mut().inits.push(job));
+        return Ok(());
+    }
+    let blocking = job.child.as_ref().is_none_or(|c| c.config.blocking);
+    if blocking {
+        run_job(&job)
+    } else {
+        std::thread::Builder::new()
+            .name("oxccl-init".into())
+            .spawn(move || {
+                let _ = run_job(&job);
+            })
+            .map_err(|e| Error::system(format!("cannot start the init thread: {e}")))?;
+        Err(Error::new(
+            ncclResult_t::ncclInProgress,
+            "initialisation continues in the background",
+        ))
+    }
+}
+
+/// An operation: collected inside a group, run at once outside one.
+pub fn submit_op(comm: &Arc<Comm>, task: Task, stream: usize) -> Result<()> {
+    let op = Op {
+        comm: comm.clone(),
+        task,
+        stream,
+    };
+    if depth() > 0 {
+        GROUP.with(|g| g.borrow_mut().ops.push(op));
+        return Ok(());
+    }
+    execute(Vec::new(), vec![op])
+}
+
+fn execute(inits: Vec<InitJob>, ops: Vec<Op>) -> Result<()> {
+    if !inits.is_empty() {
+        let nonblocking = inits
+            .iter()
+            .any(|j| j.child.as_ref().is_some_and(|c| !c.config.blocking));
+        if nonblocking && ops.is_empty() {
+            std::thread::Builder::new()
+                .name("oxccl-init".into())
+                .spawn(move || {
+                    let _ = run_inits(&inits);
+                })
+                .map_err(|e| Error::system(format!("cannot start the init thread: {e}")))?;
+            return Err(Error::new(
+                ncclResult_t::ncclInProgress,
+                "initialisation continues in the background",
+            ));
+        }
+        run_inits(&inits)?;
+    }
+    if ops.is_empty() {
+        return Ok(());
+    }
+    // Group the operations by communicator, keeping their order.
+    let mut per_comm: Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)> = Vec::new();
+    for op in ops {
+        match per_comm
+            .iter_mut()
+            .find(|(c, _, _)| Arc::ptr_eq(c, &op.comm))
+        {
+            Some((_, tasks, streams)) => {
+                tasks.push(op.task);
+                streams.push(op.stream);
+            }
+            None => per_comm.push((op.comm, vec![op.task], vec![op.stream])),
+        }
+    }
+    if per_comm.len() == 1 {
+        let (comm, tasks, streams) = &per_comm[0];
+        return run_comm(comm, tasks, streams);
+    }
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = per_comm
+            .iter()
+            .map(|(comm, tasks, streams)| s.spawn(move || run_comm(comm, tasks, streams)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::internal("group thread panicked")))
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+fn run_inits(inits: &[InitJob]) -> Result<()> {
+    if inits.len() == 1 {
+        return run_job(&inits[0]);
+    }
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = inits.iter().map(|j| s.spawn(move || run_job(j))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::internal("init thread panicked")))
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+fn run_comm(comm: &Arc<Comm>, tasks: &[Task], streams: &[usize]) -> Result<()> {
+    comm.check_usable()?;
+    let mut rt = comm.rt.lock();
+    let rt = rt.as_mut().ok_or_else(|| {
+        Error::invalid_usage("communicator is not initialised (still in progress or failed)")
+    })?;
+    rt.run_group(comm.rank(), comm.nranks(), tasks, streams, &comm.abort)
+        .inspect_err(|e| {
+            if e.code == ncclResult_t::ncclRemoteError || e.code == ncclResult_t::ncclSystemError {
+                comm.set_async_error(e);
+            }
+        })
 }

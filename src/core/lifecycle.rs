@@ -1,10 +1,56 @@
 //! Communicator lifecycle: init (one rank, all local devices, several roots), split, shrink,
-//! revoke, finalize, destroy and abort.
+//! revoke, finalize, destroy and abort. Creation returns the handle at once; the rendezvous
+//! runs now (blocking, outside a group), at the outermost `ncclGroupEnd` (inside a group), or
+//! in the background (non-blocking communicators, which report `ncclInProgress` meanwhile).
 
+use super::group;
+use super::runtime::Runtime;
 use super::{Comm, CommConfig};
-use crate::abi::{ncclComm_t, ncclConfig_t, ncclUniqueId};
+use crate::abi::{
+    ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId, NCCL_SHRINK_ABORT, NCCL_SPLIT_NOCOLOR,
+};
+use crate::bootstrap::Bootstrap;
+use crate::cuda;
 use crate::error::{Error, Result};
+use crate::topo::{self, PeerInfo, Topology};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a new communicator finds its peers.
+pub enum Origin {
+    /// From unique ids (`ncclCommInitRank*`, `ncclCommInitAll`).
+    Ids(Vec<ncclUniqueId>),
+    /// From a parent: split by color and key. `child` is None for NCCL_SPLIT_NOCOLOR.
+    Split {
+        parent: Arc<Comm>,
+        color: i32,
+        key: i32,
+    },
+    /// From a parent without the excluded ranks.
+    Shrink {
+        parent: Arc<Comm>,
+        exclude: Vec<i32>,
+        flags: i32,
+    },
+}
+
+/// One pending creation: the child (if this rank gets one) and where it comes from.
+pub struct InitJob {
+    pub child: Option<Arc<Comm>>,
+    pub origin: Origin,
+}
+
+/// Publish `comm`, store its handle for the caller, and run or defer its init.
+fn start(out: *mut ncclComm_t, job: InitJob) -> Result<()> {
+    if let Some(c) = &job.child {
+        let handle = Comm::register(c.clone());
+        // SAFETY: the API layer checked `out` is a writable, non-NULL handle slot.
+        unsafe { *out = handle };
+        c.set_async_state(ncclResult_t::ncclInProgress);
+    }
+    group::submit_init(job)
+}
 
 /// `ncclCommInitRank[Config|Scalable]`: join the communicator described by `ids`.
 pub fn init_rank(
@@ -14,36 +60,274 @@ pub fn init_rank(
     rank: i32,
     cfg: Option<&ncclConfig_t>,
 ) -> Result<()> {
-    let _ = (out, nranks, ids, rank, CommConfig::resolve(cfg, None)?);
-    Err(Error::unsupported("ncclCommInitRank"))
+    let config = CommConfig::resolve(cfg, None)?;
+    cuda::driver()?;
+    let dev = cuda::current_device()?;
+    let comm = Arc::new(Comm::new(rank, nranks, dev, config));
+    start(
+        out,
+        InitJob {
+            child: Some(comm),
+            origin: Origin::Ids(ids.to_vec()),
+        },
+    )
 }
 
 /// `ncclCommInitAll`: one communicator per listed device, in this process.
 pub fn init_all(devs: &[i32]) -> Result<Vec<ncclComm_t>> {
-    let _ = devs;
-    Err(Error::unsupported("ncclCommInitAll"))
-}
-
-/// `ncclCommFinalize`.
-pub fn finalize(comm: &Arc<Comm>) -> Result<()> {
-    comm.check_usable()
-}
-
-/// `ncclCommDestroy` / `ncclCommAbort`.
-pub fn destroy(handle: ncclComm_t, abort: bool) -> Result<()> {
-    let comm = Comm::from_handle(handle)?;
-    if abort {
-        comm.abort.store(true, std::sync::atomic::Ordering::Release);
+    cuda::driver()?;
+    let n = cuda::device_count()?;
+    for (i, &d) in devs.iter().enumerate() {
+        if d < 0 || d >= n {
+            return Err(Error::invalid_argument(format!(
+                "devlist[{i}] = {d} is not a valid CUDA device ({n} visible)"
+            )));
+        }
     }
-    comm.mark_destroyed();
-    Comm::unregister(handle);
+    let id = crate::bootstrap::get_unique_id()?;
+    let nranks = devs.len() as i32;
+    let comms: Vec<Arc<Comm>> = devs
+        .iter()
+        .enumerate()
+        .map(|(r, &d)| Arc::new(Comm::new(r as i32, nranks, d, CommConfig::from_env())))
+        .collect();
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|c| s.spawn(|| init_comm(c, &Origin::Ids(vec![id]))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::internal("init thread panicked")))
+            })
+            .collect()
+    });
+    if let Some(e) = results.into_iter().find_map(|r| r.err()) {
+        return Err(e);
+    }
+    Ok(comms
+        .into_iter()
+        .map(|c| {
+            c.set_async_state(ncclResult_t::ncclSuccess);
+            Comm::register(c)
+        })
+        .collect())
+}
+
+/// Complete a job: run `init_comm` and settle the child's async state. NOCOLOR ranks take part
+/// in the parent's exchange and get no communicator.
+pub fn run_job(job: &InitJob) -> Result<()> {
+    let result = match &job.child {
+        Some(c) => init_comm(c, &job.origin),
+        None => members_of(&job.origin, None).map(|_| ()),
+    };
+    if let Some(c) = &job.child {
+        match &result {
+            Ok(()) => c.set_async_state(ncclResult_t::ncclSuccess),
+            Err(e) => {
+                c.set_async_state(ncclResult_t::ncclSuccess);
+                c.set_async_error(e);
+            }
+        }
+    }
+    result
+}
+
+/// The parent ranks of the new communicator in new-rank order, and this rank's position, for
+/// split and shrink (None for init from ids, or for a NOCOLOR rank).
+fn members_of(origin: &Origin, _child: Option<&Comm>) -> Result<Option<(Vec<i32>, i32)>> {
+    match origin {
+        Origin::Ids(_) => Ok(None),
+        Origin::Split { parent, color, key } => {
+            let rt = parent.rt.lock();
+            let rt = rt
+                .as_ref()
+                .ok_or_else(|| Error::invalid_usage("parent communicator is not initialised"))?;
+            let mut mine = Vec::with_capacity(12);
+            mine.extend_from_slice(&color.to_le_bytes());
+            mine.extend_from_slice(&key.to_le_bytes());
+            mine.extend_from_slice(&parent.rank().to_le_bytes());
+            let all = rt.bootstrap.allgather(&mine)?;
+            let entries: Vec<(i32, i32, i32)> = all
+                .iter()
+                .map(|b| {
+                    let at = |o: usize| i32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+                    (at(0), at(4), at(8))
+                })
+                .collect();
+            Ok(split_members(&entries, *color, parent.rank()))
+        }
+        Origin::Shrink {
+            parent, exclude, ..
+        } => {
+            let members = shrink_members(parent.nranks(), exclude);
+            let pos = members
+                .iter()
+                .position(|&r| r == parent.rank())
+                .ok_or_else(|| {
+                    Error::invalid_usage(format!(
+                        "rank {} is in the exclude list and cannot call ncclCommShrink",
+                        parent.rank()
+                    ))
+                })?;
+            Ok(Some((members, pos as i32)))
+        }
+    }
+}
+
+/// Split arithmetic: given every parent rank's (color, key, parent rank), the members of
+/// `color` ordered by (key, parent rank), and `me`'s position; None for NOCOLOR.
+pub fn split_members(entries: &[(i32, i32, i32)], color: i32, me: i32) -> Option<(Vec<i32>, i32)> {
+    if color == NCCL_SPLIT_NOCOLOR {
+        return None;
+    }
+    let mut same: Vec<(i32, i32)> = entries
+        .iter()
+        .filter(|e| e.0 == color)
+        .map(|e| (e.1, e.2))
+        .collect();
+    same.sort();
+    let members: Vec<i32> = same.into_iter().map(|(_, r)| r).collect();
+    let pos = members.iter().position(|&r| r == me)? as i32;
+    Some((members, pos))
+}
+
+/// Shrink arithmetic: the parent's ranks minus the excluded ones, in order.
+pub fn shrink_members(nranks: i32, exclude: &[i32]) -> Vec<i32> {
+    (0..nranks).filter(|r| !exclude.contains(r)).collect()
+}
+
+/// Rendezvous, topology and device state for `comm`.
+fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
+    let start = Instant::now();
+    let ctx = cuda::use_device(comm.cuda_dev)?;
+    let (bootstrap, comm_hash) = match origin {
+        Origin::Ids(ids) => {
+            let b = Bootstrap::init(ids, comm.rank(), comm.nranks(), comm.abort.clone())?;
+            let bytes: Vec<u8> = ids[0].internal.iter().map(|&c| c as u8).collect();
+            (b, topo::fnv1a(&bytes))
+        }
+        Origin::Split { parent, .. } | Origin::Shrink { parent, .. } => {
+            if let Origin::Shrink { flags, .. } = origin {
+                if flags & NCCL_SHRINK_ABORT != 0 {
+                    stop_kernels(parent);
+                }
+            }
+            let (members, pos) = members_of(origin, Some(comm))?
+                .ok_or_else(|| Error::internal("a child communicator without members"))?;
+            comm.set_rank(pos, members.len() as i32);
+            let tag = parent.children.fetch_add(1, Ordering::AcqRel);
+            let rt = parent.rt.lock();
+            let rt = rt
+                .as_ref()
+                .ok_or_else(|| Error::invalid_usage("parent communicator is not initialised"))?;
+            let b = rt.bootstrap.sub(&members, tag, comm.abort.clone())?;
+            let hash = topo::fnv1a(&[rt_hash(rt).to_le_bytes(), tag.to_le_bytes()].concat());
+            (b, hash)
+        }
+    };
+    let bus_id = cuda::pci_bus_id(comm.cuda_dev)?;
+    let me = PeerInfo {
+        rank: comm.rank(),
+        host_hash: topo::host_hash(),
+        pid: std::process::id(),
+        cuda_dev: comm.cuda_dev,
+        nvlinks: topo::nvml::nvlink_count(&bus_id),
+        bus_id,
+    };
+    let peers = bootstrap
+        .allgather(&me.to_bytes())?
+        .iter()
+        .map(|b| PeerInfo::from_bytes(b))
+        .collect::<Result<Vec<_>>>()?;
+    let topo = Topology::new(peers, comm.rank(), cuda::device_by_pci_bus_id, |a, b| {
+        cuda::can_access_peer(a, b).unwrap_or(false)
+    })?;
+    topo.log();
+    comm.local_rank.store(topo.local_rank(), Ordering::Release);
+    comm.local_nranks
+        .store(topo.local_ranks.len() as i32, Ordering::Release);
+    let nchannels =
+        (crate::sched::NCHANNELS as i32).clamp(comm.config.min_ctas, comm.config.max_ctas) as u32;
+    let rt = Runtime::new(ctx, bootstrap, topo, nchannels, comm_hash)?;
+    *comm.rt.lock() = Some(rt);
+    crate::info!(
+        INIT,
+        "ncclCommInitRank comm {:p} rank {} nranks {} cudaDev {} - Init COMPLETE ({:.3} s)",
+        Arc::as_ptr(comm),
+        comm.rank(),
+        comm.nranks(),
+        comm.cuda_dev,
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
-/// `ncclCommRevoke`.
+fn rt_hash(rt: &Runtime) -> u64 {
+    topo::fnv1a(&rt.bootstrap.rank().to_le_bytes()) ^ rt.topo.peers.len() as u64
+}
+
+/// Abort: every host wait of `comm` gives up, and its kernels stop.
+fn abort_operations(comm: &Comm) {
+    comm.abort.store(true, Ordering::Release);
+    stop_kernels(comm);
+}
+
+/// Ask running kernels to stop and wait briefly for them (host-side waits continue, so the
+/// bootstrap stays usable, e.g. for a shrink).
+fn stop_kernels(comm: &Comm) {
+    if let Some(rt) = comm.rt.lock().as_ref() {
+        rt.signal_device_abort();
+        if !rt.drain(Duration::from_secs(10)) {
+            crate::warn!(
+                "rank {}: kernels did not stop within 10 s of the abort",
+                comm.rank()
+            );
+        }
+    }
+}
+
+/// `ncclCommFinalize`: wait for every issued operation.
+pub fn finalize(comm: &Arc<Comm>) -> Result<()> {
+    if comm.aborted() {
+        return Err(Error::invalid_usage("communicator was aborted"));
+    }
+    if let Some(rt) = comm.rt.lock().as_ref() {
+        rt.quiesce(&comm.abort)?;
+    }
+    Ok(())
+}
+
+/// `ncclCommDestroy` (waits for issued work) / `ncclCommAbort` (stops it).
+pub fn destroy(handle: ncclComm_t, abort: bool) -> Result<()> {
+    let comm = Comm::from_handle(handle)?;
+    if abort {
+        abort_operations(&comm);
+    } else if let Some(rt) = comm.rt.lock().as_ref() {
+        rt.quiesce(&comm.abort)?;
+    }
+    comm.mark_destroyed();
+    Comm::unregister(handle);
+    // Free device state now (the Arc may outlive this call in another thread's hands).
+    drop(comm.rt.lock().take());
+    Ok(())
+}
+
+/// `ncclCommRevoke`: stop in-flight operations; only destroy, split and shrink remain allowed.
 pub fn revoke(comm: &Arc<Comm>) -> Result<()> {
-    let _ = comm;
-    Err(Error::unsupported("ncclCommRevoke"))
+    comm.revoked.store(true, Ordering::Release);
+    if let Some(rt) = comm.rt.lock().as_ref() {
+        rt.signal_device_abort();
+        if !rt.drain(Duration::from_secs(10)) {
+            return Err(Error::internal(
+                "kernels did not stop within 10 s of ncclCommRevoke",
+            ));
+        }
+        rt.clear_device_abort();
+    }
+    Ok(())
 }
 
 /// `ncclCommSplit`.
@@ -54,8 +338,24 @@ pub fn split(
     out: *mut ncclComm_t,
     cfg: Option<&ncclConfig_t>,
 ) -> Result<()> {
-    let _ = (parent, color, key, out, cfg);
-    Err(Error::unsupported("ncclCommSplit"))
+    parent.check_live()?;
+    let child = if color == NCCL_SPLIT_NOCOLOR {
+        None
+    } else {
+        let config = CommConfig::resolve(cfg, Some(&parent.config))?;
+        Some(Arc::new(Comm::new(0, 0, parent.cuda_dev, config)))
+    };
+    start(
+        out,
+        InitJob {
+            child,
+            origin: Origin::Split {
+                parent: parent.clone(),
+                color,
+                key,
+            },
+        },
+    )
 }
 
 /// `ncclCommShrink`.
@@ -66,6 +366,70 @@ pub fn shrink(
     cfg: Option<&ncclConfig_t>,
     flags: i32,
 ) -> Result<()> {
-    let _ = (parent, exclude, out, cfg, flags);
-    Err(Error::unsupported("ncclCommShrink"))
+    parent.check_live()?;
+    for &r in exclude {
+        if r < 0 || r >= parent.nranks() {
+            return Err(Error::invalid_argument(format!(
+                "excluded rank {r} is not in 0..{}",
+                parent.nranks()
+            )));
+        }
+    }
+    if exclude.contains(&parent.rank()) {
+        return Err(Error::invalid_argument(format!(
+            "rank {} excludes itself",
+            parent.rank()
+        )));
+    }
+    let config = CommConfig::resolve(cfg, Some(&parent.config))?;
+    let child = Some(Arc::new(Comm::new(0, 0, parent.cuda_dev, config)));
+    start(
+        out,
+        InitJob {
+            child,
+            origin: Origin::Shrink {
+                parent: parent.clone(),
+                exclude: exclude.to_vec(),
+                flags,
+            },
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_orders_by_key_then_rank() {
+        // (color, key, parent rank)
+        let e = [(0, 5, 0), (1, 0, 1), (0, 1, 2), (1, 0, 3), (0, 1, 4)];
+        assert_eq!(split_members(&e, 0, 0), Some((vec![2, 4, 0], 2)));
+        assert_eq!(split_members(&e, 1, 3), Some((vec![1, 3], 1)));
+        assert_eq!(split_members(&e, NCCL_SPLIT_NOCOLOR, 0), None);
+    }
+
+    #[test]
+    fn split_patterns_partition_every_rank() {
+        for n in [1, 2, 3, 8, 17] {
+            for colors in [1, 2, 3] {
+                let e: Vec<(i32, i32, i32)> =
+                    (0..n).map(|r| (r % colors, (n - r) % 4, r)).collect();
+                let mut seen = vec![0; n as usize];
+                for &(c, _, r) in &e {
+                    let (members, pos) = split_members(&e, c, r).unwrap();
+                    assert_eq!(members[pos as usize], r);
+                    assert!(members.iter().all(|&m| e[m as usize].0 == c));
+                    seen[r as usize] += 1;
+                }
+                assert!(seen.iter().all(|&s| s == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn shrink_keeps_order() {
+        assert_eq!(shrink_members(6, &[1, 4]), vec![0, 2, 3, 5]);
+        assert_eq!(shrink_members(3, &[]), vec![0, 1, 2]);
+    }
 }

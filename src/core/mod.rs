@@ -6,25 +6,33 @@ pub mod enqueue;
 pub mod group;
 pub mod lifecycle;
 pub mod redop;
+pub mod runtime;
 
 use crate::abi::{ncclComm, ncclComm_t, ncclResult_t};
 use crate::error::{Error, LastError, Result};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use config::CommConfig;
 
 /// One rank's communicator.
 pub struct Comm {
-    pub rank: i32,
-    pub nranks: i32,
+    /// Rank and size: known at creation, except for split/shrink children (set by their init).
+    rank: AtomicI32,
+    nranks: AtomicI32,
     pub cuda_dev: i32,
     /// This rank's index among the ranks of its host, and how many share the host.
-    pub local_rank: i32,
-    pub local_nranks: i32,
+    pub local_rank: AtomicI32,
+    pub local_nranks: AtomicI32,
+    /// Device-side state, present once init completed.
+    pub rt: Mutex<Option<runtime::Runtime>>,
+    /// Splits and shrinks made from this communicator so far (tags their rendezvous).
+    pub children: AtomicU64,
+    /// Set by `ncclCommRevoke`: no new operations.
+    pub revoked: AtomicBool,
     pub config: CommConfig,
     pub last_error: LastError,
     /// `ncclResult_t` of an error found after the call that caused it returned.
@@ -41,11 +49,14 @@ impl Comm {
     /// A communicator with no transport yet (filled in by init).
     pub fn new(rank: i32, nranks: i32, cuda_dev: i32, config: CommConfig) -> Self {
         Comm {
-            rank,
-            nranks,
+            rank: AtomicI32::new(rank),
+            nranks: AtomicI32::new(nranks),
             cuda_dev,
-            local_rank: rank,
-            local_nranks: nranks,
+            local_rank: AtomicI32::new(rank),
+            local_nranks: AtomicI32::new(nranks),
+            rt: Mutex::new(None),
+            children: AtomicU64::new(0),
+            revoked: AtomicBool::new(false),
             config,
             last_error: LastError::default(),
             async_error: AtomicI32::new(ncclResult_t::ncclSuccess as i32),
@@ -53,6 +64,20 @@ impl Comm {
             redops: redop::RedOpTable::default(),
             destroyed: AtomicBool::new(false),
         }
+    }
+
+    pub fn rank(&self) -> i32 {
+        self.rank.load(Ordering::Acquire)
+    }
+
+    pub fn nranks(&self) -> i32 {
+        self.nranks.load(Ordering::Acquire)
+    }
+
+    /// Settle rank and size (split and shrink children learn them during init).
+    pub fn set_rank(&self, rank: i32, nranks: i32) {
+        self.rank.store(rank, Ordering::Release);
+        self.nranks.store(nranks, Ordering::Release);
     }
 
     /// Publish a communicator and return the handle C will hold.
@@ -88,16 +113,20 @@ impl Comm {
             .unwrap_or(ncclResult_t::ncclInternalError)
     }
 
+    /// Set the async state directly (used for `ncclInProgress` during non-blocking init).
+    pub fn set_async_state(&self, code: ncclResult_t) {
+        self.async_error.store(code as i32, Ordering::Release);
+    }
+
     /// Record an asynchronous error (the first one wins).
     pub fn set_async_error(&self, e: &Error) {
         if self
             .async_error
-            .compare_exchange(
-                ncclResult_t::ncclSuccess as i32,
-                e.code as i32,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                let settled = cur == ncclResult_t::ncclSuccess as i32
+                    || cur == ncclResult_t::ncclInProgress as i32;
+                settled.then_some(e.code as i32)
+            })
             .is_ok()
         {
             self.last_error.set(&e.msg);
@@ -124,6 +153,16 @@ impl Comm {
                 "communicator has a pending asynchronous error",
             )),
         }
+    }
+
+    /// Fail if destroyed or aborted (revoked communicators may still be split or shrunk).
+    pub fn check_live(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) || self.aborted() {
+            return Err(Error::invalid_usage(
+                "communicator was destroyed or aborted",
+            ));
+        }
+        Ok(())
     }
 
     /// Mark as destroyed (the handle is unregistered by the caller).

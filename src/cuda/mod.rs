@@ -6,6 +6,7 @@
 // Driver handles (contexts, streams) are opaque pointers the driver validates itself.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+pub mod launch;
 pub mod module;
 pub mod vmm;
 
@@ -221,4 +222,327 @@ pub fn stream_is_capturing(stream: CUstream) -> Result<bool> {
         "cuStreamIsCapturing",
     )?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Pinned host memory mapped into the device address space (`cuMemHostAlloc` with
+/// DEVICEMAP | PORTABLE): the host writes it directly, kernels read it over the bus.
+pub struct HostMapped {
+    host: *mut u8,
+    dev: CUdeviceptr,
+    bytes: usize,
+}
+
+// SAFETY: the allocation is plain pinned memory owned by this value; access is coordinated by
+// its users (the host writes before launches, kernels read after).
+unsafe impl Send for HostMapped {}
+// SAFETY: as above; shared references only expose raw pointers.
+unsafe impl Sync for HostMapped {}
+
+impl HostMapped {
+    /// Allocate `bytes` of zeroed, pinned, device-mapped host memory.
+    pub fn new(bytes: usize) -> Result<HostMapped> {
+        const PORTABLE: u32 = 0x01; // CU_MEMHOSTALLOC_PORTABLE
+        const DEVICEMAP: u32 = 0x02; // CU_MEMHOSTALLOC_DEVICEMAP
+        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        check(
+            unsafe { sys::cuMemHostAlloc(&mut host, bytes.max(1), PORTABLE | DEVICEMAP) },
+            "cuMemHostAlloc",
+        )?;
+        // SAFETY: host points to `bytes` writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(host as *mut u8, 0, bytes) };
+        let mut dev: CUdeviceptr = 0;
+        // SAFETY: host was allocated with DEVICEMAP; writes one pointer.
+        let res = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
+        if let Err(e) = check(res, "cuMemHostGetDevicePointer") {
+            // SAFETY: host came from cuMemHostAlloc above.
+            unsafe { sys::cuMemFreeHost(host) };
+            return Err(e);
+        }
+        Ok(HostMapped {
+            host: host as *mut u8,
+            dev,
+            bytes,
+        })
+    }
+    /// The host address.
+    pub fn host(&self) -> *mut u8 {
+        self.host
+    }
+    /// The device address of the same bytes.
+    pub fn dev(&self) -> CUdeviceptr {
+        self.dev
+    }
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+    /// Whether the allocation is empty.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+impl Drop for HostMapped {
+    fn drop(&mut self) {
+        // SAFETY: host came from cuMemHostAlloc and is freed once, here.
+        unsafe { sys::cuMemFreeHost(self.host as *mut std::ffi::c_void) };
+    }
+}
+
+/// Device memory owned by a value and freed on drop (in whatever context is current; device
+/// pointers are valid in every context of the process).
+pub struct DeviceBuffer {
+    ptr: CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceBuffer {
+    /// `bytes` of zeroed device memory on the current context's device.
+    pub fn zeroed(bytes: usize) -> Result<DeviceBuffer> {
+        let ptr = mem_alloc(bytes)?;
+        let buf = DeviceBuffer { ptr, bytes };
+        memset_zero(ptr, bytes.max(1))?;
+        Ok(buf)
+    }
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let _ = mem_free(self.ptr);
+    }
+}
+
+/// A CUDA IPC handle for device memory from `cuMemAlloc` (64 opaque bytes).
+pub fn ipc_handle(ptr: CUdeviceptr) -> Result<[u8; 64]> {
+    let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: ptr is the base of a cuMemAlloc allocation; writes one handle.
+    check(
+        unsafe { sys::cuIpcGetMemHandle(&mut h, ptr) },
+        "cuIpcGetMemHandle",
+    )?;
+    Ok(h.reserved.map(|b| b as u8))
+}
+
+/// Map another process's memory from its IPC handle into the current context.
+pub fn ipc_open(handle: &[u8; 64]) -> Result<CUdeviceptr> {
+    let h = sys::CUipcMemHandle {
+        reserved: handle.map(|b| b as std::os::raw::c_char),
+    };
+    let mut p: CUdeviceptr = 0;
+    const LAZY_ENABLE_PEER_ACCESS: u32 = 0x1;
+    // SAFETY: h is a handle exported by a peer; writes one pointer.
+    check(
+        unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, h, LAZY_ENABLE_PEER_ACCESS) },
+        "cuIpcOpenMemHandle",
+    )?;
+    Ok(p)
+}
+
+/// Unmap memory from `ipc_open`.
+pub fn ipc_close(p: CUdeviceptr) -> Result<()> {
+    // SAFETY: p came from cuIpcOpenMemHandle and is closed once.
+    check(
+        unsafe { sys::cuIpcCloseMemHandle(p) },
+        "cuIpcCloseMemHandle",
+    )
+}
+
+/// The device ordinal (in this process) of the GPU at a PCI bus id, if visible.
+pub fn device_by_pci_bus_id(bus_id: &str) -> Option<i32> {
+    let c = std::ffi::CString::new(bus_id).ok()?;
+    let mut dev: CUdevice = 0;
+    // SAFETY: c is NUL-terminated; writes one int.
+    (unsafe { sys::cuDeviceGetByPCIBusId(&mut dev, c.as_ptr()) } == sys::CUresult::CUDA_SUCCESS)
+        .then_some(dev)
+}
+
+/// Whether device `dev` can map memory of device `peer`.
+pub fn can_access_peer(dev: i32, peer: i32) -> Result<bool> {
+    let mut can = 0;
+    // SAFETY: writes one int.
+    check(
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, peer) },
+        "cuDeviceCanAccessPeer",
+    )?;
+    Ok(can == 1)
+}
+
+/// Let the current context access memory of `peer_ctx` (idempotent).
+pub fn enable_peer_access(peer_ctx: CUcontext) -> Result<()> {
+    // SAFETY: peer_ctx is a retained primary context.
+    let res = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
+    if res == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        return Ok(());
+    }
+    check(res, "cuCtxEnablePeerAccess")
+}
+
+/// A CUDA event without timing, for ordering and completion checks.
+pub struct Event(CUevent);
+
+// SAFETY: CUDA events may be used from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl Event {
+    pub fn new() -> Result<Event> {
+        const DISABLE_TIMING: u32 = 0x2;
+        let mut e: CUevent = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        check(
+            unsafe { sys::cuEventCreate(&mut e, DISABLE_TIMING) },
+            "cuEventCreate",
+        )?;
+        Ok(Event(e))
+    }
+    /// Record on `stream`.
+    pub fn record(&self, stream: CUstream) -> Result<()> {
+        // SAFETY: both handles are live.
+        check(
+            unsafe { sys::cuEventRecord(self.0, stream) },
+            "cuEventRecord",
+        )
+    }
+    /// Whether the recorded work finished (errors other than "not ready" are returned).
+    pub fn done(&self) -> Result<bool> {
+        // SAFETY: the event is live.
+        let res = unsafe { sys::cuEventQuery(self.0) };
+        if res == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(res, "cuEventQuery").map(|_| true)
+    }
+    /// Make `stream` wait for this event.
+    pub fn wait_on(&self, stream: CUstream) -> Result<()> {
+        // SAFETY: both handles are live.
+        check(
+            unsafe { sys::cuStreamWaitEvent(stream, self.0, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: the event is destroyed once, here.
+        unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Retain device `dev`'s primary context without making it current.
+pub fn primary_ctx(dev: i32) -> Result<CUcontext> {
+    driver()?;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one handle; the retain is balanced by process exit (primary contexts
+    // are shared with the runtime API and never released by the library).
+    check(
+        unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
+        "cuDevicePrimaryCtxRetain",
+    )?;
+    Ok(ctx)
+}
+
+/// Host memory shared between processes through a file in /dev/shm, pinned and mapped into
+/// the device address space. The creator unlinks the file when dropped.
+pub struct SharedHostMem {
+    host: *mut u8,
+    dev: CUdeviceptr,
+    bytes: usize,
+    name: String,
+    owner: bool,
+}
+
+// SAFETY: plain shared memory owned by this value; access is coordinated by the protocol.
+unsafe impl Send for SharedHostMem {}
+// SAFETY: as above.
+unsafe impl Sync for SharedHostMem {}
+
+impl SharedHostMem {
+    /// Create (`create`) or open the named segment of `bytes` bytes and map it for the GPU.
+    pub fn open(name: &str, bytes: usize, create: bool) -> Result<SharedHostMem> {
+        let path = format!("/dev/shm/{name}");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::system(format!("shared memory {path}: {e}")))?;
+        if create {
+            file.set_len(bytes as u64)
+                .map_err(|e| Error::system(format!("shared memory {path}: {e}")))?;
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: maps `bytes` of a file at least that long, shared, read-write.
+        let host = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if host == libc::MAP_FAILED {
+            return Err(Error::system(format!(
+                "mmap of {path}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let mut mem = SharedHostMem {
+            host: host as *mut u8,
+            dev: 0,
+            bytes,
+            name: name.to_string(),
+            owner: create,
+        };
+        const PORTABLE: u32 = 0x01; // CU_MEMHOSTREGISTER_PORTABLE
+        const DEVICEMAP: u32 = 0x02; // CU_MEMHOSTREGISTER_DEVICEMAP
+                                     // SAFETY: host..host+bytes is a live mapping owned by `mem`.
+        check(
+            unsafe { sys::cuMemHostRegister_v2(host, bytes, PORTABLE | DEVICEMAP) },
+            "cuMemHostRegister",
+        )?;
+        let mut dev: CUdeviceptr = 0;
+        // SAFETY: host was registered with DEVICEMAP; writes one pointer.
+        check(
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) },
+            "cuMemHostGetDevicePointer",
+        )?;
+        mem.dev = dev;
+        Ok(mem)
+    }
+    pub fn dev(&self) -> CUdeviceptr {
+        self.dev
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for SharedHostMem {
+    fn drop(&mut self) {
+        // SAFETY: unregister (harmless if registration failed), unmap and unlink exactly once.
+        unsafe {
+            if self.dev != 0 {
+                sys::cuMemHostUnregister(self.host as *mut std::ffi::c_void);
+            }
+            libc::munmap(self.host as *mut std::ffi::c_void, self.bytes);
+        }
+        if self.owner {
+            let _ = std::fs::remove_file(format!("/dev/shm/{}", self.name));
+        }
+    }
 }

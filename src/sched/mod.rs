@@ -50,3 +50,6 @@ pub struct Task {
     pub recvbuff: u64,
     pub root: i32,
 }
+
+mod contract;
+pub use contract::*;

@@ -1,0 +1,283 @@
+//! A communicator's device-side state once initialised: its CUDA context, bootstrap,
+//! topology, connections, the abort flag kernels poll, the host-mapped arena work items are
+//! written to, and the ordering of its launches. `run_group` executes one group's tasks for
+//! one communicator as a single kernel launch.
+
+use crate::bootstrap::Bootstrap;
+use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
+use crate::error::{Error, Result};
+use crate::sched::{self, Geometry, Task};
+use crate::topo::Topology;
+use crate::transport::{Connections, Setup};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes of work items one launch may use.
+pub const ARENA_SLOT_BYTES: usize = 64 * 1024;
+/// Launch slots in the arena (launches in flight before the host waits for the oldest).
+pub const ARENA_SLOTS: usize = 64;
+
+/// Host-mapped memory for work items, used round-robin: a slot is reused only after the launch
+/// that read it has finished. Slots used under CUDA graph capture are kept for the graph's
+/// lifetime (until the communicator is destroyed).
+struct WorkArena {
+    mem: HostMapped,
+    in_flight: Vec<Option<Arc<Event>>>,
+    pinned_by_graph: Vec<bool>,
+    next: usize,
+}
+
+impl WorkArena {
+    fn new() -> Result<WorkArena> {
+        Ok(WorkArena {
+            mem: HostMapped::new(ARENA_SLOT_BYTES * ARENA_SLOTS)?,
+            in_flight: (0..ARENA_SLOTS).map(|_| None).collect(),
+            pinned_by_graph: vec![false; ARENA_SLOTS],
+            next: 0,
+        })
+    }
+
+    /// A free slot: the next one not held by a graph, after its previous launch finished.
+    fn take(&mut self, abort: &AtomicBool) -> Result<usize> {
+        for _ in 0..ARENA_SLOTS {
+            let slot = self.next;
+            self.next = (self.next + 1) % ARENA_SLOTS;
+            if self.pinned_by_graph[slot] {
+                continue;
+            }
+            if let Some(ev) = &self.in_flight[slot] {
+                wait_event(ev, abort, "a previous launch of this communicator")?;
+            }
+            self.in_flight[slot] = None;
+            return Ok(slot);
+        }
+        Err(Error::invalid_usage(format!(
+            "all {ARENA_SLOTS} work slots of this communicator are held by captured CUDA graphs"
+        )))
+    }
+
+    /// Copy `items` into `slot`; returns the device address.
+    fn write(&mut self, slot: usize, items: &[u8]) -> Result<u64> {
+        if items.len() > ARENA_SLOT_BYTES {
+            return Err(Error::invalid_usage(format!(
+                "a group needs {} bytes of work items, more than the {ARENA_SLOT_BYTES} one launch can take: split the group",
+                items.len()
+            )));
+        }
+        let off = slot * ARENA_SLOT_BYTES;
+        // SAFETY: off + items.len() <= the arena's size; the slot is not read by any running
+        // kernel (take() waited for its last launch).
+        unsafe {
+            std::ptr::copy_nonoverlapping(items.as_ptr(), self.mem.host().add(off), items.len())
+        };
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(self.mem.dev() + off as u64)
+    }
+}
+
+/// Wait for `ev`, polling the abort flag; warns every 30 s while waiting.
+pub fn wait_event(ev: &Event, abort: &AtomicBool, what: &str) -> Result<()> {
+    let start = Instant::now();
+    let mut next_warn = Duration::from_secs(30);
+    loop {
+        if ev.done()? {
+            return Ok(());
+        }
+        if abort.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(format!(
+                "communicator aborted while waiting for {what}"
+            )));
+        }
+        if start.elapsed() > next_warn {
+            crate::warn!(
+                "still waiting for {what} after {} s: is a peer missing?",
+                start.elapsed().as_secs()
+            );
+            next_warn += Duration::from_secs(30);
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Everything a live communicator owns on the device side.
+pub struct Runtime {
+    pub ctx: CUcontext,
+    pub bootstrap: Bootstrap,
+    pub topo: Topology,
+    pub nchannels: u32,
+    conns: Connections,
+    /// A u32 kernels poll; non-zero asks them to stop.
+    device_abort: HostMapped,
+    arena: WorkArena,
+    /// The stream and completion event of the latest launch.
+    last: Option<(usize, Arc<Event>)>,
+    comm_hash: u64,
+}
+
+// SAFETY: the CUDA handles inside are usable from any thread; the Runtime is always accessed
+// under its communicator's mutex.
+unsafe impl Send for Runtime {}
+
+impl Runtime {
+    pub fn new(
+        ctx: CUcontext,
+        bootstrap: Bootstrap,
+        topo: Topology,
+        nchannels: u32,
+        comm_hash: u64,
+    ) -> Result<Runtime> {
+        Ok(Runtime {
+            ctx,
+            bootstrap,
+            topo,
+            nchannels,
+            conns: Connections::default(),
+            device_abort: HostMapped::new(64)?,
+            arena: WorkArena::new()?,
+            last: None,
+            comm_hash,
+        })
+    }
+
+    /// Ask running kernels to stop (they poll this flag).
+    pub fn signal_device_abort(&self) {
+        // SAFETY: the flag is a live, aligned u32 in pinned host memory.
+        unsafe { std::ptr::write_volatile(self.device_abort.host() as *mut u32, 1) };
+    }
+
+    /// Clear the device abort flag (after a revoke has drained the kernels).
+    pub fn clear_device_abort(&self) {
+        // SAFETY: as in signal_device_abort.
+        unsafe { std::ptr::write_volatile(self.device_abort.host() as *mut u32, 0) };
+    }
+
+    /// Wait until the latest launch finished (polling `abort`).
+    pub fn quiesce(&self, abort: &AtomicBool) -> Result<()> {
+        match &self.last {
+            Some((_, ev)) => wait_event(ev, abort, "this communicator's last operation"),
+            None => Ok(()),
+        }
+    }
+
+    /// Wait at most `limit` for the latest launch (used by abort, after signalling kernels).
+    pub fn drain(&self, limit: Duration) -> bool {
+        let Some((_, ev)) = &self.last else {
+            return true;
+        };
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if ev.done().unwrap_or(true) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    /// Run one group's tasks as one launch on `stream` (other streams of the group are
+    /// ordered around it).
+    pub fn run_group(
+        &mut self,
+        rank: i32,
+        nranks: i32,
+        tasks: &[Task],
+        streams: &[usize],
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        cuda::set_current(self.ctx)?;
+        let needed = sched::connections_needed(rank, nranks, self.nchannels, tasks);
+        let setup = Setup {
+            bootstrap: &self.bootstrap,
+            topo: &self.topo,
+            slot_bytes: sched::SLOT_BYTES,
+            nslots: sched::NSLOTS,
+            comm_hash: self.comm_hash,
+        };
+        self.conns.connect(&setup, &needed)?;
+        let geom = self.geometry(rank, nranks);
+        let plan = sched::plan(&geom, tasks)?;
+        if plan.nitems == 0 {
+            return Ok(());
+        }
+        let stream = streams[0];
+        let capturing = cuda::stream_is_capturing(stream as CUstream)?;
+        let others: Vec<usize> = dedup(streams)
+            .into_iter()
+            .filter(|&s| s != stream)
+            .collect();
+        // Other streams' earlier work must finish before ours starts.
+        for &s in &others {
+            let ev = Event::new()?;
+            ev.record(s as CUstream)?;
+            ev.wait_on(stream as CUstream)?;
+        }
+        // Launches of one communicator use shared connection state: keep them in order.
+        if let Some((last_stream, ev)) = &self.last {
+            if *last_stream != stream && !capturing {
+                ev.wait_on(stream as CUstream)?;
+            }
+        }
+        let slot = self.arena.take(abort)?;
+        let items = self.arena.write(slot, &plan.items)?;
+        let func = cuda::module::function(plan.kernel)?;
+        cuda::launch::launch_items(
+            func,
+            plan.grid,
+            plan.block,
+            plan.smem,
+            stream as CUstream,
+            items,
+            plan.nitems,
+        )?;
+        let done = Arc::new(Event::new()?);
+        done.record(stream as CUstream)?;
+        for &s in &others {
+            done.wait_on(s as CUstream)?;
+        }
+        if capturing {
+            self.arena.pinned_by_graph[slot] = true;
+        } else {
+            self.arena.in_flight[slot] = Some(done.clone());
+            self.last = Some((stream, done));
+        }
+        Ok(())
+    }
+
+    fn geometry(&self, rank: i32, nranks: i32) -> Geometry {
+        let table = |map: &std::collections::HashMap<(u32, i32), crate::transport::Side>| {
+            (0..self.nchannels)
+                .map(|ch| {
+                    (0..nranks)
+                        .map(|p| map.get(&(ch, p)).map(|s| s.conn))
+                        .collect()
+                })
+                .collect()
+        };
+        Geometry {
+            rank,
+            nranks,
+            nchannels: self.nchannels,
+            send: table(&self.conns.send),
+            recv: table(&self.conns.recv),
+            abort_flag: self.device_abort.dev(),
+        }
+    }
+}
+
+fn dedup(streams: &[usize]) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
+    for &s in streams {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Frees must happen with the communicator's context current.
+        let _ = cuda::set_current(self.ctx);
+    }
+}
