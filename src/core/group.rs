@@ -151,24 +151,46 @@ fn execute(inits: Vec<InitJob>, ops: Vec<Op>) -> Result<()> {
             None => per_comm.push((op.comm, vec![op.task], vec![op.stream])),
         }
     }
-    if per_comm.len() == 1 {
-        let (comm, tasks, streams) = &per_comm[0];
-        return run_comm(comm, tasks, streams);
+    // Connection setup waits on peers: when any communicator needs it and the group spans
+    // several, set up in parallel threads. Launches then go out from this thread.
+    let needs_connect: Vec<bool> = per_comm
+        .iter()
+        .map(|(comm, tasks, _)| {
+            comm.rt
+                .lock()
+                .as_ref()
+                .is_some_and(|rt| rt.needs_connect(comm.rank(), comm.nranks(), tasks))
+        })
+        .collect();
+    if per_comm.len() > 1 && needs_connect.contains(&true) {
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = per_comm
+                .iter()
+                .zip(&needs_connect)
+                .filter(|(_, &n)| n)
+                .map(|((comm, tasks, _), _)| {
+                    s.spawn(move || {
+                        with_runtime(comm, |rt| rt.connect_for(comm.rank(), comm.nranks(), tasks))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::internal("group thread panicked")))
+                })
+                .collect()
+        });
+        results.into_iter().collect::<Result<()>>()?;
     }
-    let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = per_comm
-            .iter()
-            .map(|(comm, tasks, streams)| s.spawn(move || run_comm(comm, tasks, streams)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::internal("group thread panicked")))
-            })
-            .collect()
-    });
-    results.into_iter().collect()
+    for (comm, tasks, streams) in &per_comm {
+        with_runtime(comm, |rt| {
+            rt.connect_for(comm.rank(), comm.nranks(), tasks)?;
+            rt.launch_group(comm.rank(), comm.nranks(), tasks, streams, &comm.abort)
+        })?;
+    }
+    Ok(())
 }
 
 fn run_inits(inits: &[InitJob]) -> Result<()> {
@@ -188,16 +210,19 @@ fn run_inits(inits: &[InitJob]) -> Result<()> {
     results.into_iter().collect()
 }
 
-fn run_comm(comm: &Arc<Comm>, tasks: &[Task], streams: &[usize]) -> Result<()> {
+/// Run `f` on the communicator's runtime; transport failures become its async error.
+fn with_runtime(
+    comm: &Arc<Comm>,
+    f: impl FnOnce(&mut crate::core::runtime::Runtime) -> Result<()>,
+) -> Result<()> {
     comm.check_usable()?;
     let mut rt = comm.rt.lock();
     let rt = rt.as_mut().ok_or_else(|| {
         Error::invalid_usage("communicator is not initialised (still in progress or failed)")
     })?;
-    rt.run_group(comm.rank(), comm.nranks(), tasks, streams, &comm.abort)
-        .inspect_err(|e| {
-            if e.code == ncclResult_t::ncclRemoteError || e.code == ncclResult_t::ncclSystemError {
-                comm.set_async_error(e);
-            }
-        })
+    f(rt).inspect_err(|e| {
+        if e.code == ncclResult_t::ncclRemoteError || e.code == ncclResult_t::ncclSystemError {
+            comm.set_async_error(e);
+        }
+    })
 }

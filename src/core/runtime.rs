@@ -175,16 +175,16 @@ impl Runtime {
         false
     }
 
-    /// Run one group's tasks as one launch on `stream` (other streams of the group are
-    /// ordered around it).
-    pub fn run_group(
-        &mut self,
-        rank: i32,
-        nranks: i32,
-        tasks: &[Task],
-        streams: &[usize],
-        abort: &AtomicBool,
-    ) -> Result<()> {
+    /// Whether `tasks` need connections this communicator does not have yet (setting them up
+    /// waits on peers, so groups over several communicators do it in parallel threads).
+    pub fn needs_connect(&self, rank: i32, nranks: i32, tasks: &[Task]) -> bool {
+        sched::connections_needed(rank, nranks, self.nchannels, tasks)
+            .iter()
+            .any(|&(ch, peer, dir)| !self.conns.has(ch, peer, dir))
+    }
+
+    /// Set up the connections `tasks` need (a no-op once they exist).
+    pub fn connect_for(&mut self, rank: i32, nranks: i32, tasks: &[Task]) -> Result<()> {
         cuda::set_current(self.ctx)?;
         let needed = sched::connections_needed(rank, nranks, self.nchannels, tasks);
         let setup = Setup {
@@ -194,7 +194,20 @@ impl Runtime {
             nslots: sched::NSLOTS,
             comm_hash: self.comm_hash,
         };
-        self.conns.connect(&setup, &needed)?;
+        self.conns.connect(&setup, &needed)
+    }
+
+    /// Run one group's tasks as one launch on `streams[0]` (other streams of the group are
+    /// ordered around it). Connections must exist (`connect_for`).
+    pub fn launch_group(
+        &mut self,
+        rank: i32,
+        nranks: i32,
+        tasks: &[Task],
+        streams: &[usize],
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        cuda::set_current(self.ctx)?;
         let geom = self.geometry(rank, nranks);
         let plan = sched::plan(&geom, tasks)?;
         if plan.nitems == 0 {

@@ -75,16 +75,21 @@ const STEP_OFFSET: u64 = 64;
 const BUF_OFFSET: u64 = 4096;
 
 impl Connections {
+    /// Whether (channel, peer, dir) is connected.
+    pub fn has(&self, ch: u32, peer: i32, dir: Dir) -> bool {
+        match dir {
+            Dir::Send => self.send.contains_key(&(ch, peer)),
+            Dir::Recv => self.recv.contains_key(&(ch, peer)),
+        }
+    }
+
     /// Connect every (channel, peer, dir) not yet connected. Both ranks of each connection
     /// must call this for the matching direction in the same group.
     pub fn connect(&mut self, setup: &Setup<'_>, needed: &[(u32, i32, Dir)]) -> Result<()> {
         let todo: Vec<(u32, i32, Dir)> = needed
             .iter()
             .copied()
-            .filter(|(ch, peer, dir)| match dir {
-                Dir::Send => !self.send.contains_key(&(*ch, *peer)),
-                Dir::Recv => !self.recv.contains_key(&(*ch, *peer)),
-            })
+            .filter(|&(ch, peer, dir)| !self.has(ch, peer, dir))
             .collect();
         let mut halves = Vec::with_capacity(todo.len());
         for &(ch, peer, dir) in &todo {
