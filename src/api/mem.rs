@@ -58,7 +58,10 @@ fn comm_register(
             return Err(Error::invalid_argument("buff is NULL or size is 0"));
         }
         c.check_usable()?;
-        Err(Error::unsupported("ncclCommRegister"))
+        let h = c.registrations.register(buff as u64, size);
+        // SAFETY: checked non-NULL; the caller provides a writable pointer.
+        unsafe { *handle = h as *mut c_void };
+        Ok(())
     })
 }
 
@@ -83,11 +86,11 @@ pub extern "C" fn pncclCommRegister(
 
 fn comm_deregister(c: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
     entry("ncclCommDeregister", c, || {
-        comm(c)?;
+        let c = comm(c)?;
         if handle.is_null() {
             return Err(Error::invalid_argument("handle is NULL"));
         }
-        Err(Error::unsupported("ncclCommDeregister"))
+        c.registrations.deregister(handle as u64)
     })
 }
 

@@ -6,6 +6,7 @@ pub mod enqueue;
 pub mod group;
 pub mod lifecycle;
 pub mod redop;
+pub mod registry;
 pub mod runtime;
 
 use crate::abi::{ncclComm, ncclComm_t, ncclResult_t};
@@ -31,6 +32,8 @@ pub struct Comm {
     pub rt: Mutex<Option<runtime::Runtime>>,
     /// Splits and shrinks made from this communicator so far (tags their rendezvous).
     pub children: AtomicU64,
+    /// Buffers registered with `ncclCommRegister`.
+    pub registrations: registry::Registrations,
     /// Set by `ncclCommRevoke`: no new operations.
     pub revoked: AtomicBool,
     pub config: CommConfig,
@@ -57,6 +60,7 @@ impl Comm {
             rt: Mutex::new(None),
             children: AtomicU64::new(0),
             revoked: AtomicBool::new(false),
+            registrations: registry::Registrations::default(),
             config,
             last_error: LastError::default(),
             async_error: AtomicI32::new(ncclResult_t::ncclSuccess as i32),
