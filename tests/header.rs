@@ -80,12 +80,7 @@ fn committed_header_matches_generated() {
 fn header_keeps_nvidia_names() {
     let header = generate_header(&repo_root());
     // The Raw* wrappers must render as the enums' C names, never leak into the header.
-    for raw in [
-        "RawResult",
-        "RawDataType",
-        "RawRedOp",
-        "RawScalarResidence",
-    ] {
+    for raw in ["RawResult", "RawDataType", "RawRedOp", "RawScalarResidence"] {
         assert!(!header.contains(raw), "{raw} leaked into nccl.h");
     }
     // Device-API host functions belong to nccl_device/*.h, not nccl.h.
