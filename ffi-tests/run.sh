@@ -12,8 +12,9 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PROFILE="${1:-release}"
-LIBDIR="$ROOT/target/$PROFILE"
-OUT="$ROOT/target/ffi-tests"
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+LIBDIR="$TARGET_DIR/$PROFILE"
+OUT="$TARGET_DIR/ffi-tests"
 NV_NCCL="$ROOT/.toolchain/py/nvidia/nccl"
 if [[ -n "${CUDA_HOME:-}" ]]; then CUDA_INC="$CUDA_HOME/include"; else CUDA_INC="$ROOT/.toolchain/py/nvidia/cu13/include"; fi
 CC="${CC:-gcc}"
