@@ -37,6 +37,7 @@ pub const NCCL_CONFIG_MAGIC: c_uint = 0xcafe_beef;
 pub const NCCL_SIM_INFO_MAGIC: c_uint = 0x7468_5283;
 
 /// Opaque communicator handed to C (`struct ncclComm*`).
+/// cbindgen:no-export
 #[repr(C)]
 pub struct ncclComm {
     _opaque: [u8; 0],
@@ -44,6 +45,7 @@ pub struct ncclComm {
 pub type ncclComm_t = *mut ncclComm;
 
 /// Opaque window handle (`struct ncclWindow_vidmem*`).
+/// cbindgen:no-export
 #[repr(C)]
 pub struct ncclWindow_vidmem {
     _opaque: [u8; 0],

@@ -141,10 +141,14 @@ pub extern "C" fn pncclCommInitRankScalable(
 fn init_all(out: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
     entry("ncclCommInitAll", std::ptr::null_mut(), || {
         out_ptr(out, "comms")?;
-        if ndev < 1 {
+        if ndev < 0 {
             return Err(Error::invalid_argument(format!(
                 "Invalid device count requested : {ndev}"
             )));
+        }
+        if ndev == 0 {
+            // NVIDIA's library creates nothing and succeeds.
+            return Ok(());
         }
         let devs: Vec<i32> = if devlist.is_null() {
             (0..ndev).collect()
@@ -179,7 +183,13 @@ pub extern "C" fn pncclCommInitAll(
 }
 
 fn finalize(c: ncclComm_t) -> ncclResult_t {
-    entry("ncclCommFinalize", c, || lifecycle::finalize(&comm(c)?))
+    entry("ncclCommFinalize", c, || {
+        if c.is_null() {
+            // NVIDIA's library accepts a NULL communicator here (as for destroy).
+            return Ok(());
+        }
+        lifecycle::finalize(&comm(c)?)
+    })
 }
 
 #[no_mangle]
@@ -230,12 +240,16 @@ pub extern "C" fn pncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
 
 fn revoke(c: ncclComm_t, flags: c_int) -> ncclResult_t {
     entry("ncclCommRevoke", c, || {
-        let c = comm(c)?;
+        // NVIDIA's order: a NULL communicator is accepted, then the flags are checked.
+        if c.is_null() {
+            return Ok(());
+        }
         if flags != 0 {
             return Err(Error::invalid_argument(format!(
                 "revokeFlags must be NCCL_REVOKE_DEFAULT (0), got {flags}"
             )));
         }
+        let c = comm(c)?;
         lifecycle::revoke(&c)
     })
 }

@@ -1,6 +1,6 @@
 //! Groups: `ncclGroupStart`, `ncclGroupEnd`, `ncclGroupSimulateEnd`.
 
-use super::{entry, out_ptr};
+use super::entry;
 use crate::abi::{ncclResult_t, ncclSimInfo_t, NCCL_SIM_INFO_MAGIC};
 use crate::error::Error;
 
@@ -39,7 +39,16 @@ pub extern "C" fn pncclGroupEnd() -> ncclResult_t {
 
 fn group_simulate_end(info: *mut ncclSimInfo_t) -> ncclResult_t {
     entry("ncclGroupSimulateEnd", std::ptr::null_mut(), || {
-        out_ptr(info, "simInfo")?;
+        // NVIDIA's order: not being in a group is checked first, and a NULL simInfo makes
+        // this a plain ncclGroupEnd.
+        if crate::core::group::depth() == 0 {
+            return Err(Error::invalid_usage(
+                "ncclGroupSimulateEnd: not in a group call",
+            ));
+        }
+        if info.is_null() {
+            return crate::core::group::end();
+        }
         // SAFETY: checked non-NULL; every version of the struct starts with size, magic.
         let magic = unsafe { std::ptr::addr_of!((*info).magic).read_unaligned() };
         if magic != NCCL_SIM_INFO_MAGIC {

@@ -7,7 +7,12 @@ use std::os::raw::{c_int, c_void};
 
 fn mem_alloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
     entry("ncclMemAlloc", std::ptr::null_mut(), || {
-        out_ptr(ptr, "ptr")?;
+        if ptr.is_null() {
+            // NVIDIA passes the NULL pointer on to cudaMalloc, which fails: a CUDA error.
+            return Err(Error::cuda(
+                "ptr argument is NULL (cudaMalloc fails with cudaErrorInvalidValue)",
+            ));
+        }
         if size == 0 {
             return Err(Error::invalid_argument("size is 0"));
         }
@@ -32,7 +37,12 @@ fn mem_free(ptr: *mut c_void) -> ncclResult_t {
         if ptr.is_null() {
             return Ok(());
         }
-        crate::cuda::vmm::free(ptr as u64)
+        // NVIDIA asks the driver about the pointer first (cuPointerGetAttribute), so a
+        // pointer it did not allocate is a CUDA error there, not an argument error.
+        crate::cuda::vmm::free(ptr as u64).map_err(|e| match e.code {
+            ncclResult_t::ncclInvalidArgument => Error::cuda(e.msg),
+            _ => e,
+        })
     })
 }
 
@@ -148,10 +158,11 @@ pub extern "C" fn pncclCommWindowRegister(
 
 fn window_deregister(c: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
     entry("ncclCommWindowDeregister", c, || {
-        comm(c)?;
         if win.is_null() {
-            return Err(Error::invalid_argument("win is NULL"));
+            // NVIDIA's library returns success for a NULL window, whatever the communicator.
+            return Ok(());
         }
+        comm(c)?;
         Err(Error::unsupported("ncclCommWindowDeregister"))
     })
 }

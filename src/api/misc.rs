@@ -59,10 +59,16 @@ fn reset_debug_init() {
 }
 
 #[no_mangle]
+#[deprecated(
+    note = "ncclResetDebugInit is not supported as part of the NCCL API and will be removed in the future"
+)]
 pub extern "C" fn ncclResetDebugInit() {
     reset_debug_init()
 }
 #[no_mangle]
+#[deprecated(
+    note = "pncclResetDebugInit is not supported as part of the NCCL API and will be removed in the future"
+)]
 pub extern "C" fn pncclResetDebugInit() {
     reset_debug_init()
 }

@@ -1,0 +1,434 @@
+/* Bad inputs through the C ABI, no GPU needed. Every case runs in a forked child (so a crash
+ * or hang in one case is recorded, not fatal) and prints one tab-separated line:
+ *   RESULT <case> <code|CRASH:sig|TIMEOUT> <expected> <PASS|FAIL|INFO> <ms> <last error> <detail>
+ * Expected codes are NVIDIA NCCL 2.28.9's answers on a machine with a working GPU (argument
+ * errors ncclInvalidArgument, usage errors ncclInvalidUsage, ...). With --report the program
+ * never fails (used to run NVIDIA's own library, which on a GPU-less machine fails many calls
+ * on CUDA first); without it every case must give its expected code and, when it is an error,
+ * leave a non-empty ncclGetLastError message. */
+#include <nccl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ANY_ERROR (-100)  /* any error code (not ncclSuccess) */
+#define ANY_CODE (-200)   /* behaviour still being built: recorded, not asserted */
+#define WRONG_VALUE 1000  /* the call returned the right code but a wrong value */
+
+static ncclComm_t const GARBAGE = (ncclComm_t)0x1234;
+static char detail[512];
+
+typedef int (*CaseFn)(void);
+typedef struct {
+  const char *name;
+  CaseFn run;
+  int expected;
+  int driver_message; /* the error message must mention the driver/CUDA or "not yet supported" */
+} Case;
+
+static ncclUniqueId zero_id(void) {
+  ncclUniqueId id;
+  memset(&id, 0, sizeof(id));
+  return id;
+}
+
+/* ---- version, strings, unique id ---- */
+static int version_null(void) { return ncclGetVersion(NULL); }
+static int version_value(void) {
+  int v = 0;
+  int r = ncclGetVersion(&v);
+  snprintf(detail, sizeof detail, "version %d", v);
+  return r == ncclSuccess && v != 22809 ? WRONG_VALUE : r;
+}
+static int error_string(int code) {
+  const char *s = ncclGetErrorString((ncclResult_t)code);
+  snprintf(detail, sizeof detail, "\"%s\"", s ? s : "(null)");
+  return s && strcmp(s, "unknown result code") == 0 ? 0 : WRONG_VALUE;
+}
+static int errstr_minus1(void) { return error_string(-1); }
+static int errstr_8(void) { return error_string(8); }
+static int errstr_100(void) { return error_string(100); }
+static int errstr_int_min(void) { return error_string(INT_MIN); }
+static int errstr_known(void) {
+  size_t used = 0;
+  for (int c = 0; c <= 7; c++) {
+    const char *s = ncclGetErrorString((ncclResult_t)c);
+    if (!s || !*s || strcmp(s, "unknown result code") == 0) return WRONG_VALUE;
+    used += snprintf(detail + used, sizeof detail - used, "%s%s", c ? "|" : "", s);
+    if (used >= sizeof detail) break;
+  }
+  return 0;
+}
+static int unique_id_null(void) { return ncclGetUniqueId(NULL); }
+static int unique_id_no_driver(void) {
+  ncclUniqueId id;
+  return ncclGetUniqueId(&id);
+}
+
+/* ---- init ---- */
+static int init_rank_null_out(void) { return ncclCommInitRank(NULL, 1, zero_id(), 0); }
+static int init_rank_check(int nranks, int rank) {
+  ncclComm_t comm = GARBAGE;
+  int r = ncclCommInitRank(&comm, nranks, zero_id(), rank);
+  snprintf(detail, sizeof detail, "comm after: %p", (void *)comm);
+  return r;
+}
+static int init_rank_nranks0(void) { return init_rank_check(0, 0); }
+static int init_rank_nranks_negative(void) { return init_rank_check(-3, 0); }
+static int init_rank_rank_eq_nranks(void) { return init_rank_check(2, 2); }
+static int init_rank_rank_negative(void) { return init_rank_check(2, -1); }
+static int init_rank_no_driver(void) { return init_rank_check(1, 0); }
+static int init_config_bad_magic(void) {
+  ncclComm_t comm = NULL;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.magic = 0x12345678;
+  return ncclCommInitRankConfig(&comm, 1, zero_id(), 0, &config);
+}
+static int init_config_null_out(void) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  return ncclCommInitRankConfig(NULL, 1, zero_id(), 0, &config);
+}
+static int init_config_bad_rank(void) {
+  ncclComm_t comm = NULL;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  return ncclCommInitRankConfig(&comm, 4, zero_id(), 7, &config);
+}
+static int init_scalable_nid0(void) {
+  ncclComm_t comm = NULL;
+  ncclUniqueId id = zero_id();
+  return ncclCommInitRankScalable(&comm, 1, 0, 0, &id, NULL);
+}
+static int init_scalable_null_ids(void) {
+  ncclComm_t comm = NULL;
+  return ncclCommInitRankScalable(&comm, 1, 0, 1, NULL, NULL);
+}
+static int init_all_ndev0(void) {
+  ncclComm_t comms[1] = {GARBAGE};
+  return ncclCommInitAll(comms, 0, NULL);
+}
+static int init_all_ndev_negative(void) {
+  ncclComm_t comms[1];
+  return ncclCommInitAll(comms, -1, NULL);
+}
+static int init_all_null_comms(void) { return ncclCommInitAll(NULL, 1, NULL); }
+
+/* ---- communicator queries and lifecycle on NULL and garbage handles ---- */
+static int count_null(void) { int n; return ncclCommCount(NULL, &n); }
+static int count_garbage(void) { int n; return ncclCommCount(GARBAGE, &n); }
+static int count_garbage_null_out(void) { return ncclCommCount(GARBAGE, NULL); }
+static int cudevice_null(void) { int d; return ncclCommCuDevice(NULL, &d); }
+static int cudevice_garbage(void) { int d; return ncclCommCuDevice(GARBAGE, &d); }
+static int userrank_null(void) { int r; return ncclCommUserRank(NULL, &r); }
+static int userrank_garbage(void) { int r; return ncclCommUserRank(GARBAGE, &r); }
+static int async_error_null(void) { ncclResult_t e; return ncclCommGetAsyncError(NULL, &e); }
+static int async_error_garbage(void) { ncclResult_t e; return ncclCommGetAsyncError(GARBAGE, &e); }
+static int finalize_null(void) { return ncclCommFinalize(NULL); }
+static int finalize_garbage(void) { return ncclCommFinalize(GARBAGE); }
+static int destroy_null(void) { return ncclCommDestroy(NULL); }
+static int destroy_garbage(void) { return ncclCommDestroy(GARBAGE); }
+static int abort_null(void) { return ncclCommAbort(NULL); }
+static int abort_garbage(void) { return ncclCommAbort(GARBAGE); }
+static int revoke_null(void) { return ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT); }
+static int revoke_null_flags(void) { return ncclCommRevoke(NULL, 1); }
+static int revoke_garbage_default(void) { return ncclCommRevoke(GARBAGE, NCCL_REVOKE_DEFAULT); }
+static int revoke_garbage_flags(void) { return ncclCommRevoke(GARBAGE, 1); }
+static int split_null(void) { ncclComm_t n; return ncclCommSplit(NULL, 0, 0, &n, NULL); }
+static int split_garbage(void) { ncclComm_t n; return ncclCommSplit(GARBAGE, 0, 0, &n, NULL); }
+static int shrink_null(void) {
+  int ex[1] = {0};
+  ncclComm_t n;
+  return ncclCommShrink(NULL, ex, 1, &n, NULL, NCCL_SHRINK_DEFAULT);
+}
+static int shrink_garbage_negative_count(void) {
+  ncclComm_t n;
+  return ncclCommShrink(GARBAGE, NULL, -1, &n, NULL, NCCL_SHRINK_DEFAULT);
+}
+static int register_null(void) { char b[8]; void *h; return ncclCommRegister(NULL, b, 8, &h); }
+static int deregister_null(void) { char b[8]; return ncclCommDeregister(NULL, b); }
+static int window_register_null(void) {
+  char b[8];
+  ncclWindow_t w;
+  return ncclCommWindowRegister(NULL, b, 8, &w, NCCL_WIN_DEFAULT);
+}
+static int window_deregister_null(void) { return ncclCommWindowDeregister(NULL, NULL); }
+static int window_deregister_garbage_null_win(void) { return ncclCommWindowDeregister(GARBAGE, NULL); }
+static int window_deregister_null_comm(void) {
+  return ncclCommWindowDeregister(NULL, (ncclWindow_t)0x10);
+}
+
+/* ---- reduction ops ---- */
+static int redop_create_null_comm(void) {
+  ncclRedOp_t op;
+  float scalar = 2.0f;
+  return ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, NULL);
+}
+static int redop_destroy_sum_null(void) { return ncclRedOpDestroy(ncclSum, NULL); }
+static int redop_destroy_avg_garbage(void) { return ncclRedOpDestroy(ncclAvg, GARBAGE); }
+static int redop_destroy_negative_null(void) { return ncclRedOpDestroy((ncclRedOp_t)-1, NULL); }
+static int redop_destroy_uncreated_null(void) { return ncclRedOpDestroy(ncclNumOps, NULL); }
+
+/* ---- collectives and p2p on NULL / garbage communicators, with bad types and ops ---- */
+static char buf[64];
+static int allreduce(ncclComm_t comm, int dtype, int op) {
+  return ncclAllReduce(buf, buf, 4, (ncclDataType_t)dtype, (ncclRedOp_t)op, comm, NULL);
+}
+static int allreduce_null(void) { return allreduce(NULL, ncclFloat32, ncclSum); }
+static int allreduce_garbage(void) { return allreduce(GARBAGE, ncclFloat32, ncclSum); }
+static int allreduce_dtype_minus1(void) { return allreduce(NULL, -1, ncclSum); }
+static int allreduce_dtype_12(void) { return allreduce(NULL, 12, ncclSum); }
+static int allreduce_dtype_1000(void) { return allreduce(NULL, 1000, ncclSum); }
+static int allreduce_op_minus1(void) { return allreduce(NULL, ncclFloat32, -1); }
+static int allreduce_op_5(void) { return allreduce(NULL, ncclFloat32, 5); }
+static int allreduce_op_huge(void) { return allreduce(NULL, ncclFloat32, INT_MAX); }
+static int broadcast_null(void) { return ncclBroadcast(buf, buf, 4, ncclInt8, 0, NULL, NULL); }
+static int broadcast_root_garbage(void) { return ncclBroadcast(buf, buf, 4, ncclInt8, -5, GARBAGE, NULL); }
+static int bcast_null(void) { return ncclBcast(buf, 4, ncclInt8, 0, NULL, NULL); }
+static int reduce_null(void) { return ncclReduce(buf, buf, 4, ncclInt32, ncclMax, 0, NULL, NULL); }
+static int reduce_root_huge_null(void) { return ncclReduce(buf, buf, 4, ncclInt32, ncclMax, INT_MAX, NULL, NULL); }
+static int allgather_null(void) { return ncclAllGather(buf, buf, 4, ncclInt8, NULL, NULL); }
+static int reducescatter_null(void) { return ncclReduceScatter(buf, buf, 4, ncclInt8, ncclSum, NULL, NULL); }
+static int alltoall_null(void) { return ncclAlltoAll(buf, buf, 4, ncclInt8, NULL, NULL); }
+static int gather_null(void) { return ncclGather(buf, buf, 4, ncclInt8, 0, NULL, NULL); }
+static int scatter_null(void) { return ncclScatter(buf, buf, 4, ncclInt8, 0, NULL, NULL); }
+static int send_null(void) { return ncclSend(buf, 4, ncclInt8, 1, NULL, NULL); }
+static int recv_null(void) { return ncclRecv(buf, 4, ncclInt8, 1, NULL, NULL); }
+static int send_peer_garbage(void) { return ncclSend(buf, SIZE_MAX, (ncclDataType_t)99, -1, GARBAGE, NULL); }
+static int recv_garbage(void) { return ncclRecv(buf, 4, ncclInt8, 0, GARBAGE, NULL); }
+
+/* ---- groups ---- */
+static int group_end_without_start(void) { return ncclGroupEnd(); }
+static int group_nested_end_twice(void) {
+  if (ncclGroupStart() != ncclSuccess || ncclGroupEnd() != ncclSuccess) return WRONG_VALUE;
+  return ncclGroupEnd();
+}
+static int group_simulate_without_start(void) {
+  ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
+  return ncclGroupSimulateEnd(&info);
+}
+static int group_simulate_bad_magic(void) {
+  ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
+  info.magic = 0xdeadbeef;
+  if (ncclGroupStart() != ncclSuccess) return WRONG_VALUE;
+  return ncclGroupSimulateEnd(&info);
+}
+static int group_simulate_null_info(void) {
+  if (ncclGroupStart() != ncclSuccess) return WRONG_VALUE;
+  return ncclGroupSimulateEnd(NULL);
+}
+static int group_simulate_empty(void) {
+  ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
+  if (ncclGroupStart() != ncclSuccess) return WRONG_VALUE;
+  int r = ncclGroupSimulateEnd(&info);
+  snprintf(detail, sizeof detail, "estimatedTime %g", (double)info.estimatedTime);
+  return r;
+}
+
+/* ---- memory ---- */
+static int mem_alloc_null_ptr(void) { return ncclMemAlloc(NULL, 1024); }
+static int mem_alloc_no_driver(void) { void *p = NULL; return ncclMemAlloc(&p, 1024); }
+static int mem_free_foreign(void) { int on_stack[4]; return ncclMemFree(on_stack); }
+static int mem_free_heap(void) {
+  void *p = malloc(64);
+  int r = ncclMemFree(p);
+  free(p);
+  return r;
+}
+
+#define CASE(fn, expected) {#fn, fn, expected, 0}
+static const Case cases[] = {
+    CASE(version_null, ncclInvalidArgument),
+    CASE(version_value, ncclSuccess),
+    CASE(errstr_minus1, 0),
+    CASE(errstr_8, 0),
+    CASE(errstr_100, 0),
+    CASE(errstr_int_min, 0),
+    CASE(errstr_known, 0),
+    CASE(unique_id_null, ncclInvalidArgument),
+    CASE(unique_id_no_driver, ANY_CODE),
+    CASE(init_rank_null_out, ncclInvalidArgument),
+    CASE(init_rank_nranks0, ncclInvalidArgument),
+    CASE(init_rank_nranks_negative, ncclInvalidArgument),
+    CASE(init_rank_rank_eq_nranks, ncclInvalidArgument),
+    CASE(init_rank_rank_negative, ncclInvalidArgument),
+    {"init_rank_no_driver", init_rank_no_driver, ANY_ERROR, 1},
+    CASE(init_config_bad_magic, ncclInvalidArgument),
+    CASE(init_config_null_out, ncclInvalidArgument),
+    CASE(init_config_bad_rank, ncclInvalidArgument),
+    CASE(init_scalable_nid0, ncclInvalidArgument),
+    CASE(init_scalable_null_ids, ncclInvalidArgument),
+    CASE(init_all_ndev0, ncclSuccess),
+    CASE(init_all_ndev_negative, ncclInvalidArgument),
+    CASE(init_all_null_comms, ncclInvalidArgument),
+    CASE(count_null, ncclInvalidArgument),
+    CASE(count_garbage, ncclInvalidArgument),
+    CASE(count_garbage_null_out, ncclInvalidArgument),
+    CASE(cudevice_null, ncclInvalidArgument),
+    CASE(cudevice_garbage, ncclInvalidArgument),
+    CASE(userrank_null, ncclInvalidArgument),
+    CASE(userrank_garbage, ncclInvalidArgument),
+    CASE(async_error_null, ncclInvalidArgument),
+    CASE(async_error_garbage, ncclInvalidArgument),
+    CASE(finalize_null, ncclSuccess),
+    CASE(finalize_garbage, ncclInvalidArgument),
+    CASE(destroy_null, ncclSuccess),
+    CASE(destroy_garbage, ncclInvalidArgument),
+    CASE(abort_null, ncclSuccess),
+    CASE(abort_garbage, ncclInvalidArgument),
+    CASE(revoke_null, ncclSuccess),
+    CASE(revoke_null_flags, ncclSuccess),
+    CASE(revoke_garbage_default, ncclInvalidArgument),
+    CASE(revoke_garbage_flags, ncclInvalidArgument),
+    CASE(split_null, ncclInvalidArgument),
+    CASE(split_garbage, ncclInvalidArgument),
+    CASE(shrink_null, ncclInvalidArgument),
+    CASE(shrink_garbage_negative_count, ncclInvalidArgument),
+    CASE(register_null, ncclInvalidArgument),
+    CASE(deregister_null, ncclInvalidArgument),
+    CASE(window_register_null, ncclInvalidArgument),
+    CASE(window_deregister_null, ncclSuccess),
+    CASE(window_deregister_garbage_null_win, ncclSuccess),
+    CASE(window_deregister_null_comm, ncclInvalidArgument),
+    CASE(redop_create_null_comm, ncclInvalidArgument),
+    CASE(redop_destroy_sum_null, ncclInvalidArgument),
+    CASE(redop_destroy_avg_garbage, ncclInvalidArgument),
+    CASE(redop_destroy_negative_null, ncclInvalidArgument),
+    CASE(redop_destroy_uncreated_null, ncclInvalidArgument),
+    CASE(allreduce_null, ncclInvalidArgument),
+    CASE(allreduce_garbage, ncclInvalidArgument),
+    CASE(allreduce_dtype_minus1, ncclInvalidArgument),
+    CASE(allreduce_dtype_12, ncclInvalidArgument),
+    CASE(allreduce_dtype_1000, ncclInvalidArgument),
+    CASE(allreduce_op_minus1, ncclInvalidArgument),
+    CASE(allreduce_op_5, ncclInvalidArgument),
+    CASE(allreduce_op_huge, ncclInvalidArgument),
+    CASE(broadcast_null, ncclInvalidArgument),
+    CASE(broadcast_root_garbage, ncclInvalidArgument),
+    CASE(bcast_null, ncclInvalidArgument),
+    CASE(reduce_null, ncclInvalidArgument),
+    CASE(reduce_root_huge_null, ncclInvalidArgument),
+    CASE(allgather_null, ncclInvalidArgument),
+    CASE(reducescatter_null, ncclInvalidArgument),
+    CASE(alltoall_null, ncclInvalidArgument),
+    CASE(gather_null, ncclInvalidArgument),
+    CASE(scatter_null, ncclInvalidArgument),
+    CASE(send_null, ncclInvalidArgument),
+    CASE(recv_null, ncclInvalidArgument),
+    CASE(send_peer_garbage, ncclInvalidArgument),
+    CASE(recv_garbage, ncclInvalidArgument),
+    CASE(group_end_without_start, ncclInvalidUsage),
+    CASE(group_nested_end_twice, ncclInvalidUsage),
+    CASE(group_simulate_without_start, ncclInvalidUsage),
+    CASE(group_simulate_bad_magic, ncclInvalidArgument),
+    CASE(group_simulate_null_info, ncclSuccess),
+    CASE(group_simulate_empty, ANY_CODE),
+    CASE(mem_alloc_null_ptr, ncclUnhandledCudaError),
+    CASE(mem_alloc_no_driver, ANY_ERROR),
+    CASE(mem_free_foreign, ncclUnhandledCudaError),
+    CASE(mem_free_heap, ncclUnhandledCudaError),
+};
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* What the child reports back through the pipe. */
+typedef struct {
+  int code;
+  double ms;
+  char last_error[512];
+  char detail[512];
+} Outcome;
+
+static void clean(char *s) {
+  for (; *s; s++)
+    if (*s == '\t' || *s == '\n' || *s == '\r') *s = ' ';
+}
+
+static int mentions_driver(const char *msg) {
+  static const char *words[] = {"driver", "cuda", "libcuda", "not yet supported", "no device"};
+  for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
+    const char *w = words[i];
+    for (const char *p = msg; *p; p++)
+      if (strncasecmp(p, w, strlen(w)) == 0) return 1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int report_only = argc > 1 && strcmp(argv[1], "--report") == 0;
+  const char *only = getenv("BAD_INPUTS_CASE");
+  int passed = 0, failed = 0;
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const Case *c = &cases[i];
+    if (only && strcmp(only, c->name) != 0) continue;
+    int fds[2];
+    if (pipe(fds) != 0) { perror("pipe"); return 2; }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) { perror("fork"); return 2; }
+    if (pid == 0) {
+      close(fds[0]);
+      alarm(20); /* nothing may hang: SIGALRM ends the case */
+      Outcome o;
+      memset(&o, 0, sizeof o);
+      detail[0] = 0;
+      double t0 = now_ms();
+      o.code = c->run();
+      o.ms = now_ms() - t0;
+      const char *msg = ncclGetLastError(NULL);
+      snprintf(o.last_error, sizeof o.last_error, "%s", msg ? msg : "(null)");
+      snprintf(o.detail, sizeof o.detail, "%s", detail);
+      if (write(fds[1], &o, sizeof o) != (ssize_t)sizeof o) _exit(3);
+      _exit(0);
+    }
+    close(fds[1]);
+    Outcome o;
+    memset(&o, 0, sizeof o);
+    ssize_t got = read(fds[0], &o, sizeof o);
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char code[32];
+    int ok;
+    if (got != (ssize_t)sizeof o) {
+      if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+        snprintf(code, sizeof code, "TIMEOUT");
+      else if (WIFSIGNALED(status))
+        snprintf(code, sizeof code, "CRASH:%s", strsignal(WTERMSIG(status)));
+      else
+        snprintf(code, sizeof code, "EXIT:%d", WEXITSTATUS(status));
+      ok = 0;
+      snprintf(o.last_error, sizeof o.last_error, "-");
+    } else {
+      snprintf(code, sizeof code, "%d", o.code);
+      int is_error = o.code != ncclSuccess;
+      if (c->expected == ANY_CODE) ok = 1;
+      else if (c->expected == ANY_ERROR) ok = is_error && o.code != WRONG_VALUE;
+      else ok = o.code == c->expected;
+      /* Every error leaves a message for ncclGetLastError (error-string cases excepted). */
+      if (is_error && o.code != WRONG_VALUE && o.last_error[0] == 0) ok = 0;
+      if (c->driver_message) ok = ok && o.ms < 5000.0 && mentions_driver(o.last_error);
+    }
+    clean(o.last_error);
+    clean(o.detail);
+    const char *verdict = report_only || c->expected == ANY_CODE ? "INFO" : ok ? "PASS" : "FAIL";
+    if (!report_only && c->expected != ANY_CODE) ok ? passed++ : failed++;
+    char expected[16];
+    if (c->expected == ANY_ERROR) snprintf(expected, sizeof expected, "error");
+    else if (c->expected == ANY_CODE) snprintf(expected, sizeof expected, "any");
+    else snprintf(expected, sizeof expected, "%d", c->expected);
+    printf("RESULT\t%s\t%s\t%s\t%s\t%.0f\t%s\t%s\n", c->name, code, expected, verdict, o.ms,
+           o.last_error, o.detail);
+  }
+  if (!report_only) printf("bad_inputs: %d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}

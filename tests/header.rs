@@ -1,0 +1,101 @@
+//! Keeps `include/nccl.h` in step with the Rust definitions: generates the header with
+//! cbindgen (configured by `cbindgen.toml`) and fails when the committed file differs.
+//! Regenerate with `OXCCL_BLESS=1 cargo test --test header`.
+
+use std::path::{Path, PathBuf};
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The header exactly as cbindgen generates it from the sources today.
+fn generate_header(root: &Path) -> String {
+    let config = cbindgen::Config::from_file(root.join("cbindgen.toml"))
+        .unwrap_or_else(|e| panic!("cannot read cbindgen.toml: {e}"));
+    // Only the C ABI's sources: the type definitions and the entry points (src/api/mod.rs
+    // pulls in every file of src/api/). Constants elsewhere in the crate stay out.
+    let bindings = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(root.join("src").join("abi.rs"))
+        .with_src(root.join("src").join("api").join("mod.rs"))
+        .generate()
+        .unwrap_or_else(|e| panic!("cbindgen failed to generate nccl.h: {e}"));
+    let mut out = Vec::new();
+    bindings.write(&mut out);
+    String::from_utf8(out).expect("cbindgen wrote non-UTF-8 output")
+}
+
+/// First line where two texts differ, with a little context, for the failure message.
+fn first_difference(expected: &str, actual: &str) -> String {
+    let (e, a): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), actual.lines().collect());
+    let line = (0..e.len().max(a.len()))
+        .find(|&i| e.get(i) != a.get(i))
+        .unwrap_or(0);
+    let show = |v: &[&str]| -> String {
+        let end = (line + 3).min(v.len());
+        let start = line.saturating_sub(2).min(end);
+        v[start..end]
+            .iter()
+            .enumerate()
+            .map(|(k, l)| format!("  {:5} | {l}\n", start + k + 1))
+            .collect()
+    };
+    format!(
+        "first difference at line {}:\n committed include/nccl.h:\n{} generated:\n{}",
+        line + 1,
+        show(&a),
+        show(&e)
+    )
+}
+
+#[test]
+fn committed_header_matches_generated() {
+    let root = repo_root();
+    let generated = generate_header(&root);
+    let path = root.join("include").join("nccl.h");
+    if std::env::var_os("OXCCL_BLESS").is_some_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &generated)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        eprintln!("wrote {}", path.display());
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    if committed != generated {
+        let generated_path = root.join("target").join("nccl.h.generated");
+        let _ = std::fs::write(&generated_path, &generated);
+        panic!(
+            "include/nccl.h is out of date with the Rust sources.\n{}\n\
+             Full generated header: {}\n\
+             See the changes with: diff -u include/nccl.h {}\n\
+             Regenerate it with:   OXCCL_BLESS=1 cargo test --test header",
+            first_difference(&generated, &committed),
+            generated_path.display(),
+            generated_path.display()
+        );
+    }
+}
+
+#[test]
+fn header_keeps_nvidia_names() {
+    let header = generate_header(&repo_root());
+    // The Raw* wrappers must render as the enums' C names, never leak into the header.
+    for raw in ["RawResult", "RawDataType", "RawRedOp", "RawScalarResidence"] {
+        assert!(!header.contains(raw), "{raw} leaked into nccl.h");
+    }
+    // Device-API host functions belong to nccl_device/*.h, not nccl.h.
+    for device_fn in ["ncclDevCommCreate", "ncclTeamWorld", "ncclLLA2ACalcSlots"] {
+        assert!(!header.contains(device_fn), "{device_fn} is in nccl.h");
+    }
+    for needed in [
+        "typedef struct ncclComm *ncclComm_t;",
+        "typedef struct ncclConfig_v22800 ncclConfig_t;",
+        "typedef struct ncclSimInfo_v22200 ncclSimInfo_t;",
+        "const char *ncclGetErrorString(ncclResult_t result);",
+        "void ncclResetDebugInit(void);",
+        "extern \"C\"",
+        "#include <cuda_runtime.h>",
+    ] {
+        assert!(header.contains(needed), "nccl.h lacks `{needed}`");
+    }
+}
