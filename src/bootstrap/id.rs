@@ -37,7 +37,11 @@ impl IdInfo {
         bytes[..8].copy_from_slice(ID_MAGIC);
         bytes[OFF_SECRET..OFF_ADDR].copy_from_slice(&self.secret);
         bytes[OFF_ADDR..OFF_FLAGS].copy_from_slice(&encode_addr(&self.root));
-        bytes[OFF_FLAGS] = if self.root_at_init { FLAG_ROOT_AT_INIT } else { 0 };
+        bytes[OFF_FLAGS] = if self.root_at_init {
+            FLAG_ROOT_AT_INIT
+        } else {
+            0
+        };
         ncclUniqueId {
             internal: bytes.map(|b| b as std::os::raw::c_char),
         }
@@ -52,8 +56,9 @@ impl IdInfo {
         }
         let mut secret = [0u8; SECRET_LEN];
         secret.copy_from_slice(&bytes[OFF_SECRET..OFF_ADDR]);
-        let root = decode_addr(&bytes[OFF_ADDR..OFF_FLAGS])
-            .ok_or_else(|| Error::invalid_argument("bootstrap: the unique id holds no valid root address"))?;
+        let root = decode_addr(&bytes[OFF_ADDR..OFF_FLAGS]).ok_or_else(|| {
+            Error::invalid_argument("bootstrap: the unique id holds no valid root address")
+        })?;
         Ok(IdInfo {
             secret,
             root,
@@ -97,7 +102,12 @@ pub fn decode_addr(bytes: &[u8]) -> Option<SocketAddr> {
             octets.copy_from_slice(&bytes[4..20]);
             let scope = u32::from_be_bytes(bytes[20..24].try_into().ok()?);
             let flow = u32::from_be_bytes(bytes[24..28].try_into().ok()?);
-            Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(octets), port, flow, scope)))
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(octets),
+                port,
+                flow,
+                scope,
+            )))
         }
         _ => None,
     }
@@ -157,30 +167,41 @@ pub fn parse_comm_id(text: &str) -> Result<SocketAddr> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr);
     }
-    let bad = |why: String| Error::invalid_argument(format!("bootstrap: invalid NCCL_COMM_ID {text:?}: {why}"));
+    let bad = |why: String| {
+        Error::invalid_argument(format!("bootstrap: invalid NCCL_COMM_ID {text:?}: {why}"))
+    };
     let (host, port) = text
         .rsplit_once(':')
         .ok_or_else(|| bad("expected host:port".into()))?;
-    let port: u16 = port.parse().map_err(|_| bad(format!("bad port {port:?}")))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| bad(format!("bad port {port:?}")))?;
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
     }
     let mut found = (host, port)
         .to_socket_addrs()
         .map_err(|e| bad(format!("cannot resolve {host:?}: {e}")))?;
-    found.next().ok_or_else(|| bad(format!("{host:?} resolves to no address")))
+    found
+        .next()
+        .ok_or_else(|| bad(format!("{host:?} resolves to no address")))
 }
 
 /// The id as 256 lowercase hex digits (to pass it between processes as text).
 pub fn id_to_hex(id: &ncclUniqueId) -> String {
-    id.internal.iter().map(|c| format!("{:02x}", *c as u8)).collect()
+    id.internal
+        .iter()
+        .map(|c| format!("{:02x}", *c as u8))
+        .collect()
 }
 
 /// Parse `id_to_hex`'s text.
 pub fn id_from_hex(text: &str) -> Result<ncclUniqueId> {
     let text = text.trim();
     if text.len() != 256 || !text.is_ascii() {
-        return Err(Error::invalid_argument("bootstrap: a hex unique id has 256 hex digits"));
+        return Err(Error::invalid_argument(
+            "bootstrap: a hex unique id has 256 hex digits",
+        ));
     }
     let mut internal = [0 as std::os::raw::c_char; 128];
     for (i, slot) in internal.iter_mut().enumerate() {
@@ -213,8 +234,14 @@ mod tests {
 
     #[test]
     fn comm_id_forms() {
-        assert_eq!(parse_comm_id("1.2.3.4:5").unwrap(), "1.2.3.4:5".parse().unwrap());
-        assert_eq!(parse_comm_id("[::1]:77").unwrap(), "[::1]:77".parse().unwrap());
+        assert_eq!(
+            parse_comm_id("1.2.3.4:5").unwrap(),
+            "1.2.3.4:5".parse().unwrap()
+        );
+        assert_eq!(
+            parse_comm_id("[::1]:77").unwrap(),
+            "[::1]:77".parse().unwrap()
+        );
         assert_eq!(parse_comm_id("localhost:99").unwrap().port(), 99);
         assert!(parse_comm_id("nonsense").is_err());
         assert!(parse_comm_id("1.2.3.4:notaport").is_err());

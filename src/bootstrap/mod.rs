@@ -106,7 +106,12 @@ pub struct Bootstrap {
 impl Bootstrap {
     /// Join the rendezvous described by `ids` (one per root; ranks are spread over the roots
     /// in contiguous blocks). `abort` is checked during every wait.
-    pub fn init(ids: &[ncclUniqueId], rank: i32, nranks: i32, abort: Arc<AtomicBool>) -> Result<Bootstrap> {
+    pub fn init(
+        ids: &[ncclUniqueId],
+        rank: i32,
+        nranks: i32,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Bootstrap> {
         Self::init_with(ids, rank, nranks, abort, &BootstrapConfig::from_env())
     }
 
@@ -122,7 +127,10 @@ impl Bootstrap {
             crate::bail_arg!("bootstrap: rank {rank} is not within nranks {nranks}");
         }
         if ids.is_empty() || ids.len() > nranks as usize {
-            crate::bail_arg!("bootstrap: {} unique ids for {nranks} ranks (need 1 to nranks)", ids.len());
+            crate::bail_arg!(
+                "bootstrap: {} unique ids for {nranks} ranks (need 1 to nranks)",
+                ids.len()
+            );
         }
         let infos = ids.iter().map(IdInfo::decode).collect::<Result<Vec<_>>>()?;
         let nroots = infos.len() as i32;
@@ -144,7 +152,11 @@ impl Bootstrap {
         boot.rendezvous(&infos, my_root, first_of_block)
             .and_then(|_| boot.connect_ring())
             .inspect_err(|e| boot.fail(e))?;
-        crate::info!(INIT, "bootstrap: rank {rank} of {nranks} joined ({} root(s))", nroots);
+        crate::info!(
+            INIT,
+            "bootstrap: rank {rank} of {nranks} joined ({} root(s))",
+            nroots
+        );
         Ok(boot)
     }
 
@@ -192,7 +204,10 @@ impl Bootstrap {
                 neighbour: true,
                 ..reg
             };
-            Some((root::register(&prev.root, &prev.secret, &reg, &limits)?, prev.root))
+            Some((
+                root::register(&prev.root, &prev.secret, &reg, &limits)?,
+                prev.root,
+            ))
         } else {
             None
         };
@@ -220,7 +235,9 @@ impl Bootstrap {
         drop(neighbour);
         if nroots == 1 {
             if reply.table.len() != nranks as usize {
-                return Err(Error::internal("bootstrap: the root's address table has the wrong size"));
+                return Err(Error::internal(
+                    "bootstrap: the root's address table has the wrong size",
+                ));
             }
             for (r, addr) in reply.table.iter().enumerate() {
                 self.peers.set_addr(r as i32, *addr);
@@ -233,8 +250,9 @@ impl Bootstrap {
         // block's root, and its first rank passes the message on to us.
         let all = self.allgather_within(&id::encode_addr(&my_addr), &limits)?;
         for (r, bytes) in all.iter().enumerate() {
-            let addr = id::decode_addr(bytes)
-                .ok_or_else(|| Error::internal(format!("bootstrap: rank {r} sent a malformed address")))?;
+            let addr = id::decode_addr(bytes).ok_or_else(|| {
+                Error::internal(format!("bootstrap: rank {r} sent a malformed address"))
+            })?;
             self.peers.set_addr(r as i32, addr);
         }
         Ok(())
@@ -247,14 +265,15 @@ impl Bootstrap {
         let mut seen = vec![false; self.nranks as usize];
         for &m in members {
             if m < 0 || m >= self.nranks || std::mem::replace(&mut seen[m as usize], true) {
-                crate::bail_arg!("bootstrap: bad member list {members:?} for a communicator of {}", self.nranks);
+                crate::bail_arg!(
+                    "bootstrap: bad member list {members:?} for a communicator of {}",
+                    self.nranks
+                );
             }
         }
-        let new_rank = members
-            .iter()
-            .position(|&m| m == me)
-            .ok_or_else(|| Error::invalid_argument(format!("bootstrap: rank {me} is not in {members:?}")))?
-            as i32;
+        let new_rank = members.iter().position(|&m| m == me).ok_or_else(|| {
+            Error::invalid_argument(format!("bootstrap: rank {me} is not in {members:?}"))
+        })? as i32;
         let n = members.len() as i32;
         let netif = socket::bootstrap_interface()?;
         let listener = socket::listen_on(&netif)?;
@@ -269,7 +288,9 @@ impl Bootstrap {
                 for &m in &members[1..] {
                     let addr = self.peers.recv(m, KIND_SUB, tag, &limits)?;
                     if addr.len() != ADDR_LEN {
-                        return Err(Error::internal(format!("bootstrap: rank {m} sent a malformed address")));
+                        return Err(Error::internal(format!(
+                            "bootstrap: rank {m} sent a malformed address"
+                        )));
                     }
                     table.extend_from_slice(&addr);
                 }
@@ -283,10 +304,13 @@ impl Bootstrap {
                 self.peers.recv(leader, KIND_SUB, tag, &limits)?
             };
             if table.len() != ADDR_LEN * n as usize {
-                return Err(Error::internal("bootstrap: malformed address table for a sub-communicator"));
+                return Err(Error::internal(
+                    "bootstrap: malformed address table for a sub-communicator",
+                ));
             }
             for (r, bytes) in table.chunks(ADDR_LEN).enumerate() {
-                let addr = id::decode_addr(bytes).ok_or_else(|| Error::internal("bootstrap: malformed address"))?;
+                let addr = id::decode_addr(bytes)
+                    .ok_or_else(|| Error::internal("bootstrap: malformed address"))?;
                 child.peers.set_addr(r as i32, addr);
             }
             Ok(())
@@ -294,7 +318,11 @@ impl Bootstrap {
         exchange()
             .and_then(|_| child.connect_ring())
             .inspect_err(|e| child.fail(e))
-            .map_err(|e| e.context(format!("creating a sub-communicator of {n} ranks (tag {tag})")))?;
+            .map_err(|e| {
+                e.context(format!(
+                    "creating a sub-communicator of {n} ranks (tag {tag})"
+                ))
+            })?;
         Ok(child)
     }
 
@@ -363,14 +391,21 @@ impl Bootstrap {
         Ok(out)
     }
 
-    fn ring_allgather(&self, seq: u64, mine: &[u8], out: &mut [Vec<u8>], limits: &Limits<'_>) -> Result<()> {
+    fn ring_allgather(
+        &self,
+        seq: u64,
+        mine: &[u8],
+        out: &mut [Vec<u8>],
+        limits: &Limits<'_>,
+    ) -> Result<()> {
         let (rank, n) = (self.rank, self.nranks);
         let next = (rank + 1) % n;
         let prev = (rank + n - 1) % n;
         for step in 0..n - 1 {
             let send_idx = (rank - step).rem_euclid(n) as usize;
             let recv_idx = (rank - step - 1).rem_euclid(n) as usize;
-            self.peers.send(next, KIND_COLL, seq, &out[send_idx], limits)?;
+            self.peers
+                .send(next, KIND_COLL, seq, &out[send_idx], limits)?;
             let got = self.peers.recv(prev, KIND_COLL, seq, limits)?;
             if got.len() != mine.len() {
                 return Err(Error::invalid_usage(format!(

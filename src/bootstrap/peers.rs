@@ -71,7 +71,9 @@ pub struct Peers {
 impl Peers {
     /// Serve `listener` for rank `rank` of `nranks`, accepting only connections that know `secret`.
     pub fn start(listener: TcpListener, rank: i32, nranks: i32, secret: Secret) -> Result<Peers> {
-        let sys = |e: std::io::Error| Error::system(format!("bootstrap: cannot start the listener thread: {e}"));
+        let sys = |e: std::io::Error| {
+            Error::system(format!("bootstrap: cannot start the listener thread: {e}"))
+        };
         let listen_addr = listener.local_addr().map_err(sys)?;
         listener.set_nonblocking(true).map_err(sys)?;
         let (wake, wake_rx) = UnixStream::pair().map_err(sys)?;
@@ -115,19 +117,33 @@ impl Peers {
     }
 
     /// Send one message to `peer` (connecting first if needed).
-    pub fn send(&self, peer: i32, kind: u32, tag: u64, data: &[u8], limits: &Limits<'_>) -> Result<()> {
+    pub fn send(
+        &self,
+        peer: i32,
+        kind: u32,
+        tag: u64,
+        data: &[u8],
+        limits: &Limits<'_>,
+    ) -> Result<()> {
         let me = self.shared.rank;
         if peer == me {
             let mut inbox = self.shared.inbox.lock();
-            inbox.queues.entry((peer, kind, tag)).or_default().push_back(data.to_vec());
+            inbox
+                .queues
+                .entry((peer, kind, tag))
+                .or_default()
+                .push_back(data.to_vec());
             drop(inbox);
             self.shared.arrived.notify_all();
             return Ok(());
         }
         let mut slot = self.outgoing[peer as usize].lock();
         if slot.is_none() {
-            let addr = self.addrs.lock()[peer as usize]
-                .ok_or_else(|| Error::internal(format!("bootstrap: rank {me} does not know rank {peer}'s address")))?;
+            let addr = self.addrs.lock()[peer as usize].ok_or_else(|| {
+                Error::internal(format!(
+                    "bootstrap: rank {me} does not know rank {peer}'s address"
+                ))
+            })?;
             let what = format!("rank {me} connecting to rank {peer} at {addr}");
             let stream = socket::connect(&addr, false, limits).map_err(|e| match e {
                 WaitError::Io(io) if io.kind() == ErrorKind::ConnectionRefused => {
@@ -158,7 +174,8 @@ impl Peers {
             msg.extend_from_slice(data);
             socket::write_all(stream, &msg, limits)
         } else {
-            socket::write_all(stream, &header, limits).and_then(|_| socket::write_all(stream, data, limits))
+            socket::write_all(stream, &header, limits)
+                .and_then(|_| socket::write_all(stream, data, limits))
         };
         if let Err(e) = result {
             // A half-written frame leaves the connection unusable.
@@ -191,7 +208,9 @@ impl Peers {
             }
             let me = self.shared.rank;
             if let Some((who, msg)) = &inbox.remote_failure {
-                return Err(Error::remote(format!("bootstrap: rank {who} failed: {msg}")));
+                return Err(Error::remote(format!(
+                    "bootstrap: rank {who} failed: {msg}"
+                )));
             }
             if inbox.closed[peer as usize] {
                 drop(inbox);
@@ -204,10 +223,15 @@ impl Peers {
                 )));
             }
             if let Some(f) = &inbox.failure {
-                return Err(Error::system(format!("bootstrap: rank {me}'s listener failed: {f}")));
+                return Err(Error::system(format!(
+                    "bootstrap: rank {me}'s listener failed: {f}"
+                )));
             }
             if let Some(why) = limits.expired() {
-                return Err(why.into_error(limits, &format!("rank {me} waiting to receive from rank {peer}")));
+                return Err(why.into_error(
+                    limits,
+                    &format!("rank {me} waiting to receive from rank {peer}"),
+                ));
             }
             let slice = limits.slice();
             self.shared.arrived.wait_for(&mut inbox, slice);
@@ -240,12 +264,19 @@ impl Peers {
         let deadline = Instant::now() + Duration::from_millis(300);
         let mut inbox = self.shared.inbox.lock();
         while inbox.remote_failure.is_none() {
-            if self.shared.arrived.wait_until(&mut inbox, deadline).timed_out() {
+            if self
+                .shared
+                .arrived
+                .wait_until(&mut inbox, deadline)
+                .timed_out()
+            {
                 break;
             }
         }
         let (who, msg) = inbox.remote_failure.as_ref()?;
-        Some(Error::remote(format!("bootstrap: rank {who} failed: {msg}")))
+        Some(Error::remote(format!(
+            "bootstrap: rank {who} failed: {msg}"
+        )))
     }
 
     /// Shut every outgoing connection so peers waiting on us fail promptly.
@@ -259,7 +290,9 @@ impl Peers {
 
     /// Stop the I/O thread and close every connection.
     pub fn shutdown(&self) {
-        self.shared.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Release);
         let _ = (&self.wake).write(&[1]);
         if let Some(io) = self.io.lock().take() {
             let _ = io.join();
@@ -294,7 +327,10 @@ fn io_loop(listener: TcpListener, wake_rx: UnixStream, shared: Arc<Shared>) {
     let mut conns: Vec<Conn> = Vec::new();
     let mut chunk = vec![0u8; 256 << 10];
     loop {
-        let mut fds = vec![socket::pollfd(listener.as_raw_fd()), socket::pollfd(wake_rx.as_raw_fd())];
+        let mut fds = vec![
+            socket::pollfd(listener.as_raw_fd()),
+            socket::pollfd(wake_rx.as_raw_fd()),
+        ];
         fds.extend(conns.iter().map(|c| socket::pollfd(c.stream.as_raw_fd())));
         if let Err(e) = socket::poll(&mut fds, socket::POLL_INTERVAL) {
             shared.inbox.lock().failure = Some(format!("poll failed: {e}"));
@@ -419,7 +455,11 @@ fn parse(conn: &mut Conn, shared: &Shared) -> Parsed {
             let msg = String::from_utf8_lossy(&payload).into_owned();
             inbox.remote_failure.get_or_insert((peer, msg));
         } else {
-            inbox.queues.entry((peer, kind, tag)).or_default().push_back(payload);
+            inbox
+                .queues
+                .entry((peer, kind, tag))
+                .or_default()
+                .push_back(payload);
         }
         filed = true;
     }

@@ -60,7 +60,14 @@ impl Registration {
         let mut out = [0u8; REG_LEN];
         out[..8].copy_from_slice(REG_MAGIC);
         out[8..24].copy_from_slice(secret);
-        let ints = [self.rank, self.nranks, self.root, self.nroots, self.neighbour as i32, 0];
+        let ints = [
+            self.rank,
+            self.nranks,
+            self.root,
+            self.nroots,
+            self.neighbour as i32,
+            0,
+        ];
         for (i, v) in ints.iter().enumerate() {
             out[24 + 4 * i..28 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
@@ -135,7 +142,12 @@ fn code_from(n: u32) -> ncclResult_t {
 
 /// Start a root thread on `listener`. It serves one rendezvous: it waits `timeout` after the
 /// first registration (and at most `idle` for that first one), then exits.
-pub fn spawn_root(listener: TcpListener, secret: Secret, timeout: Duration, idle: Duration) -> Result<()> {
+pub fn spawn_root(
+    listener: TcpListener,
+    secret: Secret,
+    timeout: Duration,
+    idle: Duration,
+) -> Result<()> {
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::system(format!("bootstrap root: {e}")))?;
@@ -187,7 +199,8 @@ struct Geometry {
 
 impl Geometry {
     fn neighbour_rank(&self) -> Option<i32> {
-        (self.nroots > 1).then(|| first_rank_of((self.root + 1) % self.nroots, self.nranks, self.nroots))
+        (self.nroots > 1)
+            .then(|| first_rank_of((self.root + 1) % self.nroots, self.nranks, self.nroots))
     }
     /// Registrations this root waits for.
     fn expected(&self) -> usize {
@@ -229,13 +242,23 @@ impl Root {
                 return;
             }
             let mut fds = vec![socket::pollfd(self.listener.as_raw_fd())];
-            fds.extend(self.pending.iter().map(|p| socket::pollfd(p.stream.as_raw_fd())));
+            fds.extend(
+                self.pending
+                    .iter()
+                    .map(|p| socket::pollfd(p.stream.as_raw_fd())),
+            );
             let joined_ranks: Vec<i32> = self.joined.keys().copied().collect();
-            fds.extend(self.joined.values().map(|j| socket::pollfd(j.stream.as_raw_fd())));
+            fds.extend(
+                self.joined
+                    .values()
+                    .map(|j| socket::pollfd(j.stream.as_raw_fd())),
+            );
             if let Some(n) = &self.neighbour {
                 fds.push(socket::pollfd(n.stream.as_raw_fd()));
             }
-            let wait = deadline.saturating_duration_since(now).min(socket::POLL_INTERVAL);
+            let wait = deadline
+                .saturating_duration_since(now)
+                .min(socket::POLL_INTERVAL);
             if let Err(e) = socket::poll(&mut fds, wait) {
                 crate::warn!("bootstrap root: poll failed: {e}");
                 self.fail(Error::system(format!("bootstrap root: poll failed: {e}")));
@@ -264,7 +287,11 @@ impl Root {
                     )));
                 }
                 self.joined.retain(|r, _| !closed.contains(r));
-                if self.neighbour.as_ref().is_some_and(|n| closed.contains(&n.reg.rank)) {
+                if self
+                    .neighbour
+                    .as_ref()
+                    .is_some_and(|n| closed.contains(&n.reg.rank))
+                {
                     self.neighbour = None;
                 }
             }
@@ -318,7 +345,10 @@ impl Root {
             }
             if !readable.get(i).copied().unwrap_or(false) {
                 if p.since.elapsed() > HELLO_LIMIT.min(self.timeout) {
-                    crate::warn!("bootstrap root: dropped a connection from {} that sent no registration", p.peer);
+                    crate::warn!(
+                        "bootstrap root: dropped a connection from {} that sent no registration",
+                        p.peer
+                    );
                 } else {
                     keep.push(p);
                 }
@@ -335,11 +365,18 @@ impl Root {
                     match Registration::decode(&p.buf, &self.secret) {
                         Ok(reg) => step = self.on_registration(p.stream, reg),
                         Err(why) => {
-                            crate::warn!("bootstrap root: refused a connection from {}: {why}", p.peer)
+                            crate::warn!(
+                                "bootstrap root: refused a connection from {}: {why}",
+                                p.peer
+                            )
                         }
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => keep.push(p),
+                Err(e)
+                    if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted =>
+                {
+                    keep.push(p)
+                }
                 Err(_) => {}
             }
         }
@@ -362,7 +399,12 @@ impl Root {
             self.answered += 1;
             return Step::Continue;
         }
-        crate::trace!(INIT, "bootstrap root: rank {} joined from {}", reg.rank, reg.addr);
+        crate::trace!(
+            INIT,
+            "bootstrap root: rank {} joined from {}",
+            reg.rank,
+            reg.addr
+        );
         if reg.neighbour {
             self.neighbour = Some(Joined { stream, reg });
         } else {
@@ -378,7 +420,12 @@ impl Root {
 
     /// Validate a registration against the geometry of the first one (which it sets).
     fn check(&mut self, reg: &Registration) -> Result<()> {
-        if reg.nranks < 1 || reg.nroots < 1 || reg.nroots > reg.nranks || reg.root < 0 || reg.root >= reg.nroots {
+        if reg.nranks < 1
+            || reg.nroots < 1
+            || reg.nroots > reg.nranks
+            || reg.root < 0
+            || reg.root >= reg.nroots
+        {
             return Err(Error::invalid_argument(format!(
                 "bootstrap: rank {} registered with nranks {} and root {} of {}",
                 reg.rank, reg.nranks, reg.root, reg.nroots
@@ -389,7 +436,8 @@ impl Root {
             root: reg.root,
             nroots: reg.nroots,
             first_rank: first_rank_of(reg.root, reg.nranks, reg.nroots),
-            block: first_rank_of(reg.root + 1, reg.nranks, reg.nroots) - first_rank_of(reg.root, reg.nranks, reg.nroots),
+            block: first_rank_of(reg.root + 1, reg.nranks, reg.nroots)
+                - first_rank_of(reg.root, reg.nranks, reg.nroots),
             first_reporter: reg.rank,
         });
         if reg.nranks != g.nranks {
@@ -405,7 +453,11 @@ impl Root {
             )));
         }
         let in_block = reg.rank >= g.first_rank && reg.rank < g.first_rank + g.block;
-        let valid = if reg.neighbour { Some(reg.rank) == g.neighbour_rank() } else { in_block };
+        let valid = if reg.neighbour {
+            Some(reg.rank) == g.neighbour_rank()
+        } else {
+            in_block
+        };
         if !valid {
             return Err(Error::invalid_argument(format!(
                 "bootstrap: rank {} of {} registered with root {} which serves ranks {}..{}",
@@ -416,7 +468,11 @@ impl Root {
                 g.first_rank + g.block - 1
             )));
         }
-        let dup = if reg.neighbour { self.neighbour.is_some() } else { self.joined.contains_key(&reg.rank) };
+        let dup = if reg.neighbour {
+            self.neighbour.is_some()
+        } else {
+            self.joined.contains_key(&reg.rank)
+        };
         if dup {
             return Err(Error::invalid_argument(format!(
                 "bootstrap: rank {} of {} joined twice (two processes with the same rank?)",
@@ -432,7 +488,10 @@ impl Root {
             if rank >= g.first_rank && rank < g.first_rank + g.block {
                 table[(rank - g.first_rank) as usize]
             } else {
-                self.neighbour.as_ref().map(|n| n.reg.addr).unwrap_or(table[0])
+                self.neighbour
+                    .as_ref()
+                    .map(|n| n.reg.addr)
+                    .unwrap_or(table[0])
             }
         };
         for j in self.joined.values() {
@@ -481,8 +540,9 @@ impl Root {
             crate::warn!("bootstrap root: no rank joined within the time limit; the root exits");
             return;
         };
-        let mut missing: Vec<i32> =
-            (g.first_rank..g.first_rank + g.block).filter(|r| !self.joined.contains_key(r)).collect();
+        let mut missing: Vec<i32> = (g.first_rank..g.first_rank + g.block)
+            .filter(|r| !self.joined.contains_key(r))
+            .collect();
         if let Some(n) = g.neighbour_rank() {
             if self.neighbour.is_none() && !missing.contains(&n) {
                 missing.push(n);
@@ -518,17 +578,29 @@ fn reply(stream: &TcpStream, msg: &[u8], timeout: Duration) {
 }
 
 /// A rank's side: register with the root at `root_addr` and wait for its answer.
-pub fn register(root_addr: &SocketAddr, secret: &Secret, reg: &Registration, limits: &Limits<'_>) -> Result<TcpStream> {
+pub fn register(
+    root_addr: &SocketAddr,
+    secret: &Secret,
+    reg: &Registration,
+    limits: &Limits<'_>,
+) -> Result<TcpStream> {
     let what = format!("connecting to the bootstrap root at {root_addr}");
-    let stream = socket::connect(root_addr, true, limits).map_err(|e| e.into_error(limits, &what))?;
+    let stream =
+        socket::connect(root_addr, true, limits).map_err(|e| e.into_error(limits, &what))?;
     let what = format!("registering with the bootstrap root at {root_addr}");
-    socket::write_all(&stream, &reg.encode(secret), limits).map_err(|e| e.into_error(limits, &what))?;
+    socket::write_all(&stream, &reg.encode(secret), limits)
+        .map_err(|e| e.into_error(limits, &what))?;
     Ok(stream)
 }
 
 /// Wait for the root's answer on a stream `register` returned.
-pub fn await_reply(stream: &TcpStream, root_addr: &SocketAddr, limits: &Limits<'_>) -> Result<RootReply> {
-    let what = format!("waiting for the bootstrap root at {root_addr} to answer (are all ranks started?)");
+pub fn await_reply(
+    stream: &TcpStream,
+    root_addr: &SocketAddr,
+    limits: &Limits<'_>,
+) -> Result<RootReply> {
+    let what =
+        format!("waiting for the bootstrap root at {root_addr} to answer (are all ranks started?)");
     let io = |e: socket::WaitError| match e {
         socket::WaitError::Closed => Error::remote(format!(
             "bootstrap: the bootstrap root at {root_addr} closed the connection before answering"
@@ -540,12 +612,17 @@ pub fn await_reply(stream: &TcpStream, root_addr: &SocketAddr, limits: &Limits<'
     let code = u32::from_le_bytes(head[..4].try_into().unwrap());
     let len = u32::from_le_bytes(head[4..].try_into().unwrap()) as usize;
     if len > 64 << 20 {
-        return Err(Error::internal(format!("bootstrap: root answer of {len} bytes is not plausible")));
+        return Err(Error::internal(format!(
+            "bootstrap: root answer of {len} bytes is not plausible"
+        )));
     }
     let mut payload = vec![0u8; len];
     socket::read_exact(stream, &mut payload, limits).map_err(io)?;
     if code != 0 {
-        return Err(Error::new(code_from(code), String::from_utf8_lossy(&payload).into_owned()));
+        return Err(Error::new(
+            code_from(code),
+            String::from_utf8_lossy(&payload).into_owned(),
+        ));
     }
     let bad = || Error::internal("bootstrap: malformed answer from the bootstrap root");
     if payload.len() < 8 + ADDR_LEN {
@@ -579,7 +656,10 @@ mod tests {
                     if rank == first_rank_of(expect_root + 1, nranks, nroots) {
                         expect_root += 1;
                     }
-                    assert_eq!(b, expect_root, "rank {rank} nranks {nranks} nroots {nroots}");
+                    assert_eq!(
+                        b, expect_root,
+                        "rank {rank} nranks {nranks} nroots {nroots}"
+                    );
                     assert!(rank >= first_rank_of(b, nranks, nroots));
                     assert!(rank < first_rank_of(b + 1, nranks, nroots));
                 }

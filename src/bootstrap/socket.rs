@@ -66,9 +66,9 @@ impl WaitError {
                 "bootstrap: timed out after {} while {what}",
                 fmt_secs(limits.timeout)
             )),
-            WaitError::Closed => {
-                Error::remote(format!("bootstrap: connection closed by the other side while {what}"))
-            }
+            WaitError::Closed => Error::remote(format!(
+                "bootstrap: connection closed by the other side while {what}"
+            )),
             WaitError::Io(e) => Error::system(format!("bootstrap: {e} while {what}")),
         }
     }
@@ -112,7 +112,9 @@ pub fn connect(
                     || (retry_refused
                         && matches!(
                             e.kind(),
-                            ErrorKind::ConnectionRefused | ErrorKind::ConnectionReset | ErrorKind::AddrNotAvailable
+                            ErrorKind::ConnectionRefused
+                                | ErrorKind::ConnectionReset
+                                | ErrorKind::AddrNotAvailable
                         )) =>
             {
                 std::thread::sleep(backoff.min(limits.slice()));
@@ -124,14 +126,20 @@ pub fn connect(
 }
 
 /// Write all of `data`, in slices of at most `POLL_INTERVAL`.
-pub fn write_all(stream: &TcpStream, data: &[u8], limits: &Limits<'_>) -> std::result::Result<(), WaitError> {
+pub fn write_all(
+    stream: &TcpStream,
+    data: &[u8],
+    limits: &Limits<'_>,
+) -> std::result::Result<(), WaitError> {
     let mut stream_ref = stream;
     let mut done = 0;
     while done < data.len() {
         if let Some(why) = limits.expired() {
             return Err(why);
         }
-        stream.set_write_timeout(Some(limits.slice())).map_err(WaitError::Io)?;
+        stream
+            .set_write_timeout(Some(limits.slice()))
+            .map_err(WaitError::Io)?;
         match stream_ref.write(&data[done..]) {
             Ok(0) => return Err(WaitError::Closed),
             Ok(n) => done += n,
@@ -144,14 +152,20 @@ pub fn write_all(stream: &TcpStream, data: &[u8], limits: &Limits<'_>) -> std::r
 }
 
 /// Fill `buf`, in slices of at most `POLL_INTERVAL`; end of stream is `Closed`.
-pub fn read_exact(stream: &TcpStream, buf: &mut [u8], limits: &Limits<'_>) -> std::result::Result<(), WaitError> {
+pub fn read_exact(
+    stream: &TcpStream,
+    buf: &mut [u8],
+    limits: &Limits<'_>,
+) -> std::result::Result<(), WaitError> {
     let mut stream_ref = stream;
     let mut done = 0;
     while done < buf.len() {
         if let Some(why) = limits.expired() {
             return Err(why);
         }
-        stream.set_read_timeout(Some(limits.slice())).map_err(WaitError::Io)?;
+        stream
+            .set_read_timeout(Some(limits.slice()))
+            .map_err(WaitError::Io)?;
         match stream_ref.read(&mut buf[done..]) {
             Ok(0) => return Err(WaitError::Closed),
             Ok(n) => done += n,
@@ -167,7 +181,10 @@ pub fn read_exact(stream: &TcpStream, buf: &mut [u8], limits: &Limits<'_>) -> st
 pub fn is_closed(e: &std::io::Error) -> bool {
     matches!(
         e.kind(),
-        ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted | ErrorKind::UnexpectedEof
+        ErrorKind::ConnectionReset
+            | ErrorKind::BrokenPipe
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::UnexpectedEof
     )
 }
 
@@ -308,14 +325,21 @@ impl IfFilter {
             // NCCL allows `name:port`; the port plays no part in choosing the interface.
             .map(|item| item.split(':').next().unwrap_or(item).to_string())
             .collect();
-        IfFilter { exclude, exact, names }
+        IfFilter {
+            exclude,
+            exact,
+            names,
+        }
     }
 
     pub fn matches(&self, name: &str) -> bool {
-        let hit = self
-            .names
-            .iter()
-            .any(|n| if self.exact { name == n } else { name.starts_with(n.as_str()) });
+        let hit = self.names.iter().any(|n| {
+            if self.exact {
+                name == n
+            } else {
+                name.starts_with(n.as_str())
+            }
+        });
         hit != self.exclude
     }
 }
@@ -332,7 +356,11 @@ pub fn parse_family(value: Option<&str>) -> Option<bool> {
 /// Choose the bootstrap interface among `ifaces`: with `spec`, the first up address whose
 /// interface matches it; otherwise the first up non-loopback non-docker one, then docker,
 /// then loopback. `want_v6` restricts the family. IPv6 link-local addresses are skipped.
-pub fn choose_interface(ifaces: &[IfAddr], spec: Option<&str>, want_v6: Option<bool>) -> Option<NetIf> {
+pub fn choose_interface(
+    ifaces: &[IfAddr],
+    spec: Option<&str>,
+    want_v6: Option<bool>,
+) -> Option<NetIf> {
     let usable = |a: &&IfAddr| {
         a.up && want_v6.is_none_or(|v6| a.ip.is_ipv6() == v6)
             && !matches!(a.ip, IpAddr::V6(ip) if (ip.segments()[0] & 0xffc0) == 0xfe80)
@@ -367,13 +395,20 @@ pub fn bootstrap_interface() -> Result<NetIf> {
             let ifaces = list_interfaces()?;
             let chosen = choose_interface(&ifaces, spec.as_deref(), family).ok_or_else(|| {
                 let msg = match &spec {
-                    Some(s) => format!("Bootstrap: no socket interface found matching NCCL_SOCKET_IFNAME={s}"),
+                    Some(s) => format!(
+                        "Bootstrap: no socket interface found matching NCCL_SOCKET_IFNAME={s}"
+                    ),
                     None => "Bootstrap: no socket interface found".to_string(),
                 };
                 crate::warn!("{msg}");
                 Error::system(msg)
             })?;
-            crate::info!(BOOTSTRAP, "Bootstrap: Using {}:{}<0>", chosen.name, chosen.ip);
+            crate::info!(
+                BOOTSTRAP,
+                "Bootstrap: Using {}:{}<0>",
+                chosen.name,
+                chosen.ip
+            );
             Ok(chosen)
         })
         .cloned()
@@ -382,7 +417,8 @@ pub fn bootstrap_interface() -> Result<NetIf> {
 /// A listener on `ip` with a kernel-chosen port.
 pub fn listen_on(netif: &NetIf) -> Result<TcpListener> {
     let addr = netif.socket_addr(0);
-    TcpListener::bind(addr).map_err(|e| Error::system(format!("bootstrap: cannot listen on {addr}: {e}")))
+    TcpListener::bind(addr)
+        .map_err(|e| Error::system(format!("bootstrap: cannot listen on {addr}: {e}")))
 }
 
 #[cfg(test)]
@@ -410,16 +446,41 @@ mod tests {
             ifa("ib0", "10.1.0.1", true),
         ];
         let name_ip = |n: Option<NetIf>| n.map(|n| format!("{}:{}", n.name, n.ip));
-        assert_eq!(name_ip(choose_interface(&list, None, None)).unwrap(), "eth1:10.0.0.2");
-        assert_eq!(name_ip(choose_interface(&list, None, Some(true))).unwrap(), "eth1:fd00::2");
-        assert_eq!(name_ip(choose_interface(&list, Some("ib"), None)).unwrap(), "ib0:10.1.0.1");
-        assert_eq!(name_ip(choose_interface(&list, Some("^eth,lo"), None)).unwrap(), "docker0:172.17.0.1");
+        assert_eq!(
+            name_ip(choose_interface(&list, None, None)).unwrap(),
+            "eth1:10.0.0.2"
+        );
+        assert_eq!(
+            name_ip(choose_interface(&list, None, Some(true))).unwrap(),
+            "eth1:fd00::2"
+        );
+        assert_eq!(
+            name_ip(choose_interface(&list, Some("ib"), None)).unwrap(),
+            "ib0:10.1.0.1"
+        );
+        assert_eq!(
+            name_ip(choose_interface(&list, Some("^eth,lo"), None)).unwrap(),
+            "docker0:172.17.0.1"
+        );
         assert_eq!(name_ip(choose_interface(&list, Some("=eth"), None)), None);
-        assert_eq!(name_ip(choose_interface(&list, Some("=lo,=eth1"), None)).unwrap(), "lo:127.0.0.1");
-        assert_eq!(name_ip(choose_interface(&list, Some("eth0"), None)), None, "eth0 is down");
+        assert_eq!(
+            name_ip(choose_interface(&list, Some("=lo,=eth1"), None)).unwrap(),
+            "lo:127.0.0.1"
+        );
+        assert_eq!(
+            name_ip(choose_interface(&list, Some("eth0"), None)),
+            None,
+            "eth0 is down"
+        );
         let only_lo = vec![ifa("lo", "127.0.0.1", true), ifa("lo", "::1", true)];
-        assert_eq!(name_ip(choose_interface(&only_lo, None, None)).unwrap(), "lo:127.0.0.1");
-        assert_eq!(name_ip(choose_interface(&only_lo, None, Some(true))).unwrap(), "lo:::1");
+        assert_eq!(
+            name_ip(choose_interface(&only_lo, None, None)).unwrap(),
+            "lo:127.0.0.1"
+        );
+        assert_eq!(
+            name_ip(choose_interface(&only_lo, None, Some(true))).unwrap(),
+            "lo:::1"
+        );
     }
 
     #[test]

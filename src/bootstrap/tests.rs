@@ -42,7 +42,9 @@ fn run_ranks<T: Send>(
 
 /// The data rank `rank` contributes to allgather round `round`.
 fn contribution(rank: i32, round: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (rank as u8).wrapping_mul(31).wrapping_add(i as u8) ^ round).collect()
+    (0..len)
+        .map(|i| (rank as u8).wrapping_mul(31).wrapping_add(i as u8) ^ round)
+        .collect()
 }
 
 /// Allgather, barrier and send/recv checks every rank runs.
@@ -52,7 +54,11 @@ fn exercise(b: &Bootstrap) -> Result<()> {
         let all = b.allgather(&contribution(rank, round, len))?;
         assert_eq!(all.len(), n as usize);
         for (r, got) in all.iter().enumerate() {
-            assert_eq!(got, &contribution(r as i32, round, len), "rank {rank} round {round} from {r}");
+            assert_eq!(
+                got,
+                &contribution(r as i32, round, len),
+                "rank {rank} round {round} from {r}"
+            );
         }
     }
     b.barrier()?;
@@ -81,7 +87,10 @@ fn threads_case(n: i32) {
     let c = cfg(20.0);
     let ids = new_ids(1, &c);
     let ranks: Vec<i32> = (0..n).collect();
-    for (rank, r) in run_ranks(&ids, &ranks, n, &c, |b| exercise(&b)).into_iter().enumerate() {
+    for (rank, r) in run_ranks(&ids, &ranks, n, &c, |b| exercise(&b))
+        .into_iter()
+        .enumerate()
+    {
         r.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
     }
 }
@@ -110,7 +119,9 @@ fn threads_64() {
 fn large_messages() {
     let c = cfg(20.0);
     let ids = new_ids(1, &c);
-    let big: Vec<u8> = (0..24 << 20).map(|i: u32| (i * 7 + i / 4096) as u8).collect();
+    let big: Vec<u8> = (0..24 << 20)
+        .map(|i: u32| (i * 7 + i / 4096) as u8)
+        .collect();
     let results = run_ranks(&ids, &[0, 1], 2, &c, |b| {
         // Both send a large message before either receives: nobody may block.
         let peer = 1 - b.rank();
@@ -132,7 +143,10 @@ fn several_roots() {
         let c = cfg(20.0);
         let ids = new_ids(nroots, &c);
         let ranks: Vec<i32> = (0..nranks).collect();
-        for (rank, r) in run_ranks(&ids, &ranks, nranks, &c, |b| exercise(&b)).into_iter().enumerate() {
+        for (rank, r) in run_ranks(&ids, &ranks, nranks, &c, |b| exercise(&b))
+            .into_iter()
+            .enumerate()
+        {
             r.unwrap_or_else(|e| panic!("{nroots} roots, rank {rank} of {nranks}: {e}"));
         }
     }
@@ -152,8 +166,13 @@ fn sub_communicators() {
         let scattered = vec![5, 2, 7];
         let single = vec![rank];
         // Evens and odds split concurrently (same call on every rank, different tags).
-        let split = if rank % 2 == 0 { (&evens, 1) } else { (&odds, 2) };
-        let patterns: Vec<(&Vec<i32>, u64)> = vec![(&reversed, 0), split, (&scattered, 3), (&single, 4)];
+        let split = if rank % 2 == 0 {
+            (&evens, 1)
+        } else {
+            (&odds, 2)
+        };
+        let patterns: Vec<(&Vec<i32>, u64)> =
+            vec![(&reversed, 0), split, (&scattered, 3), (&single, 4)];
         for (members, tag) in patterns {
             if !members.contains(&rank) {
                 continue;
@@ -163,7 +182,10 @@ fn sub_communicators() {
             assert_eq!(child.rank(), new_rank);
             assert_eq!(child.nranks(), members.len() as i32);
             let all = child.allgather(&rank.to_le_bytes())?;
-            let parents: Vec<i32> = all.iter().map(|v| i32::from_le_bytes(v[..4].try_into().unwrap())).collect();
+            let parents: Vec<i32> = all
+                .iter()
+                .map(|v| i32::from_le_bytes(v[..4].try_into().unwrap()))
+                .collect();
             assert_eq!(&parents, members, "tag {tag}");
             exercise(&child)?;
             // A grandchild of the child.
@@ -172,7 +194,10 @@ fn sub_communicators() {
                 if child.rank() < 2 {
                     let grand = grand?;
                     grand.barrier()?;
-                    assert_eq!(grand.allgather(&[child.rank() as u8])?, vec![vec![1], vec![0]]);
+                    assert_eq!(
+                        grand.allgather(&[child.rank() as u8])?,
+                        vec![vec![1], vec![0]]
+                    );
                 } else {
                     assert!(grand.is_err(), "a non-member's sub must fail");
                 }
@@ -193,7 +218,7 @@ fn missing_rank_is_named() {
     let results = run_ranks(&ids, &[0, 1, 3, 4, 5], 8, &c, |_| Ok(()));
     let elapsed = start.elapsed();
     for r in results {
-        let err = r.err().expect("init must fail with a missing rank");
+        let err = r.expect_err("init must fail with a missing rank");
         assert!(err.msg.contains("[2, 6, 7] of 8"), "{}", err.msg);
         assert!(err.msg.contains("timed out after 1.5 s"), "{}", err.msg);
     }
@@ -208,9 +233,13 @@ fn missing_rank_with_several_roots() {
     // and 5; rank 3 passes that on to block 0, which root 0 had already completed.
     let start = Instant::now();
     let results = run_ranks(&ids, &[0, 1, 2, 3, 5], 6, &c, |_| Ok(()));
-    assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        start.elapsed()
+    );
     for r in results {
-        let err = r.err().expect("init must fail with a missing rank");
+        let err = r.expect_err("init must fail with a missing rank");
         assert!(err.msg.contains("[4] of 6"), "{}", err.msg);
     }
 }
@@ -242,14 +271,25 @@ fn dying_rank_case(delay: Duration) -> Vec<Error> {
         // A rank whose own init completed still fails at its first collective.
         run_ranks(&ids, &[0, 1, 3], 4, &c, |b| b.barrier())
     });
-    assert!(start.elapsed() < delay + Duration::from_secs(5), "took {:?}", start.elapsed());
-    results.into_iter().map(|r| r.err().expect("init must fail when a rank dies")).collect()
+    assert!(
+        start.elapsed() < delay + Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    results
+        .into_iter()
+        .map(|r| r.expect_err("init must fail when a rank dies"))
+        .collect()
 }
 
 #[test]
 fn rank_dying_before_the_rendezvous_completes() {
     for err in dying_rank_case(Duration::from_millis(600)) {
-        assert!(err.msg.contains("rank 2 of 4 closed its connection"), "{}", err.msg);
+        assert!(
+            err.msg.contains("rank 2 of 4 closed its connection"),
+            "{}",
+            err.msg
+        );
         assert_eq!(err.code, crate::abi::ncclResult_t::ncclRemoteError);
     }
 }
@@ -260,7 +300,12 @@ fn rank_dying_around_the_rendezvous() {
     // other rank fails promptly with an error that names rank 2.
     for err in dying_rank_case(Duration::ZERO) {
         assert!(err.msg.contains("rank 2 "), "{}", err.msg);
-        assert_eq!(err.code, crate::abi::ncclResult_t::ncclRemoteError, "{}", err.msg);
+        assert_eq!(
+            err.code,
+            crate::abi::ncclResult_t::ncclRemoteError,
+            "{}",
+            err.msg
+        );
     }
 }
 
@@ -281,10 +326,18 @@ fn dying_peer_fails_collective_promptly() {
         if rank == 2 {
             continue;
         }
-        let err = r.err().expect("a barrier without rank 2 must fail");
-        assert!(err.msg.contains("closed its connection"), "rank {rank}: {}", err.msg);
+        let err = r.expect_err("a barrier without rank 2 must fail");
+        assert!(
+            err.msg.contains("closed its connection"),
+            "rank {rank}: {}",
+            err.msg
+        );
     }
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
@@ -300,11 +353,19 @@ fn wrong_nranks_is_named() {
         let good = run_ranks(&ids, &[0, 1, 3], 4, &c, |_| Ok(()));
         (bad.join().unwrap(), good)
     });
-    let bad = results.0.err().expect("a wrong nranks must fail");
-    assert!(bad.msg.contains("rank 2 called init with nranks 5"), "{}", bad.msg);
+    let bad = results.0.expect_err("a wrong nranks must fail");
+    assert!(
+        bad.msg.contains("rank 2 called init with nranks 5"),
+        "{}",
+        bad.msg
+    );
     for r in results.1 {
-        let err = r.err().expect("the others fail too");
-        assert!(err.msg.contains("rank 2 called init with nranks 5"), "{}", err.msg);
+        let err = r.expect_err("the others fail too");
+        assert!(
+            err.msg.contains("rank 2 called init with nranks 5"),
+            "{}",
+            err.msg
+        );
     }
     assert!(start.elapsed() < Duration::from_secs(4));
 }
@@ -344,7 +405,11 @@ fn strangers_are_refused() {
             s.write_all(&hello).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             let mut buf = [0u8; 8];
-            assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "the stranger must be disconnected");
+            assert_eq!(
+                s.read(&mut buf).unwrap_or(0),
+                0,
+                "the stranger must be disconnected"
+            );
         }
         b.barrier()?;
         exercise(&b)
@@ -368,7 +433,8 @@ fn abort_ends_waits_promptly() {
         abort.store(true, Ordering::Release);
         let init_result = waiting.join().unwrap();
         // A receive on a working bootstrap, aborted from another thread.
-        let b = Bootstrap::init_with(&new_ids(1, &c), 0, 1, Arc::new(AtomicBool::new(false)), &c).unwrap();
+        let b = Bootstrap::init_with(&new_ids(1, &c), 0, 1, Arc::new(AtomicBool::new(false)), &c)
+            .unwrap();
         let flag = b.abort_flag().clone();
         let t = Instant::now();
         s.spawn(move || {
@@ -376,10 +442,18 @@ fn abort_ends_waits_promptly() {
             flag.store(true, Ordering::Release);
         });
         let recv_result = b.recv(0, 1);
-        assert!(t.elapsed() < Duration::from_secs(2), "recv took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "recv took {:?}",
+            t.elapsed()
+        );
         (init_result, recv_result)
     });
-    assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        start.elapsed()
+    );
     let err = init_result.unwrap_err();
     assert!(err.msg.contains("aborted"), "{}", err.msg);
     let err = recv_result.unwrap_err();
@@ -410,46 +484,67 @@ const CHILD_ENV: &str = "OXCCL_BOOTSTRAP_TEST_CHILD";
 /// In the normal test run (no variable) it does nothing.
 #[test]
 fn child_entry() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let parts: Vec<&str> = spec.split(',').collect();
     let rank: i32 = parts[0].parse().unwrap();
     let nranks: i32 = parts[1].parse().unwrap();
     let c = cfg(20.0);
     // "env" means: make the id here from NCCL_COMM_ID, as every process of such a job does.
-    let id = if parts[2] == "env" { get_unique_id_with(&c).unwrap() } else { id_from_hex(parts[2]).unwrap() };
+    let id = if parts[2] == "env" {
+        get_unique_id_with(&c).unwrap()
+    } else {
+        id_from_hex(parts[2]).unwrap()
+    };
     let b = Bootstrap::init_with(&[id], rank, nranks, Arc::new(AtomicBool::new(false)), &c)
         .unwrap_or_else(|e| panic!("child rank {rank}: {e}"));
     exercise(&b).unwrap_or_else(|e| panic!("child rank {rank}: {e}"));
     let pids = b.allgather(&std::process::id().to_le_bytes()).unwrap();
     let distinct: std::collections::HashSet<_> = pids.iter().collect();
-    assert_eq!(distinct.len(), nranks as usize, "each rank is its own process");
+    assert_eq!(
+        distinct.len(),
+        nranks as usize,
+        "each rank is its own process"
+    );
     println!("CHILD_OK rank {rank}");
 }
 
-fn spawn_child(rank: i32, nranks: i32, id_text: &str, comm_id: Option<&str>) -> std::process::Child {
+fn spawn_child(rank: i32, nranks: i32, id_text: &str, env: &[(&str, &str)]) -> std::process::Child {
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "bootstrap::tests::child_entry", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, format!("{rank},{nranks},{id_text}"))
-        .env_remove("NCCL_COMM_ID")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    if let Some(comm_id) = comm_id {
-        cmd.env("NCCL_COMM_ID", comm_id);
-    }
+    cmd.args([
+        "--exact",
+        "bootstrap::tests::child_entry",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, format!("{rank},{nranks},{id_text}"))
+    .env_remove("NCCL_COMM_ID")
+    .env_remove("NCCL_SOCKET_IFNAME")
+    .env_remove("NCCL_SOCKET_FAMILY")
+    .env("NCCL_DEBUG", "INFO")
+    .env("NCCL_DEBUG_SUBSYS", "BOOTSTRAP")
+    .envs(env.iter().copied())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
     cmd.spawn().unwrap()
 }
 
-fn wait_children(children: Vec<std::process::Child>) {
+/// Wait for every child to pass; returns their output.
+fn wait_children(children: Vec<std::process::Child>) -> Vec<String> {
+    let mut outputs = Vec::new();
     for (rank, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success() && stdout.contains(&format!("CHILD_OK rank {rank}")),
             "child rank {rank} failed: {}\n{stdout}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
+        outputs.push(stdout);
     }
+    outputs
 }
 
 #[test]
@@ -457,15 +552,61 @@ fn processes_4() {
     let c = cfg(20.0);
     let id = get_unique_id_with(&c).unwrap();
     let hex = id_to_hex(&id);
-    let children: Vec<_> = (0..4).map(|rank| spawn_child(rank, 4, &hex, None)).collect();
-    wait_children(children);
+    let children: Vec<_> = (0..4).map(|rank| spawn_child(rank, 4, &hex, &[])).collect();
+    for out in wait_children(children) {
+        assert!(out.contains("NCCL INFO Bootstrap: Using "), "{out}");
+    }
+}
+
+/// A free port on `ip` (for a root that rank 0 starts).
+fn free_port(ip: &str) -> Option<u16> {
+    let probe = std::net::TcpListener::bind((ip, 0)).ok()?;
+    Some(probe.local_addr().ok()?.port())
 }
 
 #[test]
 fn processes_with_comm_id() {
-    // A free port for the root that rank 0 starts.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let comm_id = format!("127.0.0.1:{port}");
-    let children: Vec<_> = (0..4).map(|rank| spawn_child(rank, 4, "env", Some(&comm_id))).collect();
-    wait_children(children);
+    let comm_id = format!("127.0.0.1:{}", free_port("127.0.0.1").unwrap());
+    let env = [
+        ("NCCL_COMM_ID", comm_id.as_str()),
+        ("NCCL_SOCKET_IFNAME", "=lo"),
+    ];
+    let children: Vec<_> = (0..4)
+        .map(|rank| spawn_child(rank, 4, "env", &env))
+        .collect();
+    for out in wait_children(children) {
+        assert!(
+            out.contains("NCCL INFO Bootstrap: Using lo:127.0.0.1<0>"),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn processes_over_ipv6() {
+    let Some(port) = free_port("::1") else {
+        eprintln!("no IPv6 loopback here; skipping");
+        return;
+    };
+    let comm_id = format!("[::1]:{port}");
+    let env = [
+        ("NCCL_COMM_ID", comm_id.as_str()),
+        ("NCCL_SOCKET_IFNAME", "lo"),
+        ("NCCL_SOCKET_FAMILY", "AF_INET6"),
+    ];
+    let children: Vec<_> = (0..3)
+        .map(|rank| spawn_child(rank, 3, "env", &env))
+        .collect();
+    for out in wait_children(children) {
+        assert!(
+            out.contains("NCCL INFO Bootstrap: Using lo:::1<0>"),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn bootstrap_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Bootstrap>();
 }
