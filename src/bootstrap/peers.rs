@@ -1,0 +1,481 @@
+//! Connections among ranks: each rank's listener, served by one I/O thread that accepts
+//! connections, authenticates them (a hello carrying the secret and the sender's rank),
+//! reads framed messages without blocking and files them in an inbox keyed by
+//! (peer, kind, tag); and the sending side, which opens one outgoing connection per peer
+//! lazily. A message waits in the inbox until someone receives it, so arrivals may come in
+//! any order and no sender ever blocks on a receiver that is not reading.
+
+use super::id::{secrets_equal, Secret, SECRET_LEN};
+use super::socket::{self, Limits, WaitError};
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const HELLO_MAGIC: &[u8; 8] = b"OXBSHELO";
+/// Bytes of a hello: magic, secret, sender rank, nranks.
+const HELLO_LEN: usize = 8 + SECRET_LEN + 8;
+/// Bytes of a frame header: kind, padding, tag, payload length.
+const HEADER_LEN: usize = 24;
+/// How long an accepted connection may take to say hello before it is dropped.
+const HELLO_LIMIT: Duration = Duration::from_secs(10);
+
+/// Message kinds: separate tag spaces so internal traffic never meets user tags.
+pub const KIND_USER: u32 = 0;
+pub const KIND_COLL: u32 = 1;
+pub const KIND_SUB: u32 = 2;
+/// The first message on each ring connection, opened eagerly so a dead neighbour is noticed.
+pub const KIND_RING: u32 = 3;
+/// A rank reporting that it failed (payload: its error message).
+const KIND_FAIL: u32 = 4;
+
+type Key = (i32, u32, u64);
+
+#[derive(Default)]
+struct Inbox {
+    queues: HashMap<Key, VecDeque<Vec<u8>>>,
+    /// Peers whose connection to us has ended.
+    closed: Vec<bool>,
+    /// Set if the I/O thread itself failed.
+    failure: Option<String>,
+    /// The first failure a peer reported: (peer, its message).
+    remote_failure: Option<(i32, String)>,
+}
+
+/// The state the I/O thread shares with the receiving side.
+struct Shared {
+    rank: i32,
+    nranks: i32,
+    secret: Secret,
+    inbox: Mutex<Inbox>,
+    arrived: Condvar,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+/// One rank's endpoints: its listener (with the I/O thread) and its outgoing connections.
+pub struct Peers {
+    shared: Arc<Shared>,
+    outgoing: Vec<Mutex<Option<TcpStream>>>,
+    addrs: Mutex<Vec<Option<SocketAddr>>>,
+    listen_addr: SocketAddr,
+    wake: UnixStream,
+    io: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Peers {
+    /// Serve `listener` for rank `rank` of `nranks`, accepting only connections that know `secret`.
+    pub fn start(listener: TcpListener, rank: i32, nranks: i32, secret: Secret) -> Result<Peers> {
+        let sys = |e: std::io::Error| {
+            Error::system(format!("bootstrap: cannot start the listener thread: {e}"))
+        };
+        let listen_addr = listener.local_addr().map_err(sys)?;
+        listener.set_nonblocking(true).map_err(sys)?;
+        let (wake, wake_rx) = UnixStream::pair().map_err(sys)?;
+        wake_rx.set_nonblocking(true).map_err(sys)?;
+        let shared = Arc::new(Shared {
+            rank,
+            nranks,
+            secret,
+            inbox: Mutex::new(Inbox {
+                closed: vec![false; nranks as usize],
+                ..Default::default()
+            }),
+            arrived: Condvar::new(),
+            stop: std::sync::atomic::AtomicBool::new(false),
+        });
+        let thread_shared = shared.clone();
+        let io = std::thread::Builder::new()
+            .name(format!("oxccl-boot-{rank}"))
+            .spawn(move || io_loop(listener, wake_rx, thread_shared))
+            .map_err(sys)?;
+        Ok(Peers {
+            shared,
+            outgoing: (0..nranks).map(|_| Mutex::new(None)).collect(),
+            addrs: Mutex::new(vec![None; nranks as usize]),
+            listen_addr,
+            wake,
+            io: Mutex::new(Some(io)),
+        })
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen_addr
+    }
+
+    pub fn set_addr(&self, rank: i32, addr: SocketAddr) {
+        self.addrs.lock()[rank as usize] = Some(addr);
+    }
+
+    pub fn addrs(&self) -> Vec<Option<SocketAddr>> {
+        self.addrs.lock().clone()
+    }
+
+    /// Send one message to `peer` (connecting first if needed).
+    pub fn send(
+        &self,
+        peer: i32,
+        kind: u32,
+        tag: u64,
+        data: &[u8],
+        limits: &Limits<'_>,
+    ) -> Result<()> {
+        let me = self.shared.rank;
+        if peer == me {
+            let mut inbox = self.shared.inbox.lock();
+            inbox
+                .queues
+                .entry((peer, kind, tag))
+                .or_default()
+                .push_back(data.to_vec());
+            drop(inbox);
+            self.shared.arrived.notify_all();
+            return Ok(());
+        }
+        let mut slot = self.outgoing[peer as usize].lock();
+        if slot.is_none() {
+            let addr = self.addrs.lock()[peer as usize].ok_or_else(|| {
+                Error::internal(format!(
+                    "bootstrap: rank {me} does not know rank {peer}'s address"
+                ))
+            })?;
+            let what = format!("rank {me} connecting to rank {peer} at {addr}");
+            let stream = socket::connect(&addr, false, limits).map_err(|e| match e {
+                WaitError::Io(io) if io.kind() == ErrorKind::ConnectionRefused => {
+                    self.reported_failure().unwrap_or_else(|| {
+                        Error::remote(format!(
+                            "bootstrap: rank {peer} is not listening at {addr} any more (process exited or aborted?)"
+                        ))
+                    })
+                }
+                e => e.into_error(limits, &what),
+            })?;
+            let mut hello = [0u8; HELLO_LEN];
+            hello[..8].copy_from_slice(HELLO_MAGIC);
+            hello[8..8 + SECRET_LEN].copy_from_slice(&self.shared.secret);
+            hello[8 + SECRET_LEN..12 + SECRET_LEN].copy_from_slice(&me.to_le_bytes());
+            hello[12 + SECRET_LEN..].copy_from_slice(&self.shared.nranks.to_le_bytes());
+            socket::write_all(&stream, &hello, limits).map_err(|e| e.into_error(limits, &what))?;
+            *slot = Some(stream);
+        }
+        let stream = slot.as_ref().unwrap();
+        let mut header = [0u8; HEADER_LEN];
+        header[..4].copy_from_slice(&kind.to_le_bytes());
+        header[8..16].copy_from_slice(&tag.to_le_bytes());
+        header[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        let result = if data.len() <= 64 << 10 {
+            let mut msg = Vec::with_capacity(HEADER_LEN + data.len());
+            msg.extend_from_slice(&header);
+            msg.extend_from_slice(data);
+            socket::write_all(stream, &msg, limits)
+        } else {
+            socket::write_all(stream, &header, limits)
+                .and_then(|_| socket::write_all(stream, data, limits))
+        };
+        if let Err(e) = result {
+            // A half-written frame leaves the connection unusable.
+            *slot = None;
+            drop(slot);
+            let err = match e {
+                WaitError::Closed => self.reported_failure().unwrap_or_else(|| Error::remote(format!(
+                    "bootstrap: rank {peer} closed its connection while rank {me} was sending to it \
+                     (process exited or aborted?)"
+                ))),
+                e => e.into_error(limits, &format!("rank {me} sending {} bytes to rank {peer}", data.len())),
+            };
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// Receive the oldest message from `peer` with this kind and tag.
+    pub fn recv(&self, peer: i32, kind: u32, tag: u64, limits: &Limits<'_>) -> Result<Vec<u8>> {
+        let key = (peer, kind, tag);
+        let mut inbox = self.shared.inbox.lock();
+        loop {
+            if let Some(queue) = inbox.queues.get_mut(&key) {
+                if let Some(msg) = queue.pop_front() {
+                    if queue.is_empty() {
+                        inbox.queues.remove(&key);
+                    }
+                    return Ok(msg);
+                }
+            }
+            let me = self.shared.rank;
+            if let Some((who, msg)) = &inbox.remote_failure {
+                return Err(Error::remote(format!(
+                    "bootstrap: rank {who} failed: {msg}"
+                )));
+            }
+            if inbox.closed[peer as usize] {
+                drop(inbox);
+                if let Some(reported) = self.reported_failure() {
+                    return Err(reported);
+                }
+                return Err(Error::remote(format!(
+                    "bootstrap: rank {peer} closed its connection while rank {me} was waiting to receive from it \
+                     (process exited or aborted?)"
+                )));
+            }
+            if let Some(f) = &inbox.failure {
+                return Err(Error::system(format!(
+                    "bootstrap: rank {me}'s listener failed: {f}"
+                )));
+            }
+            if let Some(why) = limits.expired() {
+                return Err(why.into_error(
+                    limits,
+                    &format!("rank {me} waiting to receive from rank {peer}"),
+                ));
+            }
+            let slice = limits.slice();
+            self.shared.arrived.wait_for(&mut inbox, slice);
+        }
+    }
+
+    /// Tell peers that this rank failed, best effort and bounded: every peer whose address is
+    /// known when the failure started here, else (a failure reported by another rank) only
+    /// the peers we are connected to, so the report precedes the close they will see.
+    pub fn notify_failure(&self, err: &Error) {
+        let relayed = self.shared.inbox.lock().remote_failure.is_some();
+        let never = std::sync::atomic::AtomicBool::new(false);
+        let limits = Limits::new(Duration::from_secs(2), &never);
+        let addrs = self.addrs();
+        for (peer, addr) in addrs.iter().enumerate() {
+            let peer = peer as i32;
+            if addr.is_none() || peer == self.shared.rank || limits.expired().is_some() {
+                continue;
+            }
+            if relayed && self.outgoing[peer as usize].lock().is_none() {
+                continue;
+            }
+            let _ = self.send(peer, KIND_FAIL, 0, err.msg.as_bytes(), &limits);
+        }
+    }
+
+    /// After a peer closed on us: wait briefly for a failure report (the rank where the
+    /// failure started may have sent one that is still on its way) and return it if one came.
+    fn reported_failure(&self) -> Option<Error> {
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let mut inbox = self.shared.inbox.lock();
+        while inbox.remote_failure.is_none() {
+            if self
+                .shared
+                .arrived
+                .wait_until(&mut inbox, deadline)
+                .timed_out()
+            {
+                break;
+            }
+        }
+        let (who, msg) = inbox.remote_failure.as_ref()?;
+        Some(Error::remote(format!(
+            "bootstrap: rank {who} failed: {msg}"
+        )))
+    }
+
+    /// Shut every outgoing connection so peers waiting on us fail promptly.
+    pub fn break_links(&self) {
+        for slot in &self.outgoing {
+            if let Some(stream) = slot.lock().take() {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    /// Stop the I/O thread and close every connection.
+    pub fn shutdown(&self) {
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Release);
+        let _ = (&self.wake).write(&[1]);
+        if let Some(io) = self.io.lock().take() {
+            let _ = io.join();
+        }
+        for slot in &self.outgoing {
+            slot.lock().take();
+        }
+    }
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// An accepted connection and what has been read from it.
+struct Conn {
+    stream: TcpStream,
+    from: SocketAddr,
+    peer: Option<i32>,
+    since: Instant,
+    buf: Vec<u8>,
+}
+
+enum Parsed {
+    Keep,
+    Drop,
+}
+
+fn io_loop(listener: TcpListener, wake_rx: UnixStream, shared: Arc<Shared>) {
+    let mut conns: Vec<Conn> = Vec::new();
+    let mut chunk = vec![0u8; 256 << 10];
+    loop {
+        let mut fds = vec![
+            socket::pollfd(listener.as_raw_fd()),
+            socket::pollfd(wake_rx.as_raw_fd()),
+        ];
+        fds.extend(conns.iter().map(|c| socket::pollfd(c.stream.as_raw_fd())));
+        if let Err(e) = socket::poll(&mut fds, socket::POLL_INTERVAL) {
+            shared.inbox.lock().failure = Some(format!("poll failed: {e}"));
+            shared.arrived.notify_all();
+            return;
+        }
+        if shared.stop.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let mut keep = Vec::with_capacity(conns.len());
+        for (i, mut conn) in std::mem::take(&mut conns).into_iter().enumerate() {
+            let alive = if socket::ready(&fds[2 + i]) {
+                read_conn(&mut conn, &shared, &mut chunk)
+            } else if conn.peer.is_none() && conn.since.elapsed() > HELLO_LIMIT {
+                crate::warn!(
+                    "bootstrap: rank {} dropped a connection from {} that never said hello",
+                    shared.rank,
+                    conn.from
+                );
+                Parsed::Drop
+            } else {
+                Parsed::Keep
+            };
+            if let Parsed::Keep = alive {
+                keep.push(conn);
+            }
+        }
+        conns = keep;
+        if socket::ready(&fds[0]) {
+            loop {
+                match listener.accept() {
+                    Ok((stream, from)) => {
+                        if stream.set_nonblocking(true).is_ok() {
+                            conns.push(Conn {
+                                stream,
+                                from,
+                                peer: None,
+                                since: Instant::now(),
+                                buf: Vec::new(),
+                            });
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
+/// Read what is available on `conn` and file complete messages; Drop when it has ended.
+fn read_conn(conn: &mut Conn, shared: &Shared, chunk: &mut [u8]) -> Parsed {
+    // Read at most a few chunks per turn so one busy connection cannot starve the others.
+    for _ in 0..16 {
+        match conn.stream.read(chunk) {
+            Ok(0) => return closed(conn, shared),
+            Ok(n) => {
+                conn.buf.extend_from_slice(&chunk[..n]);
+                if let Parsed::Drop = parse(conn, shared) {
+                    return Parsed::Drop;
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Parsed::Keep,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return closed(conn, shared),
+        }
+    }
+    Parsed::Keep
+}
+
+fn closed(conn: &Conn, shared: &Shared) -> Parsed {
+    if let Some(peer) = conn.peer {
+        shared.inbox.lock().closed[peer as usize] = true;
+        shared.arrived.notify_all();
+    }
+    Parsed::Drop
+}
+
+/// Consume the hello and every complete frame in `conn.buf`.
+fn parse(conn: &mut Conn, shared: &Shared) -> Parsed {
+    let mut pos = 0;
+    if conn.peer.is_none() {
+        if conn.buf.len() < HELLO_LEN {
+            if conn.buf.len() >= 8 && &conn.buf[..8] != HELLO_MAGIC {
+                return refuse(conn, shared, "not a bootstrap hello");
+            }
+            return Parsed::Keep;
+        }
+        let hello = &conn.buf[..HELLO_LEN];
+        if &hello[..8] != HELLO_MAGIC {
+            return refuse(conn, shared, "not a bootstrap hello");
+        }
+        if !secrets_equal(&hello[8..8 + SECRET_LEN], &shared.secret) {
+            return refuse(conn, shared, "wrong secret");
+        }
+        let rank = i32::from_le_bytes(hello[8 + SECRET_LEN..12 + SECRET_LEN].try_into().unwrap());
+        let nranks = i32::from_le_bytes(hello[12 + SECRET_LEN..].try_into().unwrap());
+        if nranks != shared.nranks || rank < 0 || rank >= nranks {
+            return refuse(conn, shared, &format!("claims rank {rank} of {nranks}"));
+        }
+        conn.peer = Some(rank);
+        pos = HELLO_LEN;
+    }
+    let peer = conn.peer.unwrap();
+    let mut filed = false;
+    let mut inbox = None;
+    while conn.buf.len() - pos >= HEADER_LEN {
+        let h = &conn.buf[pos..pos + HEADER_LEN];
+        let kind = u32::from_le_bytes(h[..4].try_into().unwrap());
+        let tag = u64::from_le_bytes(h[8..16].try_into().unwrap());
+        let len = u64::from_le_bytes(h[16..24].try_into().unwrap()) as usize;
+        let have = conn.buf.len() - pos - HEADER_LEN;
+        if have < len {
+            // Make room for the whole payload at once.
+            conn.buf.reserve((len - have).min(1 << 30));
+            break;
+        }
+        let payload = conn.buf[pos + HEADER_LEN..pos + HEADER_LEN + len].to_vec();
+        pos += HEADER_LEN + len;
+        let inbox = inbox.get_or_insert_with(|| shared.inbox.lock());
+        if kind == KIND_FAIL {
+            let msg = String::from_utf8_lossy(&payload).into_owned();
+            inbox.remote_failure.get_or_insert((peer, msg));
+        } else {
+            inbox
+                .queues
+                .entry((peer, kind, tag))
+                .or_default()
+                .push_back(payload);
+        }
+        filed = true;
+    }
+    drop(inbox);
+    if filed {
+        shared.arrived.notify_all();
+    }
+    conn.buf.drain(..pos);
+    Parsed::Keep
+}
+
+fn refuse(conn: &Conn, shared: &Shared, why: &str) -> Parsed {
+    crate::warn!(
+        "bootstrap: rank {} refused a connection from {}: {why}",
+        shared.rank,
+        conn.from
+    );
+    Parsed::Drop
+}

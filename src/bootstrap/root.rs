@@ -1,0 +1,686 @@
+//! The bootstrap root: a background thread that waits for one block of ranks to register
+//! (rank, nranks, listening address, secret), then tells each its ring neighbour's address
+//! and the block's address table, and exits. It refuses strangers, names ranks that give a
+//! wrong nranks, die before the end (connection closed) or never arrive (timeout), and tells
+//! every registered rank. Also the rank's side of registering (`register`).
+//!
+//! With several roots (`ncclCommInitRankScalable`) ranks are spread over the roots in
+//! contiguous blocks (`block_of`); the first rank of block b+1 also registers with root b as
+//! its "neighbour", so root b can give its last rank the next rank's address.
+
+use super::id::{decode_addr, encode_addr, secrets_equal, Secret, ADDR_LEN, SECRET_LEN};
+use super::socket::{self, fmt_secs, Limits};
+use crate::abi::ncclResult_t;
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+const REG_MAGIC: &[u8; 8] = b"OXBSROOT";
+/// Bytes of a registration: magic, secret, rank, nranks, root, nroots, role, pad, address.
+const REG_LEN: usize = 8 + SECRET_LEN + 4 * 6 + ADDR_LEN;
+/// How long a connection may take to send its registration before the root drops it.
+const HELLO_LIMIT: Duration = Duration::from_secs(10);
+
+/// First rank of root `root`'s block (NCCL's distribution: the first `nranks % nroots` roots
+/// get one extra rank).
+pub fn first_rank_of(root: i32, nranks: i32, nroots: i32) -> i32 {
+    root * (nranks / nroots) + root.min(nranks % nroots)
+}
+
+/// The root whose block holds `rank`.
+pub fn block_of(rank: i32, nranks: i32, nroots: i32) -> i32 {
+    let per_root = nranks / nroots;
+    let extra = nranks % nroots;
+    let split = extra * (per_root + 1);
+    if rank < split {
+        rank / (per_root + 1)
+    } else {
+        (rank - split) / per_root + extra
+    }
+}
+
+/// What a rank tells a root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registration {
+    pub rank: i32,
+    pub nranks: i32,
+    pub root: i32,
+    pub nroots: i32,
+    /// True when this is the first rank of the next block registering as the neighbour.
+    pub neighbour: bool,
+    pub addr: SocketAddr,
+}
+
+impl Registration {
+    fn encode(&self, secret: &Secret) -> [u8; REG_LEN] {
+        let mut out = [0u8; REG_LEN];
+        out[..8].copy_from_slice(REG_MAGIC);
+        out[8..24].copy_from_slice(secret);
+        let ints = [
+            self.rank,
+            self.nranks,
+            self.root,
+            self.nroots,
+            self.neighbour as i32,
+            0,
+        ];
+        for (i, v) in ints.iter().enumerate() {
+            out[24 + 4 * i..28 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        out[48..48 + ADDR_LEN].copy_from_slice(&encode_addr(&self.addr));
+        out
+    }
+
+    /// Decode and authenticate; Err says why the bytes are not a registration for `secret`.
+    fn decode(bytes: &[u8; REG_LEN], secret: &Secret) -> std::result::Result<Self, &'static str> {
+        if &bytes[..8] != REG_MAGIC {
+            return Err("not a bootstrap registration");
+        }
+        if !secrets_equal(&bytes[8..24], secret) {
+            return Err("wrong secret");
+        }
+        let int = |i: usize| i32::from_le_bytes(bytes[24 + 4 * i..28 + 4 * i].try_into().unwrap());
+        let addr = decode_addr(&bytes[48..48 + ADDR_LEN]).ok_or("bad address")?;
+        Ok(Registration {
+            rank: int(0),
+            nranks: int(1),
+            root: int(2),
+            nroots: int(3),
+            neighbour: int(4) != 0,
+            addr,
+        })
+    }
+}
+
+/// What a root answers a rank (on success).
+#[derive(Clone, Debug)]
+pub struct RootReply {
+    /// The listening address of rank (rank + 1) % nranks.
+    pub next: SocketAddr,
+    /// First rank of the block and the block's listening addresses.
+    pub first: i32,
+    pub table: Vec<SocketAddr>,
+}
+
+fn encode_ok(reply: &RootReply) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(8 + ADDR_LEN * (1 + reply.table.len()));
+    payload.extend_from_slice(&reply.first.to_le_bytes());
+    payload.extend_from_slice(&(reply.table.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&encode_addr(&reply.next));
+    for a in &reply.table {
+        payload.extend_from_slice(&encode_addr(a));
+    }
+    frame_reply(0, &payload)
+}
+
+fn frame_reply(code: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + payload.len());
+    out.extend_from_slice(&code.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+fn encode_err(err: &Error) -> Vec<u8> {
+    frame_reply(err.code as u32, err.msg.as_bytes())
+}
+
+fn code_from(n: u32) -> ncclResult_t {
+    match n {
+        1 => ncclResult_t::ncclUnhandledCudaError,
+        2 => ncclResult_t::ncclSystemError,
+        4 => ncclResult_t::ncclInvalidArgument,
+        5 => ncclResult_t::ncclInvalidUsage,
+        6 => ncclResult_t::ncclRemoteError,
+        _ => ncclResult_t::ncclInternalError,
+    }
+}
+
+/// Start a root thread on `listener`. It serves one rendezvous: it waits `timeout` after the
+/// first registration (and at most `idle` for that first one), then exits.
+pub fn spawn_root(
+    listener: TcpListener,
+    secret: Secret,
+    timeout: Duration,
+    idle: Duration,
+) -> Result<()> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::system(format!("bootstrap root: {e}")))?;
+    std::thread::Builder::new()
+        .name("oxccl-boot-root".into())
+        .spawn(move || {
+            let local = listener.local_addr().ok();
+            let mut root = Root {
+                listener,
+                secret,
+                timeout,
+                pending: Vec::new(),
+                joined: BTreeMap::new(),
+                neighbour: None,
+                geometry: None,
+                failed: None,
+                answered: 0,
+            };
+            root.run(idle);
+            crate::info!(BOOTSTRAP, "bootstrap root {local:?} done");
+        })
+        .map_err(|e| Error::system(format!("bootstrap: cannot start the root thread: {e}")))?;
+    Ok(())
+}
+
+struct Pending {
+    stream: TcpStream,
+    buf: [u8; REG_LEN],
+    got: usize,
+    since: Instant,
+    peer: String,
+}
+
+struct Joined {
+    stream: TcpStream,
+    reg: Registration,
+}
+
+/// (nranks, root index, nroots) fixed by the first registration.
+#[derive(Clone, Copy)]
+struct Geometry {
+    nranks: i32,
+    root: i32,
+    nroots: i32,
+    first_rank: i32,
+    block: i32,
+    first_reporter: i32,
+}
+
+impl Geometry {
+    fn neighbour_rank(&self) -> Option<i32> {
+        (self.nroots > 1)
+            .then(|| first_rank_of((self.root + 1) % self.nroots, self.nranks, self.nroots))
+    }
+    /// Registrations this root waits for.
+    fn expected(&self) -> usize {
+        self.block as usize + self.neighbour_rank().is_some() as usize
+    }
+}
+
+struct Root {
+    listener: TcpListener,
+    secret: Secret,
+    timeout: Duration,
+    pending: Vec<Pending>,
+    joined: BTreeMap<i32, Joined>,
+    neighbour: Option<Joined>,
+    geometry: Option<Geometry>,
+    failed: Option<Error>,
+    answered: usize,
+}
+
+enum Step {
+    Continue,
+    Done,
+}
+
+impl Root {
+    fn run(&mut self, idle: Duration) {
+        let start = Instant::now();
+        let mut deadline = start + idle;
+        let mut first_arrival = None;
+        loop {
+            if self.geometry.is_some() && first_arrival.is_none() {
+                let now = Instant::now();
+                first_arrival = Some(now);
+                deadline = now + self.timeout;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                self.on_timeout();
+                return;
+            }
+            let mut fds = vec![socket::pollfd(self.listener.as_raw_fd())];
+            fds.extend(
+                self.pending
+                    .iter()
+                    .map(|p| socket::pollfd(p.stream.as_raw_fd())),
+            );
+            let joined_ranks: Vec<i32> = self.joined.keys().copied().collect();
+            fds.extend(
+                self.joined
+                    .values()
+                    .map(|j| socket::pollfd(j.stream.as_raw_fd())),
+            );
+            if let Some(n) = &self.neighbour {
+                fds.push(socket::pollfd(n.stream.as_raw_fd()));
+            }
+            let wait = deadline
+                .saturating_duration_since(now)
+                .min(socket::POLL_INTERVAL);
+            if let Err(e) = socket::poll(&mut fds, wait) {
+                crate::warn!("bootstrap root: poll failed: {e}");
+                self.fail(Error::system(format!("bootstrap root: poll failed: {e}")));
+                return;
+            }
+            // Connections that closed after registering: the rank died or gave up.
+            let npending = self.pending.len();
+            let mut closed = Vec::new();
+            for (i, rank) in joined_ranks.iter().enumerate() {
+                if socket::ready(&fds[1 + npending + i]) && peer_closed(&self.joined[rank].stream) {
+                    closed.push(*rank);
+                }
+            }
+            if let Some(n) = &self.neighbour {
+                if socket::ready(fds.last().unwrap()) && peer_closed(&n.stream) {
+                    closed.push(n.reg.rank);
+                }
+            }
+            if let Some(rank) = closed.first() {
+                if self.failed.is_none() {
+                    let g = self.geometry.unwrap();
+                    self.fail(Error::remote(format!(
+                        "bootstrap: rank {rank} of {} closed its connection to the bootstrap root before \
+                         the rendezvous completed (process exited or aborted?)",
+                        g.nranks
+                    )));
+                }
+                self.joined.retain(|r, _| !closed.contains(r));
+                if self
+                    .neighbour
+                    .as_ref()
+                    .is_some_and(|n| closed.contains(&n.reg.rank))
+                {
+                    self.neighbour = None;
+                }
+            }
+            let readable: Vec<bool> = (0..npending).map(|i| socket::ready(&fds[1 + i])).collect();
+            if let Step::Done = self.read_pending(&readable) {
+                return;
+            }
+            if socket::ready(&fds[0]) {
+                self.accept_all();
+            }
+            if self.failed.is_some() {
+                let expected = self.geometry.map_or(usize::MAX, |g| g.expected());
+                if self.answered >= expected {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, peer)) => {
+                    if stream.set_nonblocking(true).is_ok() {
+                        self.pending.push(Pending {
+                            stream,
+                            buf: [0; REG_LEN],
+                            got: 0,
+                            since: Instant::now(),
+                            peer: peer.to_string(),
+                        });
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    crate::warn!("bootstrap root: accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read_pending(&mut self, readable: &[bool]) -> Step {
+        let mut keep = Vec::new();
+        let pending = std::mem::take(&mut self.pending);
+        let mut step = Step::Continue;
+        for (i, mut p) in pending.into_iter().enumerate() {
+            if matches!(step, Step::Done) {
+                break;
+            }
+            if !readable.get(i).copied().unwrap_or(false) {
+                if p.since.elapsed() > HELLO_LIMIT.min(self.timeout) {
+                    crate::warn!(
+                        "bootstrap root: dropped a connection from {} that sent no registration",
+                        p.peer
+                    );
+                } else {
+                    keep.push(p);
+                }
+                continue;
+            }
+            match p.stream.read(&mut p.buf[p.got..]) {
+                Ok(0) => {} // Closed before registering: a stranger or a probe; nothing to do.
+                Ok(n) => {
+                    p.got += n;
+                    if p.got < REG_LEN {
+                        keep.push(p);
+                        continue;
+                    }
+                    match Registration::decode(&p.buf, &self.secret) {
+                        Ok(reg) => step = self.on_registration(p.stream, reg),
+                        Err(why) => {
+                            crate::warn!(
+                                "bootstrap root: refused a connection from {}: {why}",
+                                p.peer
+                            )
+                        }
+                    }
+                }
+                Err(e)
+                    if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted =>
+                {
+                    keep.push(p)
+                }
+                Err(_) => {}
+            }
+        }
+        self.pending = keep;
+        step
+    }
+
+    fn on_registration(&mut self, stream: TcpStream, reg: Registration) -> Step {
+        if let Err(e) = self.check(&reg) {
+            crate::warn!("{}", e.msg);
+            reply(&stream, &encode_err(&e), self.timeout);
+            // A rank with the wrong geometry dooms the whole rendezvous.
+            if self.failed.is_none() {
+                self.fail(e);
+            }
+            return Step::Continue;
+        }
+        if let Some(err) = &self.failed {
+            reply(&stream, &encode_err(err), self.timeout);
+            self.answered += 1;
+            return Step::Continue;
+        }
+        crate::trace!(
+            INIT,
+            "bootstrap root: rank {} joined from {}",
+            reg.rank,
+            reg.addr
+        );
+        if reg.neighbour {
+            self.neighbour = Some(Joined { stream, reg });
+        } else {
+            self.joined.insert(reg.rank, Joined { stream, reg });
+        }
+        let g = self.geometry.unwrap();
+        if self.joined.len() == g.block as usize && (self.neighbour.is_some() || g.nroots == 1) {
+            self.complete(g);
+            return Step::Done;
+        }
+        Step::Continue
+    }
+
+    /// Validate a registration against the geometry of the first one (which it sets).
+    fn check(&mut self, reg: &Registration) -> Result<()> {
+        if reg.nranks < 1
+            || reg.nroots < 1
+            || reg.nroots > reg.nranks
+            || reg.root < 0
+            || reg.root >= reg.nroots
+        {
+            return Err(Error::invalid_argument(format!(
+                "bootstrap: rank {} registered with nranks {} and root {} of {}",
+                reg.rank, reg.nranks, reg.root, reg.nroots
+            )));
+        }
+        let g = *self.geometry.get_or_insert_with(|| Geometry {
+            nranks: reg.nranks,
+            root: reg.root,
+            nroots: reg.nroots,
+            first_rank: first_rank_of(reg.root, reg.nranks, reg.nroots),
+            block: first_rank_of(reg.root + 1, reg.nranks, reg.nroots)
+                - first_rank_of(reg.root, reg.nranks, reg.nroots),
+            first_reporter: reg.rank,
+        });
+        if reg.nranks != g.nranks {
+            return Err(Error::invalid_argument(format!(
+                "bootstrap: rank {} called init with nranks {} but rank {} used nranks {}",
+                reg.rank, reg.nranks, g.first_reporter, g.nranks
+            )));
+        }
+        if reg.nroots != g.nroots || reg.root != g.root {
+            return Err(Error::invalid_argument(format!(
+                "bootstrap: rank {} sees {} unique ids (this is root {}) but rank {} sees {} (root {})",
+                reg.rank, reg.nroots, reg.root, g.first_reporter, g.nroots, g.root
+            )));
+        }
+        let in_block = reg.rank >= g.first_rank && reg.rank < g.first_rank + g.block;
+        let valid = if reg.neighbour {
+            Some(reg.rank) == g.neighbour_rank()
+        } else {
+            in_block
+        };
+        if !valid {
+            return Err(Error::invalid_argument(format!(
+                "bootstrap: rank {} of {} registered with root {} which serves ranks {}..{}",
+                reg.rank,
+                g.nranks,
+                g.root,
+                g.first_rank,
+                g.first_rank + g.block - 1
+            )));
+        }
+        let dup = if reg.neighbour {
+            self.neighbour.is_some()
+        } else {
+            self.joined.contains_key(&reg.rank)
+        };
+        if dup {
+            return Err(Error::invalid_argument(format!(
+                "bootstrap: rank {} of {} joined twice (two processes with the same rank?)",
+                reg.rank, g.nranks
+            )));
+        }
+        Ok(())
+    }
+
+    fn complete(&mut self, g: Geometry) {
+        let table: Vec<SocketAddr> = self.joined.values().map(|j| j.reg.addr).collect();
+        let addr_of = |rank: i32| -> SocketAddr {
+            if rank >= g.first_rank && rank < g.first_rank + g.block {
+                table[(rank - g.first_rank) as usize]
+            } else {
+                self.neighbour
+                    .as_ref()
+                    .map(|n| n.reg.addr)
+                    .unwrap_or(table[0])
+            }
+        };
+        for j in self.joined.values() {
+            let msg = encode_ok(&RootReply {
+                next: addr_of((j.reg.rank + 1) % g.nranks),
+                first: g.first_rank,
+                table: table.clone(),
+            });
+            reply(&j.stream, &msg, self.timeout);
+        }
+        if let Some(n) = &self.neighbour {
+            // The neighbour learns this block's addresses too, to report failures to it.
+            let msg = encode_ok(&RootReply {
+                next: n.reg.addr,
+                first: g.first_rank,
+                table: table.clone(),
+            });
+            reply(&n.stream, &msg, self.timeout);
+        }
+        crate::info!(
+            BOOTSTRAP,
+            "bootstrap root: ranks {}..{} of {} joined",
+            g.first_rank,
+            g.first_rank + g.block - 1,
+            g.nranks
+        );
+    }
+
+    /// Tell every registered rank the rendezvous failed; later arrivals get the same answer.
+    fn fail(&mut self, err: Error) {
+        let msg = encode_err(&err);
+        for j in self.joined.values().chain(self.neighbour.iter()) {
+            reply(&j.stream, &msg, self.timeout);
+        }
+        self.answered += self.joined.len() + self.neighbour.is_some() as usize;
+        self.joined.clear();
+        self.neighbour = None;
+        self.failed = Some(err);
+    }
+
+    fn on_timeout(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        let Some(g) = self.geometry else {
+            crate::warn!("bootstrap root: no rank joined within the time limit; the root exits");
+            return;
+        };
+        let mut missing: Vec<i32> = (g.first_rank..g.first_rank + g.block)
+            .filter(|r| !self.joined.contains_key(r))
+            .collect();
+        if let Some(n) = g.neighbour_rank() {
+            if self.neighbour.is_none() && !missing.contains(&n) {
+                missing.push(n);
+            }
+        }
+        let err = Error::system(format!(
+            "bootstrap: timed out after {} waiting for ranks {missing:?} of {} to join",
+            fmt_secs(self.timeout),
+            g.nranks
+        ));
+        crate::warn!("{}", err.msg);
+        self.fail(err);
+    }
+}
+
+/// Whether a registered rank's connection has closed (it never sends after registering).
+fn peer_closed(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    let mut s = stream;
+    match s.read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !(e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted),
+    }
+}
+
+/// Best-effort write of a reply (a rank that does not read is a dead rank).
+fn reply(stream: &TcpStream, msg: &[u8], timeout: Duration) {
+    let never = AtomicBool::new(false);
+    let _ = stream.set_nonblocking(false);
+    let limits = Limits::new(timeout.min(Duration::from_secs(10)), &never);
+    let _ = socket::write_all(stream, msg, &limits);
+}
+
+/// A rank's side: register with the root at `root_addr` and wait for its answer.
+pub fn register(
+    root_addr: &SocketAddr,
+    secret: &Secret,
+    reg: &Registration,
+    limits: &Limits<'_>,
+) -> Result<TcpStream> {
+    let what = format!("connecting to the bootstrap root at {root_addr}");
+    let stream =
+        socket::connect(root_addr, true, limits).map_err(|e| e.into_error(limits, &what))?;
+    let what = format!("registering with the bootstrap root at {root_addr}");
+    socket::write_all(&stream, &reg.encode(secret), limits)
+        .map_err(|e| e.into_error(limits, &what))?;
+    Ok(stream)
+}
+
+/// Wait for the root's answer on a stream `register` returned.
+pub fn await_reply(
+    stream: &TcpStream,
+    root_addr: &SocketAddr,
+    limits: &Limits<'_>,
+) -> Result<RootReply> {
+    let what =
+        format!("waiting for the bootstrap root at {root_addr} to answer (are all ranks started?)");
+    let io = |e: socket::WaitError| match e {
+        socket::WaitError::Closed => Error::remote(format!(
+            "bootstrap: the bootstrap root at {root_addr} closed the connection before answering"
+        )),
+        e => e.into_error(limits, &what),
+    };
+    let mut head = [0u8; 8];
+    socket::read_exact(stream, &mut head, limits).map_err(io)?;
+    let code = u32::from_le_bytes(head[..4].try_into().unwrap());
+    let len = u32::from_le_bytes(head[4..].try_into().unwrap()) as usize;
+    if len > 64 << 20 {
+        return Err(Error::internal(format!(
+            "bootstrap: root answer of {len} bytes is not plausible"
+        )));
+    }
+    let mut payload = vec![0u8; len];
+    socket::read_exact(stream, &mut payload, limits).map_err(io)?;
+    if code != 0 {
+        return Err(Error::new(
+            code_from(code),
+            String::from_utf8_lossy(&payload).into_owned(),
+        ));
+    }
+    let bad = || Error::internal("bootstrap: malformed answer from the bootstrap root");
+    if payload.len() < 8 + ADDR_LEN {
+        return Err(bad());
+    }
+    let first = i32::from_le_bytes(payload[..4].try_into().unwrap());
+    let count = u32::from_le_bytes(payload[4..8].try_into().unwrap()) as usize;
+    let next = decode_addr(&payload[8..]).ok_or_else(bad)?;
+    if payload.len() != 8 + ADDR_LEN * (1 + count) {
+        return Err(bad());
+    }
+    let table = payload[8 + ADDR_LEN..]
+        .chunks(ADDR_LEN)
+        .map(decode_addr)
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(bad)?;
+    Ok(RootReply { next, first, table })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_ranks_contiguously() {
+        for nranks in 1..40 {
+            for nroots in 1..=nranks.min(7) {
+                let mut expect_root = 0;
+                for rank in 0..nranks {
+                    let b = block_of(rank, nranks, nroots);
+                    if rank == first_rank_of(expect_root + 1, nranks, nroots) {
+                        expect_root += 1;
+                    }
+                    assert_eq!(
+                        b, expect_root,
+                        "rank {rank} nranks {nranks} nroots {nroots}"
+                    );
+                    assert!(rank >= first_rank_of(b, nranks, nroots));
+                    assert!(rank < first_rank_of(b + 1, nranks, nroots));
+                }
+                assert_eq!(first_rank_of(nroots, nranks, nroots), nranks);
+            }
+        }
+    }
+
+    #[test]
+    fn registration_round_trip() {
+        let secret = *b"0123456789abcdef";
+        let reg = Registration {
+            rank: 3,
+            nranks: 8,
+            root: 1,
+            nroots: 2,
+            neighbour: true,
+            addr: "[::1]:5".parse().unwrap(),
+        };
+        let bytes = reg.encode(&secret);
+        assert_eq!(Registration::decode(&bytes, &secret), Ok(reg));
+        assert!(Registration::decode(&bytes, b"0123456789abcdeX").is_err());
+    }
+}
