@@ -10,17 +10,24 @@ use std::collections::HashMap;
 /// The registered buffers of one communicator, by handle.
 #[derive(Default)]
 pub struct Registrations {
-    next: Mutex<(u64, HashMap<u64, (u64, usize)>)>,
+    inner: Mutex<Table>,
+}
+
+/// Handles handed out so far, and the live ones with their (pointer, size).
+#[derive(Default)]
+struct Table {
+    issued: u64,
+    live: HashMap<u64, (u64, usize)>,
 }
 
 impl Registrations {
     /// Record `[ptr, ptr+size)` and return its handle (never 0).
     pub fn register(&self, ptr: u64, size: usize) -> u64 {
-        let mut g = self.next.lock();
-        g.0 += 1;
+        let mut t = self.inner.lock();
+        t.issued += 1;
         // Handles look like pointers to C; keep them distinct from small integers.
-        let handle = 0x0c00_0000_0000 + g.0 * 16;
-        g.1.insert(handle, (ptr, size));
+        let handle = 0x0c00_0000_0000 + t.issued * 16;
+        t.live.insert(handle, (ptr, size));
         crate::info!(
             REG,
             "registered buffer {ptr:#x} size {size} as handle {handle:#x}"
@@ -30,9 +37,9 @@ impl Registrations {
 
     /// Forget a handle from `register`; unknown handles are `ncclInvalidArgument`.
     pub fn deregister(&self, handle: u64) -> Result<()> {
-        self.next
+        self.inner
             .lock()
-            .1
+            .live
             .remove(&handle)
             .map(|_| ())
             .ok_or_else(|| {
