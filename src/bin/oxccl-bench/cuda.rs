@@ -117,7 +117,7 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Copy host bytes to device memory (synchronous).
+/// Copy host bytes to device memory and wait until the copy has landed.
 pub fn copy_to_device(dst: CUdeviceptr, src: &[u8]) -> Result<(), String> {
     if src.is_empty() {
         return Ok(());
@@ -126,7 +126,11 @@ pub fn copy_to_device(dst: CUdeviceptr, src: &[u8]) -> Result<(), String> {
     check(
         unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()) },
         "cuMemcpyHtoD",
-    )
+    )?;
+    // A copy from pageable memory may still be in flight when the call returns, and the
+    // benchmark's streams do not wait for the null stream: finish it before any launch.
+    // SAFETY: waits for all work of the current context.
+    check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
 }
 
 /// Copy device memory to host bytes (synchronous).

@@ -192,7 +192,7 @@ fn run_single(opts: &Options) -> Result<SingleOutcome, Failure> {
                     "--child-nranks".to_string(),
                     nranks.to_string(),
                     "--child-id".to_string(),
-                    unique_id.to_hex(),
+                    unique_id.hex(),
                 ]);
                 commands.push((format!("rank {rank}"), procs::self_command(&argv)?));
             }

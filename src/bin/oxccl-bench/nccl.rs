@@ -25,7 +25,7 @@ pub struct UniqueId {
 }
 
 impl UniqueId {
-    pub fn to_hex(&self) -> String {
+    pub fn hex(&self) -> String {
         self.internal.iter().map(|b| format!("{b:02x}")).collect()
     }
 
@@ -112,6 +112,16 @@ unsafe impl Send for Nccl {}
 // SAFETY: as above; nothing in the table is mutated after loading.
 unsafe impl Sync for Nccl {}
 
+/// Reinterpret a symbol address as a function pointer of type `F`.
+///
+/// # Safety
+/// `F` must be an `extern "C"` function pointer type matching the symbol's real signature.
+unsafe fn function_pointer<F: Copy>(symbol: *mut c_void) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: same size (checked above); the caller vouches for the signature.
+    unsafe { std::mem::transmute_copy(&symbol) }
+}
+
 fn dl_error() -> String {
     // SAFETY: dlerror returns a thread-local NUL-terminated string or null.
     let message = unsafe { libc::dlerror() };
@@ -175,7 +185,7 @@ impl Nccl {
             ($name:literal) => {
                 // SAFETY: the symbol comes from an NCCL library and the field's type is the
                 // C signature nccl.h declares for it.
-                unsafe { std::mem::transmute::<*mut c_void, _>(lookup($name)?) }
+                unsafe { function_pointer(lookup($name)?) }
             };
         }
         Ok(Nccl {
@@ -280,7 +290,7 @@ mod tests {
         for (i, b) in id.internal.iter_mut().enumerate() {
             *b = (i * 7 + 3) as u8;
         }
-        let hex = id.to_hex();
+        let hex = id.hex();
         assert_eq!(hex.len(), 256);
         assert_eq!(UniqueId::from_hex(&hex).unwrap().internal, id.internal);
         assert!(UniqueId::from_hex("abc").is_err());

@@ -313,6 +313,17 @@ fn ratio_text(value: Option<f64>) -> String {
     value.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
+/// Sums over the sizes of one (collective, size band) in the `--vs` summary.
+#[derive(Default)]
+struct BandTotals {
+    log_ratio_sum: f64,
+    compared: usize,
+    busbw_a: f64,
+    busbw_b: f64,
+    wrong_a: i64,
+    wrong_b: i64,
+}
+
 /// The side-by-side table of library A (ours) against B (theirs) and its banded summary.
 pub fn comparison(
     a: &[AggResult],
@@ -334,9 +345,7 @@ pub fn comparison(
         mib(init_b.first_coll_bytes)
     );
     let mut current: Option<Coll> = None;
-    // (coll, band) -> (log ratio sum, n, A busbw sum, B busbw sum, wrong A, wrong B)
-    let mut bands: BTreeMap<(Coll, &'static str), (f64, usize, f64, f64, i64, i64)> =
-        BTreeMap::new();
+    let mut bands: BTreeMap<(Coll, &'static str), BandTotals> = BTreeMap::new();
     for ra in a {
         let Some(rb) = theirs.get(&ra.key) else {
             continue;
@@ -368,17 +377,15 @@ pub fn comparison(
             wrong_text(ra.wrong),
             wrong_text(rb.wrong)
         );
-        let entry = bands
-            .entry((ra.key.coll, band(ra.key.size)))
-            .or_insert((0.0, 0, 0.0, 0.0, 0, 0));
+        let entry = bands.entry((ra.key.coll, band(ra.key.size))).or_default();
         if let Some(r) = bw_ratio {
-            entry.0 += r.ln();
-            entry.1 += 1;
-            entry.2 += ra.busbw;
-            entry.3 += rb.busbw;
+            entry.log_ratio_sum += r.ln();
+            entry.compared += 1;
+            entry.busbw_a += ra.busbw;
+            entry.busbw_b += rb.busbw;
         }
-        entry.4 += ra.wrong.max(0);
-        entry.5 += rb.wrong.max(0);
+        entry.wrong_a += ra.wrong.max(0);
+        entry.wrong_b += rb.wrong.max(0);
     }
     let _ = writeln!(out, "#\n# Side-by-side summary (busbw: mean over the band's sizes; ratio: geometric mean of A/B)");
     let _ = writeln!(
@@ -386,12 +393,13 @@ pub fn comparison(
         "# {:>14} {:>8} {:>10} {:>10} {:>8} {:>8} {:>8}",
         "collective", "band", "A busbw", "B busbw", "A/B", "A wrong", "B wrong"
     );
-    for ((coll, band), (log_sum, n, a_sum, b_sum, wa, wb)) in &bands {
-        let (a_mean, b_mean, geo) = if *n > 0 {
+    for ((coll, band), totals) in &bands {
+        let n = totals.compared as f64;
+        let (a_mean, b_mean, geo) = if totals.compared > 0 {
             (
-                a_sum / *n as f64,
-                b_sum / *n as f64,
-                Some((log_sum / *n as f64).exp()),
+                totals.busbw_a / n,
+                totals.busbw_b / n,
+                Some((totals.log_ratio_sum / n).exp()),
             )
         } else {
             (0.0, 0.0, None)
@@ -404,8 +412,8 @@ pub fn comparison(
             a_mean,
             b_mean,
             ratio_text(geo),
-            wa,
-            wb
+            totals.wrong_a,
+            totals.wrong_b
         );
     }
     out
