@@ -294,14 +294,17 @@ pub fn summary(results: &[AggResult]) -> String {
     out
 }
 
-/// Size bands of the `--vs` summary.
-pub fn band(size: u64) -> &'static str {
+/// Size bands of the `--vs` summary, smallest first.
+const BANDS: [&str; 3] = ["<64K", "64K-16M", ">=16M"];
+
+/// Index into `BANDS` of a size.
+pub fn band(size: u64) -> usize {
     if size < 64 << 10 {
-        "<64K"
+        0
     } else if size < 16 << 20 {
-        "64K-16M"
+        1
     } else {
-        ">=16M"
+        2
     }
 }
 
@@ -345,7 +348,7 @@ pub fn comparison(
         mib(init_b.first_coll_bytes)
     );
     let mut current: Option<Coll> = None;
-    let mut bands: BTreeMap<(Coll, &'static str), BandTotals> = BTreeMap::new();
+    let mut bands: BTreeMap<(Coll, usize), BandTotals> = BTreeMap::new();
     for ra in a {
         let Some(rb) = theirs.get(&ra.key) else {
             continue;
@@ -408,7 +411,7 @@ pub fn comparison(
             out,
             "  {:>14} {:>8} {:>10.2} {:>10.2} {:>8} {:>8} {:>8}",
             coll.name(),
-            band,
+            BANDS[*band],
             a_mean,
             b_mean,
             ratio_text(geo),
@@ -613,8 +616,10 @@ mod tests {
         assert!(text.contains("0.500"), "{text}");
         assert!(text.contains("2.000"), "{text}");
         assert!(text.contains("<64K") && text.contains(">=16M"), "{text}");
-        assert_eq!(band(0), "<64K");
-        assert_eq!(band(1 << 20), "64K-16M");
+        assert_eq!(BANDS[band(0)], "<64K");
+        assert_eq!(BANDS[band(1 << 20)], "64K-16M");
+        assert_eq!(BANDS[band(1 << 30)], ">=16M");
+        assert!(text.find("<64K").unwrap() < text.find(">=16M").unwrap());
     }
 
     #[test]

@@ -275,6 +275,12 @@ impl Worker<'_> {
             Ok::<(), String>(())
         });
         let init_ms = started.elapsed().as_secs_f64() * 1e3;
+        // Free memory right after init, before the benchmark allocates anything of its own.
+        let mut mem_after_init = Vec::new();
+        for ctx in &contexts {
+            cuda::set_current(*ctx)?;
+            mem_after_init.push(cuda::free_memory()?);
+        }
         // Keep whatever communicators were created so that abort can clean them up.
         for (i, &(rank, device)) in placement.local.iter().enumerate() {
             cuda::set_current(contexts[i])?;
@@ -305,12 +311,11 @@ impl Worker<'_> {
             .unwrap_or(0) as usize;
         for (i, lr) in self.ranks.iter_mut().enumerate() {
             cuda::set_current(lr.ctx)?;
-            let after_init = cuda::free_memory()?;
             sink(Event::Init(InitInfo {
                 rank: lr.rank,
                 device: lr.device,
                 init_ms,
-                init_bytes: mem_before[i] as i64 - after_init as i64,
+                init_bytes: mem_before[i] as i64 - mem_after_init[i] as i64,
             }));
             // Buffers a little larger than the largest size, so that nothing rounds past them.
             lr.send = DeviceBuffer::new(max_bytes + 64)?;
