@@ -1,0 +1,723 @@
+//! Command-line options of `oxccl-bench`: the option table, the `--help` text, size parsing
+//! (`K`/`M`/`G` suffixes) and the collective, data type and reduction operator names.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// A collective the benchmark can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Coll {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AlltoAll,
+    Gather,
+    Scatter,
+    SendRecv,
+}
+
+impl Coll {
+    pub const ALL: [Coll; 9] = [
+        Coll::AllReduce,
+        Coll::AllGather,
+        Coll::ReduceScatter,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AlltoAll,
+        Coll::Gather,
+        Coll::Scatter,
+        Coll::SendRecv,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::AllGather => "all_gather",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::Broadcast => "broadcast",
+            Coll::Reduce => "reduce",
+            Coll::AlltoAll => "alltoall",
+            Coll::Gather => "gather",
+            Coll::Scatter => "scatter",
+            Coll::SendRecv => "sendrecv",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Coll> {
+        Coll::ALL.into_iter().find(|c| c.name() == text)
+    }
+
+    /// Whether the collective takes a reduction operator.
+    pub fn has_op(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+
+    /// Whether the collective takes a root rank.
+    pub fn has_root(self) -> bool {
+        matches!(
+            self,
+            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
+        )
+    }
+
+    /// Whether an in-place variant is defined (NCCL gives none for alltoall and send/recv).
+    pub fn has_inplace(self) -> bool {
+        !matches!(self, Coll::AlltoAll | Coll::SendRecv)
+    }
+}
+
+impl fmt::Display for Coll {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An NCCL data type; the discriminant is the `ncclDataType_t` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dtype {
+    Int8 = 0,
+    Uint8 = 1,
+    Int32 = 2,
+    Uint32 = 3,
+    Int64 = 4,
+    Uint64 = 5,
+    Half = 6,
+    Float = 7,
+    Double = 8,
+    Bfloat16 = 9,
+    Fp8E4M3 = 10,
+    Fp8E5M2 = 11,
+}
+
+impl Dtype {
+    pub const ALL: [Dtype; 12] = [
+        Dtype::Int8,
+        Dtype::Uint8,
+        Dtype::Int32,
+        Dtype::Uint32,
+        Dtype::Int64,
+        Dtype::Uint64,
+        Dtype::Half,
+        Dtype::Float,
+        Dtype::Double,
+        Dtype::Bfloat16,
+        Dtype::Fp8E4M3,
+        Dtype::Fp8E5M2,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Int8 => "int8",
+            Dtype::Uint8 => "uint8",
+            Dtype::Int32 => "int32",
+            Dtype::Uint32 => "uint32",
+            Dtype::Int64 => "int64",
+            Dtype::Uint64 => "uint64",
+            Dtype::Half => "half",
+            Dtype::Float => "float",
+            Dtype::Double => "double",
+            Dtype::Bfloat16 => "bfloat16",
+            Dtype::Fp8E4M3 => "fp8e4m3",
+            Dtype::Fp8E5M2 => "fp8e5m2",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Dtype> {
+        Dtype::ALL.into_iter().find(|d| d.name() == text)
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::Int8 | Dtype::Uint8 | Dtype::Fp8E4M3 | Dtype::Fp8E5M2 => 1,
+            Dtype::Half | Dtype::Bfloat16 => 2,
+            Dtype::Int32 | Dtype::Uint32 | Dtype::Float => 4,
+            Dtype::Int64 | Dtype::Uint64 | Dtype::Double => 8,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(
+            self,
+            Dtype::Half
+                | Dtype::Float
+                | Dtype::Double
+                | Dtype::Bfloat16
+                | Dtype::Fp8E4M3
+                | Dtype::Fp8E5M2
+        )
+    }
+
+    pub fn is_signed(self) -> bool {
+        !matches!(self, Dtype::Uint8 | Dtype::Uint32 | Dtype::Uint64)
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A reduction operator; `PreMulSum` is created per communicator with `ncclRedOpCreatePreMulSum`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+    PreMulSum,
+}
+
+impl Op {
+    pub const ALL: [Op; 6] = [Op::Sum, Op::Prod, Op::Max, Op::Min, Op::Avg, Op::PreMulSum];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Sum => "sum",
+            Op::Prod => "prod",
+            Op::Max => "max",
+            Op::Min => "min",
+            Op::Avg => "avg",
+            Op::PreMulSum => "premulsum",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|o| o.name() == text)
+    }
+
+    /// The built-in `ncclRedOp_t` value (PreMulSum has none: it is created at run time).
+    pub fn builtin_code(self) -> Option<i32> {
+        match self {
+            Op::Sum => Some(0),
+            Op::Prod => Some(1),
+            Op::Max => Some(2),
+            Op::Min => Some(3),
+            Op::Avg => Some(4),
+            Op::PreMulSum => None,
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How the ranks are laid out over processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One process drives this many GPUs (`None`: every visible GPU).
+    Threadless(Option<usize>),
+    /// This many processes, one GPU each.
+    Processes(usize),
+}
+
+/// Options that only the benchmark's own child processes receive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildRole {
+    pub rank: usize,
+    pub nranks: usize,
+    pub unique_id_hex: String,
+}
+
+/// Every option of one invocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub lib: Option<PathBuf>,
+    pub vs: Option<PathBuf>,
+    pub colls: Vec<Coll>,
+    pub dtypes: Vec<Dtype>,
+    pub ops: Vec<Op>,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub factor: u64,
+    pub sizes: Option<Vec<u64>>,
+    pub root: usize,
+    pub inplace: Vec<bool>,
+    pub warmup: usize,
+    pub iters: usize,
+    pub check: bool,
+    pub graph: bool,
+    pub layout: Layout,
+    pub timeout_s: f64,
+    pub json: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
+    /// Hidden: print aggregated result lines for a parent `--vs` process.
+    pub emit: bool,
+    /// Hidden: this process is rank `rank` of a `-p` run.
+    pub child: Option<ChildRole>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            lib: None,
+            vs: None,
+            colls: vec![Coll::AllReduce],
+            dtypes: vec![Dtype::Float],
+            ops: vec![Op::Sum],
+            min_bytes: 8,
+            max_bytes: 32 << 20,
+            factor: 4,
+            sizes: None,
+            root: 0,
+            inplace: vec![false, true],
+            warmup: 5,
+            iters: 20,
+            check: true,
+            graph: false,
+            layout: Layout::Threadless(None),
+            timeout_s: 60.0,
+            json: None,
+            csv: None,
+            emit: false,
+            child: None,
+        }
+    }
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    Help,
+    Run(Box<Options>),
+}
+
+pub const HELP: &str = "\
+oxccl-bench: an nccl-tests-style benchmark and correctness checker for any libnccl.so.2.
+The NCCL library is loaded at run time by path, so NVIDIA's library and oxccl's are measured
+the same way.
+
+USAGE: oxccl-bench [OPTIONS]
+
+Library:
+  --lib PATH          NCCL library to test (default: libnccl.so.2 in the executable's own
+                      directory, else whatever dlopen(\"libnccl.so.2\") finds)
+  --vs PATH           also run the same sweep against this second library (each library in
+                      its own child processes) and print both side by side with ratios A/B
+
+Collectives and data:
+  -c, --coll NAME     all_reduce all_gather reduce_scatter broadcast reduce alltoall gather
+                      scatter sendrecv, a comma list of them, or all (default all_reduce)
+  -d, --dtype NAME    int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8e4m3
+                      fp8e5m2, a comma list, or all (default float)
+  -o, --op NAME       sum prod max min avg premulsum, a comma list, or all (default sum);
+                      used by all_reduce, reduce_scatter and reduce only
+  -r, --root N        root rank of broadcast, reduce, gather and scatter (default 0)
+  --inplace MODE      0 (out-of-place only), 1 (in-place only) or both (default both)
+
+Sizes (bytes; suffixes K M G are powers of 1024, e.g. 64K, 1G):
+  -b, --minbytes S    smallest size (default 8)
+  -e, --maxbytes S    largest size (default 32M)
+  -f, --stepfactor F  multiply the size by F each step (default 4)
+  --sizes LIST        explicit comma list of sizes instead of -b/-e/-f (e.g. 0,12,1M,1G)
+                      The size is the total buffer: all_gather/alltoall/gather receive and
+                      reduce_scatter/scatter send `size` bytes, size/nranks per rank.
+
+Ranks:
+  -g, --ngpus N       one process drives N GPUs (default: every visible GPU)
+  -p, --nprocs N      N processes with one GPU each (rank r uses GPU r); no MPI needed
+
+Timing and checking:
+  -w, --warmup N      warm-up iterations per size (default 5)
+  -n, --iters N       timed iterations per size (default 20)
+  --check 0|1         check every result against the exact expected value (default 1)
+  --graph             capture the timed iterations into one CUDA graph per rank and time its
+                      replays instead of direct launches
+  --timeout S         seconds any single NCCL step may take before it is reported as a hang,
+                      the communicators are aborted and the run exits (default 60)
+
+Output:
+  --json PATH         write one JSON object per line per (lib, coll, dtype, op, inplace, size)
+  --csv PATH          the same records as CSV
+  -h, --help          this text
+
+Exit status: 0 all good; 1 some results were wrong; 2 bad command line; 3 an error (no GPU,
+missing library or symbol, CUDA or NCCL error); 4 a collective or init hung past --timeout.
+";
+
+/// A command-line mistake, reported with exit status 2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Parse a byte size: a non-negative integer with an optional K, M or G suffix (powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64, UsageError> {
+    let bad = || {
+        UsageError(format!(
+            "bad size '{text}': expected e.g. 1024, 64K, 8M or 1G"
+        ))
+    };
+    let trimmed = text.trim();
+    let (digits, shift) = match trimmed.chars().last() {
+        Some('K' | 'k') => (&trimmed[..trimmed.len() - 1], 10),
+        Some('M' | 'm') => (&trimmed[..trimmed.len() - 1], 20),
+        Some('G' | 'g') => (&trimmed[..trimmed.len() - 1], 30),
+        _ => (trimmed, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let value: u64 = digits.parse().map_err(|_| bad())?;
+    value.checked_mul(1u64 << shift).ok_or_else(bad)
+}
+
+fn parse_list<T: Copy>(
+    text: &str,
+    what: &str,
+    all: &[T],
+    parse_one: impl Fn(&str) -> Option<T>,
+    names: &str,
+) -> Result<Vec<T>, UsageError> {
+    if text == "all" {
+        return Ok(all.to_vec());
+    }
+    text.split(',')
+        .map(|item| {
+            parse_one(item.trim()).ok_or_else(|| {
+                UsageError(format!("unknown {what} '{item}': expected {names} or all"))
+            })
+        })
+        .collect()
+}
+
+fn parse_count(text: &str, option: &str) -> Result<usize, UsageError> {
+    text.trim().parse::<usize>().map_err(|_| {
+        UsageError(format!(
+            "{option} needs a non-negative integer, got '{text}'"
+        ))
+    })
+}
+
+/// The list of sizes one run sweeps, in order.
+pub fn sweep_sizes(opts: &Options) -> Vec<u64> {
+    if let Some(list) = &opts.sizes {
+        return list.clone();
+    }
+    let mut sizes = Vec::new();
+    let mut size = opts.min_bytes;
+    if size == 0 {
+        sizes.push(0);
+        size = 1;
+    }
+    while size <= opts.max_bytes {
+        sizes.push(size);
+        if opts.factor <= 1 {
+            break;
+        }
+        match size.checked_mul(opts.factor) {
+            Some(next) => size = next,
+            None => break,
+        }
+    }
+    sizes
+}
+
+/// Parse the arguments after the program name.
+pub fn parse(args: &[String]) -> Result<Command, UsageError> {
+    let mut opts = Options::default();
+    let mut ngpus: Option<usize> = None;
+    let mut nprocs: Option<usize> = None;
+    let mut child_rank: Option<usize> = None;
+    let mut child_nranks: Option<usize> = None;
+    let mut child_id: Option<String> = None;
+    let mut index = 0;
+    while index < args.len() {
+        let arg = args[index].as_str();
+        // Accept both "--opt value" and "--opt=value".
+        let (name, inline_value) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (arg, None),
+        };
+        let takes_value = !matches!(name, "-h" | "--help" | "--graph" | "--emit");
+        let value = if takes_value {
+            match inline_value {
+                Some(v) => v,
+                None => {
+                    index += 1;
+                    args.get(index)
+                        .cloned()
+                        .ok_or_else(|| UsageError(format!("option {name} needs a value")))?
+                }
+            }
+        } else {
+            String::new()
+        };
+        match name {
+            "-h" | "--help" => return Ok(Command::Help),
+            "--graph" => opts.graph = true,
+            "--emit" => opts.emit = true,
+            "--lib" => opts.lib = Some(PathBuf::from(value)),
+            "--vs" => opts.vs = Some(PathBuf::from(value)),
+            "-c" | "--coll" => {
+                opts.colls = parse_list(&value, "collective", &Coll::ALL, Coll::parse, "all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall, gather, scatter, sendrecv")?
+            }
+            "-d" | "--dtype" => {
+                opts.dtypes = parse_list(&value, "data type", &Dtype::ALL, Dtype::parse, "int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, fp8e4m3, fp8e5m2")?
+            }
+            "-o" | "--op" => {
+                opts.ops = parse_list(&value, "reduction op", &Op::ALL, Op::parse, "sum, prod, max, min, avg, premulsum")?
+            }
+            "-b" | "--minbytes" => opts.min_bytes = parse_size(&value)?,
+            "-e" | "--maxbytes" => opts.max_bytes = parse_size(&value)?,
+            "-f" | "--stepfactor" => {
+                opts.factor = value.trim().parse().map_err(|_| {
+                    UsageError(format!("-f needs an integer factor of at least 2, got '{value}'"))
+                })?
+            }
+            "--sizes" => {
+                opts.sizes = Some(value.split(',').map(parse_size).collect::<Result<_, _>>()?)
+            }
+            "-r" | "--root" => opts.root = parse_count(&value, "-r")?,
+            "--inplace" => {
+                opts.inplace = match value.as_str() {
+                    "0" => vec![false],
+                    "1" => vec![true],
+                    "both" => vec![false, true],
+                    _ => {
+                        return Err(UsageError(format!(
+                            "--inplace takes 0, 1 or both, got '{value}'"
+                        )))
+                    }
+                }
+            }
+            "-w" | "--warmup" => opts.warmup = parse_count(&value, "-w")?,
+            "-n" | "--iters" => opts.iters = parse_count(&value, "-n")?,
+            "--check" => {
+                opts.check = match value.as_str() {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(UsageError(format!("--check takes 0 or 1, got '{value}'"))),
+                }
+            }
+            "-g" | "--ngpus" => ngpus = Some(parse_count(&value, "-g")?),
+            "-p" | "--nprocs" => nprocs = Some(parse_count(&value, "-p")?),
+            "--timeout" => {
+                opts.timeout_s = value
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|t| t.is_finite() && *t > 0.0)
+                    .ok_or_else(|| {
+                        UsageError(format!("--timeout needs a positive number of seconds, got '{value}'"))
+                    })?
+            }
+            "--json" => opts.json = Some(PathBuf::from(value)),
+            "--csv" => opts.csv = Some(PathBuf::from(value)),
+            "--child-rank" => child_rank = Some(parse_count(&value, "--child-rank")?),
+            "--child-nranks" => child_nranks = Some(parse_count(&value, "--child-nranks")?),
+            "--child-id" => child_id = Some(value),
+            _ => {
+                return Err(UsageError(format!(
+                    "unknown option '{arg}' (see --help)"
+                )))
+            }
+        }
+        index += 1;
+    }
+
+    opts.layout = match (ngpus, nprocs) {
+        (Some(_), Some(_)) => {
+            return Err(UsageError(
+                "give either -g (GPUs in one process) or -p (processes), not both".into(),
+            ))
+        }
+        (Some(0), None) | (None, Some(0)) => {
+            return Err(UsageError("-g and -p need at least 1".into()))
+        }
+        (Some(n), None) => Layout::Threadless(Some(n)),
+        (None, Some(n)) => Layout::Processes(n),
+        (None, None) => Layout::Threadless(None),
+    };
+    if opts.sizes.is_none() {
+        if opts.min_bytes > opts.max_bytes {
+            return Err(UsageError(format!(
+                "-b ({}) is larger than -e ({})",
+                opts.min_bytes, opts.max_bytes
+            )));
+        }
+        if opts.factor < 2 && opts.min_bytes != opts.max_bytes {
+            return Err(UsageError(
+                "-f must be at least 2 unless -b equals -e".into(),
+            ));
+        }
+    }
+    if opts.iters == 0 {
+        return Err(UsageError("-n must be at least 1".into()));
+    }
+    if let Layout::Processes(n) | Layout::Threadless(Some(n)) = opts.layout {
+        if opts.root >= n {
+            return Err(UsageError(format!(
+                "root {} is out of range for {n} ranks",
+                opts.root
+            )));
+        }
+    }
+    if opts.vs.is_some() && opts.child.is_some() {
+        return Err(UsageError("--vs cannot be used in a child process".into()));
+    }
+    match (child_rank, child_nranks, child_id) {
+        (None, None, None) => {}
+        (Some(rank), Some(nranks), Some(unique_id_hex)) => {
+            if rank >= nranks {
+                return Err(UsageError(format!("child rank {rank} >= nranks {nranks}")));
+            }
+            opts.child = Some(ChildRole {
+                rank,
+                nranks,
+                unique_id_hex,
+            })
+        }
+        _ => {
+            return Err(UsageError(
+                "--child-rank, --child-nranks and --child-id go together".into(),
+            ))
+        }
+    }
+    Ok(Command::Run(Box::new(opts)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<Options, UsageError> {
+        let owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        match parse(&owned)? {
+            Command::Run(opts) => Ok(*opts),
+            Command::Help => panic!("unexpected help"),
+        }
+    }
+
+    #[test]
+    fn sizes_with_suffixes() {
+        assert_eq!(parse_size("0").unwrap(), 0);
+        assert_eq!(parse_size("17").unwrap(), 17);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("8m").unwrap(), 8 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        for bad in ["", "K", "1.5M", "-4", "12X", "1KB", "99999999999999999999G"] {
+            assert!(parse_size(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn sweep_follows_factor_and_zero() {
+        let opts = run(&["-b", "0", "-e", "64", "-f", "4"]).unwrap();
+        assert_eq!(sweep_sizes(&opts), vec![0, 1, 4, 16, 64]);
+        let opts = run(&["-b", "8", "-e", "100", "-f", "2"]).unwrap();
+        assert_eq!(sweep_sizes(&opts), vec![8, 16, 32, 64]);
+        let opts = run(&["--sizes", "0,12,1K"]).unwrap();
+        assert_eq!(sweep_sizes(&opts), vec![0, 12, 1024]);
+    }
+
+    #[test]
+    fn lists_and_all() {
+        let opts = run(&["-c", "all", "-d", "half,fp8e4m3", "-o", "all"]).unwrap();
+        assert_eq!(opts.colls.len(), 9);
+        assert_eq!(opts.dtypes, vec![Dtype::Half, Dtype::Fp8E4M3]);
+        assert_eq!(opts.ops.len(), 6);
+        let opts = run(&["--coll=sendrecv", "--inplace", "1", "--graph"]).unwrap();
+        assert_eq!(opts.colls, vec![Coll::SendRecv]);
+        assert_eq!(opts.inplace, vec![true]);
+        assert!(opts.graph);
+    }
+
+    #[test]
+    fn layouts() {
+        assert_eq!(
+            run(&["-g", "2"]).unwrap().layout,
+            Layout::Threadless(Some(2))
+        );
+        assert_eq!(run(&["-p", "4"]).unwrap().layout, Layout::Processes(4));
+        assert_eq!(run(&[]).unwrap().layout, Layout::Threadless(None));
+    }
+
+    #[test]
+    fn errors_are_reported() {
+        let cases: &[&[&str]] = &[
+            &["-c", "allreduce"],
+            &["-d", "float16"],
+            &["-o", "mean"],
+            &["-b"],
+            &["-b", "1M", "-e", "1K"],
+            &["-f", "1"],
+            &["--inplace", "2"],
+            &["--check", "yes"],
+            &["-g", "2", "-p", "2"],
+            &["-g", "0"],
+            &["-p", "2", "-r", "2"],
+            &["-n", "0"],
+            &["--timeout", "-1"],
+            &["--frobnicate"],
+            &["--child-rank", "0"],
+        ];
+        for case in cases {
+            assert!(run(case).is_err(), "{case:?} should be rejected");
+        }
+        let message = run(&["-c", "allreduce"]).unwrap_err().0;
+        assert!(message.contains("allreduce"), "{message}");
+    }
+
+    #[test]
+    fn help_is_recognised() {
+        assert_eq!(parse(&["--help".to_string()]).unwrap(), Command::Help);
+        for option in [
+            "--lib",
+            "--vs",
+            "--coll",
+            "--dtype",
+            "--op",
+            "--root",
+            "--inplace",
+            "-b",
+            "-e",
+            "-f",
+            "--sizes",
+            "-g",
+            "-p",
+            "-w",
+            "-n",
+            "--check",
+            "--graph",
+            "--timeout",
+            "--json",
+            "--csv",
+        ] {
+            assert!(HELP.contains(option), "help lacks {option}");
+        }
+    }
+
+    #[test]
+    fn child_role() {
+        let opts = run(&[
+            "-p",
+            "2",
+            "--child-rank",
+            "1",
+            "--child-nranks",
+            "2",
+            "--child-id",
+            "00ff",
+        ])
+        .unwrap();
+        assert_eq!(
+            opts.child,
+            Some(ChildRole {
+                rank: 1,
+                nranks: 2,
+                unique_id_hex: "00ff".into()
+            })
+        );
+    }
+}
