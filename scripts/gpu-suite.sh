@@ -161,8 +161,8 @@ matrix() {
       run_case "$log" "$jsonl" "$label -$layout $n float sum large" \
         --lib "$lib" -$layout "$n" -c all -d float -o sum --sizes "$sizes_large" -w 1 -n 2
     done
-    run_case "$log" "$jsonl" "$label -g $n graph float sum" \
-      --lib "$lib" -g "$n" --graph -c all -d float -o sum,premulsum --sizes "0,12,1028,1048588" -w 1 -n 4
+    run_case "$log" "$jsonl" "$label -p $n graph float sum" \
+      --lib "$lib" -p "$n" --graph -c all -d float -o sum,premulsum --sizes "0,12,1028,1048588" -w 1 -n 4
     run_case "$log" "$jsonl" "$label -g $n root=last" \
       --lib "$lib" -g "$n" -r $((n - 1)) -c broadcast,reduce,gather,scatter -d int32,half -o sum,max \
       --sizes "0,12,4100,1048588" -w 1 -n 2
