@@ -46,6 +46,11 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+# cargo builds libnccl.so; programs look for its SONAME, libnccl.so.2.
+if [ ! -e "$OURS" ] && [ -e "$(dirname "$OURS")/libnccl.so" ]; then
+  ln -sf libnccl.so "$(dirname "$OURS")/libnccl.so.2"
+fi
+
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"

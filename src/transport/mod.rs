@@ -152,6 +152,12 @@ impl Connections {
         };
         let path = setup.topo.paths[peer as usize];
         let same_process = setup.topo.same_process(peer);
+        if path == Path::Shm && crate::env::flag("NCCL_SHM_DISABLE", false) {
+            return Err(Error::invalid_usage(format!(
+                "no transport from rank {} to rank {peer}: peer-to-peer access is unavailable or disabled and NCCL_SHM_DISABLE=1",
+                setup.topo.my_rank
+            )));
+        }
         let (placement, base, res) = match path {
             Path::NvLink { .. } | Path::Pcie => {
                 if same_process {
