@@ -50,3 +50,12 @@ pub struct Task {
     pub recvbuff: u64,
     pub root: i32,
 }
+
+pub mod cost;
+pub mod device;
+pub mod plan;
+#[cfg(test)]
+mod sim;
+
+pub use device::OxConn;
+pub use plan::{connections_needed, plan, Dir, Geometry, Plan};
