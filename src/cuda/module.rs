@@ -1,9 +1,184 @@
 //! The embedded kernels: the fatbin that build.rs compiles from `kernels/`, loaded once per
-//! context on first use, and lookup of kernel functions by name.
+//! context on first use, lookup of kernel functions by name, and the launch wrapper.
 
+use super::{check, driver, CUcontext, CUfunction, CUmodule, CUstream};
 use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
 
-/// TEMPORARY stand-in until the kernel branch lands: the kernel `name` in the current context.
-pub fn function(name: &str) -> Result<super::CUfunction> {
-    Err(Error::unsupported(&format!("kernel {name}")))
+/// The fatbin of every kernel in `kernels/` (SASS for the built architectures plus PTX).
+pub static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_kernels.fatbin"));
+
+/// The entry that runs a plan's work items: `ox_kernel(const OxWork* items, uint32_t nitems)`.
+pub const MAIN_KERNEL: &str = "ox_kernel";
+
+/// Loaded modules and looked-up functions, keyed by context (handles kept as integers so the
+/// maps are `Send`; primary contexts live until the process exits).
+#[derive(Default)]
+struct Cache {
+    modules: HashMap<usize, usize>,
+    functions: HashMap<(usize, String), usize>,
+}
+
+static CACHE: Lazy<Mutex<Cache>> = Lazy::new(|| Mutex::new(Cache::default()));
+
+fn current_context() -> Result<CUcontext> {
+    driver()?;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one handle.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    if ctx.is_null() {
+        return Err(Error::internal(
+            "no CUDA context is current on this thread: cannot load the oxccl kernels",
+        ));
+    }
+    Ok(ctx)
+}
+
+fn module_locked(cache: &mut Cache, ctx: CUcontext) -> Result<CUmodule> {
+    if let Some(&m) = cache.modules.get(&(ctx as usize)) {
+        return Ok(m as CUmodule);
+    }
+    let mut module: CUmodule = std::ptr::null_mut();
+    // SAFETY: FATBIN is a complete fatbin image that lives for the whole program; the driver
+    // copies what it needs and writes one handle.
+    check(
+        unsafe { sys::cuModuleLoadData(&mut module, FATBIN.as_ptr().cast()) },
+        "cuModuleLoadData (oxccl kernels: was the library built for this GPU's architecture? \
+         see OXCCL_CUDA_ARCHS)",
+    )?;
+    cache.modules.insert(ctx as usize, module as usize);
+    Ok(module)
+}
+
+/// The kernels' module in the current context, loaded on first use.
+pub fn module() -> Result<CUmodule> {
+    let ctx = current_context()?;
+    module_locked(&mut CACHE.lock(), ctx)
+}
+
+/// A kernel of the embedded module, by name, in the current context.
+pub fn function(name: &str) -> Result<CUfunction> {
+    let ctx = current_context()?;
+    let mut cache = CACHE.lock();
+    if let Some(&f) = cache.functions.get(&(ctx as usize, name.to_string())) {
+        return Ok(f as CUfunction);
+    }
+    let module = module_locked(&mut cache, ctx)?;
+    let cname = CString::new(name).map_err(|_| Error::internal("kernel name contains NUL"))?;
+    let mut func: CUfunction = std::ptr::null_mut();
+    // SAFETY: module is loaded in this context; cname is NUL-terminated; writes one handle.
+    check(
+        unsafe { sys::cuModuleGetFunction(&mut func, module, cname.as_ptr()) },
+        &format!("cuModuleGetFunction({name})"),
+    )?;
+    cache
+        .functions
+        .insert((ctx as usize, name.to_string()), func as usize);
+    Ok(func)
+}
+
+/// One kernel argument, passed by value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelArg {
+    U64(u64),
+    U32(u32),
+    I32(i32),
+}
+
+/// Launch `name` from the embedded module on `stream` with the given arguments (in the
+/// kernel's parameter order and C types).
+pub fn launch_args(
+    name: &str,
+    grid: u32,
+    block: u32,
+    smem: u32,
+    stream: CUstream,
+    args: &[KernelArg],
+) -> Result<()> {
+    if grid == 0 {
+        return Ok(());
+    }
+    let func = function(name)?;
+    let mut values: Vec<[u8; 8]> = args
+        .iter()
+        .map(|a| match *a {
+            KernelArg::U64(v) => v.to_ne_bytes(),
+            KernelArg::U32(v) => {
+                let mut b = [0u8; 8];
+                b[..4].copy_from_slice(&v.to_ne_bytes());
+                b
+            }
+            KernelArg::I32(v) => {
+                let mut b = [0u8; 8];
+                b[..4].copy_from_slice(&v.to_ne_bytes());
+                b
+            }
+        })
+        .collect();
+    let mut params: Vec<*mut c_void> = values
+        .iter_mut()
+        .map(|v| v.as_mut_ptr().cast::<c_void>())
+        .collect();
+    // SAFETY: func is a kernel of our module; params holds one pointer per kernel parameter,
+    // each to 8 bytes whose first bytes hold the value in the parameter's C type (the caller
+    // passes arguments matching the kernel's signature); `values` outlives the call, which
+    // copies the parameters before returning.
+    check(
+        unsafe {
+            sys::cuLaunchKernel(
+                func,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                smem,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        &format!("cuLaunchKernel({name}, grid {grid}, block {block})"),
+    )
+}
+
+/// Launch a plan's kernel: `kernel(items, nitems)`, where `items` is the device copy of
+/// `Plan::items`. A plan with no items launches nothing.
+pub fn launch(
+    kernel: &str,
+    grid: u32,
+    block: u32,
+    smem: u32,
+    stream: CUstream,
+    items: u64,
+    nitems: u32,
+) -> Result<()> {
+    if nitems == 0 {
+        return Ok(());
+    }
+    launch_args(
+        kernel,
+        grid,
+        block,
+        smem,
+        stream,
+        &[KernelArg::U64(items), KernelArg::U32(nitems)],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fatbin_is_embedded() {
+        // A fatbin starts with its magic number 0xBA55ED50 (little endian).
+        assert!(FATBIN.len() > 1024);
+        assert_eq!(&FATBIN[..4], &0xBA55_ED50u32.to_le_bytes());
+    }
 }

@@ -1,0 +1,202 @@
+// collectives.cuh — owns the algorithms: how one work item turns into a sequence of steps on
+// its connections. Ring AllReduce (reduce-scatter then all-gather over n pieces per round),
+// ring AllGather and ReduceScatter, chain Broadcast (from root) and Reduce (to root), direct
+// Send/Recv, and local copies. Type-agnostic: the arithmetic is in ox_reduce_copy.
+#pragma once
+#include "prims.cuh"
+
+// What one step does.
+#define OX_S_SEND 1u    // fill the next send slot
+#define OX_S_RECV 2u    // consume the next receive slot
+#define OX_S_IN 4u      // first source is the user input (pre-transformed); else the recv slot
+#define OX_S_OUT 8u     // write the result to the user output
+#define OX_S_POST 16u   // apply the post-transform (the final value of a reduction)
+
+__device__ __forceinline__ uint32_t ox_esize(uint32_t dtype) {
+  return dtype <= OX_UINT8 || dtype >= OX_FP8E4M3 ? 1
+         : (dtype == OX_HALF || dtype == OX_BF16) ? 2
+         : (dtype == OX_INT64 || dtype == OX_UINT64 || dtype == OX_DOUBLE) ? 8 : 4;
+}
+
+// One step: `in`/`out` already point at the step's elements; nelem may be 0 (the slot still
+// moves, so both sides count the same slots). Returns false on abort.
+__device__ bool ox_step(OxShared& s, uint32_t what, const char* in, char* out, uint64_t nelem) {
+  const bool send = what & OX_S_SEND, recv = what & OX_S_RECV;
+  if (!ox_wait(s, send, recv)) return false;
+  const OxWork& w = s.w;
+  const bool ops = w.flags & OX_FLAG_OPS;
+  char* send_slot = send ? ox_slot(s.send) : nullptr;
+  const char* recv_slot = recv ? ox_slot(s.recv) : nullptr;
+  OxRedArgs a;
+  a.n = nelem;
+  if (what & OX_S_IN) {
+    a.src0 = in;
+    a.src1 = recv_slot;
+    a.pre = ops && ox_has_pre(w.dtype, w.op);
+  } else {
+    a.src0 = recv_slot;
+    a.src1 = nullptr;
+    a.pre = false;
+  }
+  a.post = (what & OX_S_POST) && ops && ox_has_post(w.dtype, w.op);
+  if (what & OX_S_OUT) {
+    a.dst0 = out;
+    a.dst1 = send_slot;
+  } else {
+    a.dst0 = send_slot;
+    a.dst1 = nullptr;
+  }
+  ox_reduce_copy(a, w.dtype, w.op, w.flags, w.scalar, w.nranks);
+  ox_post(s, send, recv);
+  return true;
+}
+
+__device__ __forceinline__ int ox_mod(int a, int n) { return ((a % n) + n) % n; }
+__device__ __forceinline__ uint64_t ox_min(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+// Ring AllReduce over elements [offset, offset+count): rounds of n pieces of <= chunk.
+__device__ bool ox_ring_allreduce(OxShared& s) {
+  const OxWork& w = s.w;
+  const int n = w.nranks, r = w.rank;
+  const uint64_t es = ox_esize(w.dtype);
+  const uint64_t gran = 16 / es;
+  const char* in = (const char*)w.src + w.offset * es;
+  char* out = (char*)w.dst + w.offset * es;
+  for (uint64_t base = 0; base < w.count; base += (uint64_t)n * w.chunk) {
+    const uint64_t rem = ox_min(w.count - base, (uint64_t)n * w.chunk);
+    uint64_t piece = (rem + n - 1) / n;
+    piece = ox_min(w.chunk, (piece + gran - 1) / gran * gran);
+    auto off = [&](int p) { return base + (uint64_t)p * piece; };
+    auto len = [&](int p) {
+      uint64_t o = (uint64_t)p * piece;
+      return o >= rem ? (uint64_t)0 : ox_min(piece, rem - o);
+    };
+    int p = ox_mod(r - 1, n);
+    if (!ox_step(s, OX_S_SEND | OX_S_IN, in + off(p) * es, nullptr, len(p))) return false;
+    for (int st = 1; st < n - 1; st++) {
+      p = ox_mod(r - 1 - st, n);
+      if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_IN, in + off(p) * es, nullptr, len(p))) return false;
+    }
+    p = r;
+    if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_IN | OX_S_OUT | OX_S_POST, in + off(p) * es,
+                 out + off(p) * es, len(p)))
+      return false;
+    for (int t = 1; t < n - 1; t++) {
+      p = ox_mod(r - t, n);
+      if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_OUT, nullptr, out + off(p) * es, len(p))) return false;
+    }
+    p = ox_mod(r + 1, n);
+    if (!ox_step(s, OX_S_RECV | OX_S_OUT, nullptr, out + off(p) * es, len(p))) return false;
+  }
+  return true;
+}
+
+// Ring AllGather: every rank's block b lands at out + b*block; this item covers
+// [offset, offset+count) of each block.
+__device__ bool ox_ring_allgather(OxShared& s) {
+  const OxWork& w = s.w;
+  const int n = w.nranks, r = w.rank;
+  const uint64_t es = ox_esize(w.dtype);
+  const char* in = (const char*)w.src + w.offset * es;
+  char* out = (char*)w.dst + w.offset * es;
+  const uint64_t bstride = w.block * es;
+  for (uint64_t base = 0; base < w.count; base += w.chunk) {
+    const uint64_t len = ox_min(w.chunk, w.count - base);
+    const uint64_t o = base * es;
+    if (!ox_step(s, OX_S_SEND | OX_S_IN | OX_S_OUT, in + o, out + r * bstride + o, len)) return false;
+    for (int t = 1; t < n - 1; t++) {
+      if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_OUT, nullptr, out + ox_mod(r - t, n) * bstride + o, len))
+        return false;
+    }
+    if (!ox_step(s, OX_S_RECV | OX_S_OUT, nullptr, out + ox_mod(r + 1, n) * bstride + o, len)) return false;
+  }
+  return true;
+}
+
+// Ring ReduceScatter: input block b at in + b*block, the result for this rank's block at out.
+__device__ bool ox_ring_reducescatter(OxShared& s) {
+  const OxWork& w = s.w;
+  const int n = w.nranks, r = w.rank;
+  const uint64_t es = ox_esize(w.dtype);
+  const char* in = (const char*)w.src + w.offset * es;
+  char* out = (char*)w.dst + w.offset * es;
+  const uint64_t bstride = w.block * es;
+  for (uint64_t base = 0; base < w.count; base += w.chunk) {
+    const uint64_t len = ox_min(w.chunk, w.count - base);
+    const uint64_t o = base * es;
+    if (!ox_step(s, OX_S_SEND | OX_S_IN, in + ox_mod(r - 1, n) * bstride + o, nullptr, len)) return false;
+    for (int st = 1; st < n - 1; st++) {
+      if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_IN, in + ox_mod(r - 1 - st, n) * bstride + o, nullptr, len))
+        return false;
+    }
+    if (!ox_step(s, OX_S_RECV | OX_S_IN | OX_S_OUT | OX_S_POST, in + r * bstride + o, out + o, len))
+      return false;
+  }
+  return true;
+}
+
+// Chain Broadcast root -> root+1 -> ... -> root-1.
+__device__ bool ox_ring_broadcast(OxShared& s) {
+  const OxWork& w = s.w;
+  const int n = w.nranks;
+  const int pos = ox_mod(w.rank - w.root, n);
+  const uint64_t es = ox_esize(w.dtype);
+  const char* in = (const char*)w.src + w.offset * es;
+  char* out = (char*)w.dst + w.offset * es;
+  const uint32_t what = pos == 0 ? (OX_S_SEND | OX_S_IN | OX_S_OUT)
+                        : pos == n - 1 ? (OX_S_RECV | OX_S_OUT)
+                                       : (OX_S_SEND | OX_S_RECV | OX_S_OUT);
+  for (uint64_t base = 0; base < w.count; base += w.chunk) {
+    const uint64_t len = ox_min(w.chunk, w.count - base);
+    if (!ox_step(s, what, in + base * es, out + base * es, len)) return false;
+  }
+  return true;
+}
+
+// Chain Reduce root+1 -> root+2 -> ... -> root.
+__device__ bool ox_ring_reduce(OxShared& s) {
+  const OxWork& w = s.w;
+  const int n = w.nranks;
+  const int pos = ox_mod(w.rank - w.root - 1, n);
+  const uint64_t es = ox_esize(w.dtype);
+  const char* in = (const char*)w.src + w.offset * es;
+  char* out = (char*)w.dst + w.offset * es;
+  const uint32_t what = pos == 0 ? (OX_S_SEND | OX_S_IN)
+                        : pos == n - 1 ? (OX_S_RECV | OX_S_IN | OX_S_OUT | OX_S_POST)
+                                       : (OX_S_SEND | OX_S_RECV | OX_S_IN);
+  for (uint64_t base = 0; base < w.count; base += w.chunk) {
+    const uint64_t len = ox_min(w.chunk, w.count - base);
+    if (!ox_step(s, what, in + base * es, out + base * es, len)) return false;
+  }
+  return true;
+}
+
+// Direct Send / Recv of `count` bytes, one slot at a time.
+__device__ bool ox_p2p(OxShared& s, bool send) {
+  const OxWork& w = s.w;
+  const uint64_t chunk = send ? s.send.slot_bytes : s.recv.slot_bytes;
+  for (uint64_t base = 0; base < w.count; base += chunk) {
+    const uint64_t len = ox_min(chunk, w.count - base);
+    if (send) {
+      if (!ox_step(s, OX_S_SEND | OX_S_IN, (const char*)w.src + base, nullptr, len)) return false;
+    } else {
+      if (!ox_step(s, OX_S_RECV | OX_S_OUT, nullptr, (char*)w.dst + base, len)) return false;
+    }
+  }
+  return true;
+}
+
+// A local copy with the op's transforms (one-rank reductions) or without.
+__device__ void ox_local_copy(OxShared& s) {
+  const OxWork& w = s.w;
+  const bool ops = w.flags & OX_FLAG_OPS;
+  OxRedArgs a;
+  a.src0 = (const char*)w.src;
+  a.src1 = nullptr;
+  a.dst0 = (char*)w.dst;
+  a.dst1 = nullptr;
+  a.n = w.count;
+  a.pre = ops && ox_has_pre(w.dtype, w.op);
+  a.post = ops && ox_has_post(w.dtype, w.op);
+  ox_reduce_copy(a, w.dtype, w.op, w.flags, w.scalar, w.nranks);
+}

@@ -1,0 +1,279 @@
+// prims.cuh — owns the data movement primitives: volatile vector loads, the copy loop and the
+// typed reduce-copy loop (16-byte aligned vector path with several loads in flight, scalar
+// fallback), and the connection protocol (NCCL's "Simple": wait for a free/full slot, move
+// the data, fence, publish tail/head), with abort polling in every spin.
+#pragma once
+#include "ox_abi.h"
+#include "reduce.cuh"
+
+#define OX_UNROLL 4
+#define OX_ABORT_POLL 1000
+
+// ---- raw memory access ------------------------------------------------------------------
+// Loads are volatile (ld.volatile): staging slots are rewritten by other GPUs between uses,
+// so nothing may come from a stale L1 line.
+__device__ __forceinline__ uint4 ox_ld16(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void ox_st16(void* p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};"
+               :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+template <typename B> __device__ __forceinline__ B ox_ld(const void* p) {
+  return *(const volatile B*)p;
+}
+template <typename B> __device__ __forceinline__ void ox_st(void* p, B v) { *(B*)p = v; }
+
+__device__ __forceinline__ uint64_t ox_ld_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void ox_st_release(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+
+// ---- copy ---------------------------------------------------------------------------------
+// dst0 (and dst1 if not null) = src, nbytes, any alignment; all threads of the CTA take part.
+template <typename B>
+__device__ __forceinline__ void ox_copy_units(char* dst0, char* dst1, const char* src,
+                                              uint64_t n, uint32_t tid, uint32_t nthreads) {
+  uint64_t i = tid;
+  for (; i + (OX_UNROLL - 1) * (uint64_t)nthreads < n; i += OX_UNROLL * (uint64_t)nthreads) {
+    B v[OX_UNROLL];
+#pragma unroll
+    for (int u = 0; u < OX_UNROLL; u++) {
+      if constexpr (sizeof(B) == 16) v[u] = ox_ld16(src + (i + u * nthreads) * 16);
+      else v[u] = ox_ld<B>(src + (i + u * nthreads) * sizeof(B));
+    }
+#pragma unroll
+    for (int u = 0; u < OX_UNROLL; u++) {
+      uint64_t off = (i + u * nthreads) * sizeof(B);
+      if constexpr (sizeof(B) == 16) {
+        ox_st16(dst0 + off, v[u]);
+        if (dst1) ox_st16(dst1 + off, v[u]);
+      } else {
+        ox_st<B>(dst0 + off, v[u]);
+        if (dst1) ox_st<B>(dst1 + off, v[u]);
+      }
+    }
+  }
+  for (; i < n; i += nthreads) {
+    uint64_t off = i * sizeof(B);
+    if constexpr (sizeof(B) == 16) {
+      uint4 v = ox_ld16(src + off);
+      ox_st16(dst0 + off, v);
+      if (dst1) ox_st16(dst1 + off, v);
+    } else {
+      B v = ox_ld<B>(src + off);
+      ox_st<B>(dst0 + off, v);
+      if (dst1) ox_st<B>(dst1 + off, v);
+    }
+  }
+}
+
+__device__ __noinline__ void ox_copy(char* dst0, char* dst1, const char* src, uint64_t nbytes) {
+  const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
+  uint64_t align = (uint64_t)dst0 | (uint64_t)src | (dst1 ? (uint64_t)dst1 : 0);
+  uint64_t done = 0;
+  if ((align & 15) == 0) {
+    done = nbytes & ~(uint64_t)15;
+    ox_copy_units<uint4>(dst0, dst1, src, nbytes / 16, tid, nthreads);
+  } else if ((align & 7) == 0) {
+    done = nbytes & ~(uint64_t)7;
+    ox_copy_units<uint64_t>(dst0, dst1, src, nbytes / 8, tid, nthreads);
+  } else if ((align & 3) == 0) {
+    done = nbytes & ~(uint64_t)3;
+    ox_copy_units<uint32_t>(dst0, dst1, src, nbytes / 4, tid, nthreads);
+  }
+  if (done < nbytes) {
+    ox_copy_units<uint8_t>(dst0 + done, dst1 ? dst1 + done : nullptr, src + done, nbytes - done,
+                           tid, nthreads);
+  }
+}
+
+// ---- reduce-copy ----------------------------------------------------------------------------
+// For each element i < n:  v = src0[i] (pre-transformed if pre); if src1: v = combine(v, src1[i]);
+// if post: v = post(v); dst0[i] = v; if dst1: dst1[i] = v.
+// Pointers must be aligned to sizeof(T); the 16-byte path is taken when all are 16-aligned.
+struct OxRedArgs {
+  const char* src0;
+  const char* src1;
+  char* dst0;
+  char* dst1;
+  uint64_t n;
+  bool pre;
+  bool post;
+};
+
+template <typename T, int OP>
+__device__ __forceinline__ typename OxTraits<T>::C ox_elem(const OxRed<T, OP>& f, const OxRedArgs& a,
+                                                           typename OxTraits<T>::Bits x0,
+                                                           typename OxTraits<T>::Bits x1) {
+  using Tr = OxTraits<T>;
+  typename Tr::C v = Tr::to_c(ox_from_bits<T>(x0));
+  if (a.pre) v = f.pre(v);
+  if (a.src1) v = f.combine(v, Tr::to_c(ox_from_bits<T>(x1)));
+  if (a.post) v = f.post(v);
+  return v;
+}
+
+template <typename T, int OP>
+__device__ __noinline__ void ox_reduce_copy_t(const OxRedArgs a, uint32_t flags, uint64_t scalar,
+                                              int nranks) {
+  using Tr = OxTraits<T>;
+  using Bits = typename Tr::Bits;
+  constexpr int kPerVec = 16 / sizeof(T);
+  const OxRed<T, OP> f(flags, scalar, nranks);
+  const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
+  uint64_t align = (uint64_t)a.src0 | (uint64_t)a.dst0 | (a.src1 ? (uint64_t)a.src1 : 0) |
+                   (a.dst1 ? (uint64_t)a.dst1 : 0);
+  uint64_t done = 0;
+  if ((align & 15) == 0) {
+    const uint64_t nvec = a.n / kPerVec;
+    done = nvec * kPerVec;
+    uint64_t i = tid;
+    for (; i + (OX_UNROLL - 1) * (uint64_t)nthreads < nvec; i += OX_UNROLL * (uint64_t)nthreads) {
+      uint4 x0[OX_UNROLL], x1[OX_UNROLL];
+#pragma unroll
+      for (int u = 0; u < OX_UNROLL; u++) {
+        x0[u] = ox_ld16(a.src0 + (i + u * nthreads) * 16);
+        if (a.src1) x1[u] = ox_ld16(a.src1 + (i + u * nthreads) * 16);
+        else x1[u] = x0[u];
+      }
+#pragma unroll
+      for (int u = 0; u < OX_UNROLL; u++) {
+        Bits e0[kPerVec], e1[kPerVec], r[kPerVec];
+        memcpy(e0, &x0[u], 16);
+        memcpy(e1, &x1[u], 16);
+#pragma unroll
+        for (int k = 0; k < kPerVec; k++) r[k] = ox_to_bits<T>(Tr::from_c(ox_elem<T, OP>(f, a, e0[k], e1[k])));
+        uint4 out;
+        memcpy(&out, r, 16);
+        uint64_t off = (i + u * nthreads) * 16;
+        ox_st16(a.dst0 + off, out);
+        if (a.dst1) ox_st16(a.dst1 + off, out);
+      }
+    }
+    for (; i < nvec; i += nthreads) {
+      uint64_t off = i * 16;
+      uint4 x0 = ox_ld16(a.src0 + off);
+      uint4 x1 = a.src1 ? ox_ld16(a.src1 + off) : x0;
+      Bits e0[kPerVec], e1[kPerVec], r[kPerVec];
+      memcpy(e0, &x0, 16);
+      memcpy(e1, &x1, 16);
+#pragma unroll
+      for (int k = 0; k < kPerVec; k++) r[k] = ox_to_bits<T>(Tr::from_c(ox_elem<T, OP>(f, a, e0[k], e1[k])));
+      uint4 out;
+      memcpy(&out, r, 16);
+      ox_st16(a.dst0 + off, out);
+      if (a.dst1) ox_st16(a.dst1 + off, out);
+    }
+  }
+  for (uint64_t i = done + tid; i < a.n; i += nthreads) {
+    uint64_t off = i * sizeof(T);
+    Bits x0 = ox_ld<Bits>(a.src0 + off);
+    Bits x1 = a.src1 ? ox_ld<Bits>(a.src1 + off) : x0;
+    Bits r = ox_to_bits<T>(Tr::from_c(ox_elem<T, OP>(f, a, x0, x1)));
+    ox_st<Bits>(a.dst0 + off, r);
+    if (a.dst1) ox_st<Bits>(a.dst1 + off, r);
+  }
+}
+
+// Runtime dispatch on (dtype, op); a pure copy (no src1, no pre/post) takes ox_copy.
+__device__ __noinline__ void ox_reduce_copy(OxRedArgs a, uint32_t dtype, uint32_t op,
+                                            uint32_t flags, uint64_t scalar, int nranks) {
+  if (a.n == 0) return;
+  if (!a.src1 && !a.pre && !a.post) {
+    uint32_t esize = dtype <= OX_UINT8 || dtype >= OX_FP8E4M3 ? 1
+                     : (dtype == OX_HALF || dtype == OX_BF16) ? 2
+                     : (dtype == OX_INT64 || dtype == OX_UINT64 || dtype == OX_DOUBLE) ? 8 : 4;
+    if (a.dst0 == a.src0) {  // in place: only the second destination needs the data
+      if (a.dst1) ox_copy(a.dst1, nullptr, a.src0, a.n * esize);
+      return;
+    }
+    ox_copy(a.dst0, a.dst1, a.src0, a.n * esize);
+    return;
+  }
+  OX_FOR_TYPE(dtype, OX_FOR_OP(op, (ox_reduce_copy_t<T, OP>(a, flags, scalar, nranks))));
+}
+
+// ---- connections ------------------------------------------------------------------------------
+// The CTA's view of its item's send and receive connection; lives in shared memory. Thread 0
+// spins and publishes; every thread reads `step` only after the barrier that ends a wait.
+struct OxPeer {
+  char* buf;
+  uint64_t* tail;
+  uint64_t* head;
+  uint64_t* stepp;
+  uint64_t step;
+  uint32_t slot_bytes;
+  uint32_t nslots;
+};
+
+struct OxShared {
+  OxWork w;
+  OxPeer send;
+  OxPeer recv;
+  int aborted;
+};
+
+__device__ __forceinline__ void ox_peer_open(OxPeer& p, const OxConn& c) {
+  p.buf = (char*)c.buf;
+  p.tail = (uint64_t*)c.tail;
+  p.head = (uint64_t*)c.head;
+  p.stepp = (uint64_t*)c.step;
+  p.step = c.step ? *(volatile uint64_t*)c.step : 0;
+  p.slot_bytes = c.slot_bytes;
+  p.nslots = c.nslots;
+}
+__device__ __forceinline__ void ox_peer_close(OxPeer& p) {
+  if (p.stepp) *(volatile uint64_t*)p.stepp = p.step;
+}
+__device__ __forceinline__ char* ox_slot(const OxPeer& p) {
+  return p.buf + (p.step & (uint64_t)(p.nslots - 1)) * (uint64_t)p.slot_bytes;
+}
+
+// Thread 0 waits until the next send slot is free and/or the next receive slot is full.
+// Returns false on every thread if the abort flag was raised.
+__device__ bool ox_wait(OxShared& s, bool send, bool recv) {
+  if (threadIdx.x == 0) {
+    uint32_t spins = 0;
+    const volatile uint32_t* abort_flag = (const volatile uint32_t*)s.w.abort_flag;
+    while (true) {
+      bool ready = true;
+      if (send && ox_ld_acquire(s.send.head) + s.send.nslots <= s.send.step) ready = false;
+      if (recv && ox_ld_acquire(s.recv.tail) <= s.recv.step) ready = false;
+      if (ready) break;
+      if (++spins == OX_ABORT_POLL) {
+        spins = 0;
+        if (abort_flag && *abort_flag) {
+          s.aborted = 1;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  return !s.aborted;
+}
+
+// After the data of a step: make the writes visible system-wide, then thread 0 publishes the
+// filled send slot (tail) and the consumed receive slot (head) and advances the positions.
+__device__ void ox_post(OxShared& s, bool send, bool recv) {
+  if (send) __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (send) {
+      s.send.step++;
+      ox_st_release(s.send.tail, s.send.step);
+    }
+    if (recv) {
+      s.recv.step++;
+      ox_st_release(s.recv.head, s.recv.step);
+    }
+  }
+}

@@ -1,0 +1,820 @@
+//! Test-only simulator of `ox_kernel`: runs the plans of several ranks through a Rust mirror
+//! of the step sequences in `kernels/collectives.cuh`, with FIFO connections of `nslots`
+//! slots and CTAs that each run their items in order. It checks the data against references,
+//! that the sender's k-th slot holds as many elements as the receiver expects, that both
+//! ends of every connection end at the same position, and that nothing deadlocks.
+
+use super::device::{deserialize_all, OxConn, OxWork, WorkKind, FLAG_OPS};
+use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry};
+use super::{CollKind, Task};
+use crate::abi::ncclDataType_t;
+use crate::core::redop::{RedOp, Scalar};
+use std::collections::{HashMap, VecDeque};
+
+const S_SEND: u32 = 1;
+const S_RECV: u32 = 2;
+const S_IN: u32 = 4;
+const S_OUT: u32 = 8;
+const S_POST: u32 = 16;
+
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    what: u32,
+    inp: u64,
+    out: u64,
+    n: u64,
+}
+
+fn modn(a: i64, n: i64) -> u64 {
+    a.rem_euclid(n) as u64
+}
+
+/// The steps of one item, exactly as collectives.cuh sequences them.
+fn steps_of(w: &OxWork) -> Vec<Step> {
+    let es = ncclDataType_t::ALL[w.dtype as usize].size() as u64;
+    let n = w.nranks as i64;
+    let r = w.rank as i64;
+    let mut v = Vec::new();
+    let mut push = |what, inp, out, n| v.push(Step { what, inp, out, n });
+    let kind = w.kind;
+    let inb = w.src + w.offset * es;
+    let outb = w.dst + w.offset * es;
+    if kind == WorkKind::RingAllReduce as u32 {
+        let mut base = 0;
+        while base < w.count {
+            let rem = (w.count - base).min(n as u64 * w.chunk);
+            let gran = 16 / es;
+            let piece = w.chunk.min(rem.div_ceil(n as u64).div_ceil(gran) * gran);
+            let off = |p: u64| base + p * piece;
+            let len = |p: u64| {
+                let o = p * piece;
+                if o >= rem {
+                    0
+                } else {
+                    piece.min(rem - o)
+                }
+            };
+            let p = modn(r - 1, n);
+            push(S_SEND | S_IN, inb + off(p) * es, 0, len(p));
+            for st in 1..n - 1 {
+                let p = modn(r - 1 - st, n);
+                push(S_SEND | S_RECV | S_IN, inb + off(p) * es, 0, len(p));
+            }
+            let p = r as u64;
+            push(
+                S_SEND | S_RECV | S_IN | S_OUT | S_POST,
+                inb + off(p) * es,
+                outb + off(p) * es,
+                len(p),
+            );
+            for t in 1..n - 1 {
+                let p = modn(r - t, n);
+                push(S_SEND | S_RECV | S_OUT, 0, outb + off(p) * es, len(p));
+            }
+            let p = modn(r + 1, n);
+            push(S_RECV | S_OUT, 0, outb + off(p) * es, len(p));
+            base += n as u64 * w.chunk;
+        }
+    } else if kind == WorkKind::RingAllGather as u32 || kind == WorkKind::RingReduceScatter as u32 {
+        let bs = w.block * es;
+        let mut base = 0;
+        while base < w.count {
+            let len = w.chunk.min(w.count - base);
+            let o = base * es;
+            if kind == WorkKind::RingAllGather as u32 {
+                push(S_SEND | S_IN | S_OUT, inb + o, outb + r as u64 * bs + o, len);
+                for t in 1..n - 1 {
+                    push(S_SEND | S_RECV | S_OUT, 0, outb + modn(r - t, n) * bs + o, len);
+                }
+                push(S_RECV | S_OUT, 0, outb + modn(r + 1, n) * bs + o, len);
+            } else {
+                push(S_SEND | S_IN, inb + modn(r - 1, n) * bs + o, 0, len);
+                for st in 1..n - 1 {
+                    push(S_SEND | S_RECV | S_IN, inb + modn(r - 1 - st, n) * bs + o, 0, len);
+                }
+                push(S_RECV | S_IN | S_OUT | S_POST, inb + r as u64 * bs + o, outb + o, len);
+            }
+            base += w.chunk;
+        }
+    } else if kind == WorkKind::RingBroadcast as u32 || kind == WorkKind::RingReduce as u32 {
+        let bcast = kind == WorkKind::RingBroadcast as u32;
+        let pos = if bcast {
+            modn(r - w.root as i64, n)
+        } else {
+            modn(r - w.root as i64 - 1, n)
+        };
+        let last = n as u64 - 1;
+        let what = match (bcast, pos) {
+            (true, 0) => S_SEND | S_IN | S_OUT,
+            (true, p) if p == last => S_RECV | S_OUT,
+            (true, _) => S_SEND | S_RECV | S_OUT,
+            (false, 0) => S_SEND | S_IN,
+            (false, p) if p == last => S_RECV | S_IN | S_OUT | S_POST,
+            (false, _) => S_SEND | S_RECV | S_IN,
+        };
+        let mut base = 0;
+        while base < w.count {
+            let len = w.chunk.min(w.count - base);
+            push(what, inb + base * es, outb + base * es, len);
+            base += w.chunk;
+        }
+    } else if kind == WorkKind::Send as u32 || kind == WorkKind::Recv as u32 {
+        let send = kind == WorkKind::Send as u32;
+        let chunk = if send { w.send.slot_bytes } else { w.recv.slot_bytes } as u64;
+        let mut base = 0;
+        while base < w.count {
+            let len = chunk.min(w.count - base);
+            if send {
+                push(S_SEND | S_IN, w.src + base, 0, len);
+            } else {
+                push(S_RECV | S_OUT, 0, w.dst + base, len);
+            }
+            base += chunk;
+        }
+    }
+    v
+}
+
+/// Element arithmetic of the integer types the simulator supports.
+#[derive(Clone, Copy)]
+struct Arith {
+    dtype: ncclDataType_t,
+    op: u32,
+    scalar: i64,
+    nranks: i64,
+}
+
+impl Arith {
+    fn read(&self, b: &[u8]) -> i64 {
+        match self.dtype {
+            ncclDataType_t::ncclInt8 => b[0] as i8 as i64,
+            ncclDataType_t::ncclUint8 => b[0] as i64,
+            ncclDataType_t::ncclInt32 => i32::from_le_bytes(b[..4].try_into().unwrap()) as i64,
+            ncclDataType_t::ncclInt64 => i64::from_le_bytes(b[..8].try_into().unwrap()),
+            t => panic!("simulator does not do {t:?}"),
+        }
+    }
+    fn write(&self, b: &mut [u8], v: i64) {
+        let es = self.dtype.size();
+        b[..es].copy_from_slice(&v.to_le_bytes()[..es]);
+    }
+    fn wrap(&self, v: i64) -> i64 {
+        let mut b = [0u8; 8];
+        self.write(&mut b, v);
+        self.read(&b)
+    }
+    fn combine(&self, a: i64, b: i64) -> i64 {
+        self.wrap(match self.op {
+            1 => a.wrapping_mul(b),
+            2 => a.max(b),
+            3 => a.min(b),
+            _ => a.wrapping_add(b),
+        })
+    }
+    fn pre(&self, a: i64) -> i64 {
+        if self.op == 5 {
+            self.wrap(a.wrapping_mul(self.scalar))
+        } else {
+            a
+        }
+    }
+    fn post(&self, a: i64) -> i64 {
+        if self.op == 4 {
+            self.wrap(a / self.nranks)
+        } else {
+            a
+        }
+    }
+}
+
+/// A flat memory: every address the test hands out lives in one arena.
+struct Mem {
+    bytes: Vec<u8>,
+}
+const BASE: u64 = 0x1_0000;
+
+impl Mem {
+    fn alloc(&mut self, len: u64, misalign: u64) -> u64 {
+        let start = (self.bytes.len() as u64).div_ceil(256) * 256 + misalign;
+        self.bytes.resize((start + len + 64) as usize, 0xEE);
+        BASE + start
+    }
+    fn slice(&self, addr: u64, len: u64) -> &[u8] {
+        &self.bytes[(addr - BASE) as usize..(addr - BASE + len) as usize]
+    }
+    fn slice_mut(&mut self, addr: u64, len: u64) -> &mut [u8] {
+        &mut self.bytes[(addr - BASE) as usize..(addr - BASE + len) as usize]
+    }
+}
+
+/// The shared state of the simulated machine.
+struct World {
+    mem: Mem,
+    queues: HashMap<u64, VecDeque<Vec<u8>>>,
+    positions: HashMap<u64, u64>,
+    nslots: u32,
+}
+
+struct Cta {
+    items: Vec<OxWork>,
+    next_item: usize,
+    steps: Vec<Step>,
+    next_step: usize,
+    active: Option<OxWork>,
+}
+
+impl World {
+    /// Run one step (or open/close an item) of `cta`; false if it must wait or is done.
+    fn advance(&mut self, cta: &mut Cta) -> bool {
+        let Some(w) = cta.active else {
+            if cta.next_item == cta.items.len() {
+                return false;
+            }
+            let w = cta.items[cta.next_item];
+            cta.next_item += 1;
+            cta.active = Some(w);
+            cta.steps = steps_of(&w);
+            cta.next_step = 0;
+            if w.kind == WorkKind::Copy as u32 {
+                self.copy(&w);
+                cta.active = None;
+            }
+            return true;
+        };
+        if cta.next_step == cta.steps.len() {
+            cta.active = None;
+            return true;
+        }
+        let s = cta.steps[cta.next_step];
+        let send = s.what & S_SEND != 0;
+        let recv = s.what & S_RECV != 0;
+        if send && self.queues.entry(w.send.buf).or_default().len() >= self.nslots as usize {
+            return false;
+        }
+        if recv && self.queues.entry(w.recv.buf).or_default().is_empty() {
+            return false;
+        }
+        let es = ncclDataType_t::ALL[w.dtype as usize].size() as u64;
+        let nb = s.n * es;
+        let slot_in = if recv {
+            let v = self.queues.get_mut(&w.recv.buf).unwrap().pop_front().unwrap();
+            assert_eq!(
+                v.len() as u64,
+                nb,
+                "rank {} item {:?}: received a slot of {} bytes, expected {nb}",
+                w.rank,
+                w.kind,
+                v.len()
+            );
+            *self.positions.entry(w.recv.step).or_default() += 1;
+            Some(v)
+        } else {
+            None
+        };
+        let ar = arith(&w);
+        let ops = w.flags & FLAG_OPS != 0;
+        let mut result = vec![0u8; nb as usize];
+        for i in 0..s.n as usize {
+            let e = i * es as usize..(i + 1) * es as usize;
+            let mut v;
+            if s.what & S_IN != 0 {
+                v = ar.read(&self.mem.slice(s.inp, nb)[e.clone()]);
+                if ops {
+                    v = ar.pre(v);
+                }
+                if let Some(sl) = &slot_in {
+                    v = ar.combine(v, ar.read(&sl[e.clone()]));
+                }
+            } else {
+                v = ar.read(&slot_in.as_ref().unwrap()[e.clone()]);
+            }
+            if s.what & S_POST != 0 && ops {
+                v = ar.post(v);
+            }
+            ar.write(&mut result[e], v);
+        }
+        if s.what & S_OUT != 0 {
+            self.mem.slice_mut(s.out, nb).copy_from_slice(&result);
+        }
+        if send {
+            self.queues.get_mut(&w.send.buf).unwrap().push_back(result);
+            *self.positions.entry(w.send.step).or_default() += 1;
+        }
+        cta.next_step += 1;
+        true
+    }
+
+    fn copy(&mut self, w: &OxWork) {
+        let es = ncclDataType_t::ALL[w.dtype as usize].size() as u64;
+        let ar = arith(w);
+        let data = self.mem.slice(w.src, w.count * es).to_vec();
+        let out = self.mem.slice_mut(w.dst, w.count * es);
+        for (i, e) in data.chunks(es as usize).enumerate() {
+            let mut v = ar.read(e);
+            if w.flags & FLAG_OPS != 0 {
+                v = ar.post(ar.pre(v));
+            }
+            ar.write(&mut out[i * es as usize..(i + 1) * es as usize], v);
+        }
+    }
+}
+
+fn arith(w: &OxWork) -> Arith {
+    let dtype = ncclDataType_t::ALL[w.dtype as usize];
+    let mut b = [0u8; 8];
+    b[..dtype.size()].copy_from_slice(&w.scalar.to_le_bytes()[..dtype.size()]);
+    let a = Arith {
+        dtype,
+        op: w.op,
+        scalar: 0,
+        nranks: w.nranks as i64,
+    };
+    Arith {
+        scalar: a.read(&b),
+        ..a
+    }
+}
+
+/// Geometries for `nranks` ranks: every connection any rank needs for `tasks_of`, with fake
+/// addresses that agree between the two ends.
+fn geometries(
+    nranks: i32,
+    nchannels: u32,
+    slot_bytes: u32,
+    nslots: u32,
+    tasks: &[Vec<Task>],
+) -> Vec<Geometry> {
+    let rows = conn_channels(nchannels) as usize;
+    let mut geoms: Vec<Geometry> = (0..nranks)
+        .map(|rank| Geometry {
+            rank,
+            nranks,
+            nchannels,
+            send: vec![vec![None; nranks as usize]; rows],
+            recv: vec![vec![None; nranks as usize]; rows],
+            abort_flag: 0xAB00,
+        })
+        .collect();
+    // Connection (ch, src -> dst): buf/tail/head ids shared, step ids per side.
+    let id = |ch: u32, src: i32, dst: i32| {
+        0x1000_0000_0000u64 + (((ch as u64) << 24) + ((src as u64) << 12) + dst as u64) * 8
+    };
+    for (rank, t) in tasks.iter().enumerate() {
+        for (ch, peer, dir) in connections_needed(rank as i32, nranks, nchannels, t) {
+            let (src, dst) = match dir {
+                Dir::Send => (rank as i32, peer),
+                Dir::Recv => (peer, rank as i32),
+            };
+            let base = id(ch, src, dst);
+            let conn = OxConn {
+                buf: base,
+                tail: base + 1,
+                head: base + 2,
+                step: base + 3 + (dir == Dir::Recv) as u64,
+                slot_bytes,
+                nslots,
+            };
+            let g = &mut geoms[rank];
+            match dir {
+                Dir::Send => g.send[ch as usize][peer as usize] = Some(conn),
+                Dir::Recv => g.recv[ch as usize][peer as usize] = Some(conn),
+            }
+        }
+    }
+    geoms
+}
+
+/// Plan and run one group per rank (`tasks[rank]`) `launches` times; panics on deadlock or
+/// any disagreement between the two ends of a connection.
+fn run(world: &mut World, geoms: &[Geometry], tasks: &[Vec<Task>], launches: usize) {
+    for _ in 0..launches {
+        let mut ctas: Vec<Cta> = Vec::new();
+        for (rank, g) in geoms.iter().enumerate() {
+            let p = plan(g, &tasks[rank]).expect("plan");
+            assert_eq!(p.items.len(), p.nitems as usize * super::device::WORK_SIZE);
+            let items = deserialize_all(&p.items);
+            assert!(p.grid <= super::cost::MAX_CTAS);
+            for c in 0..p.grid {
+                let mine: Vec<OxWork> = items.iter().filter(|w| w.cta == c).copied().collect();
+                assert!(!mine.is_empty(), "rank {rank}: CTA {c} of {} has no items", p.grid);
+                for w in &mine {
+                    assert_eq!(w.abort_flag, 0xAB00);
+                }
+                ctas.push(Cta {
+                    items: mine,
+                    next_item: 0,
+                    steps: Vec::new(),
+                    next_step: 0,
+                    active: None,
+                });
+            }
+        }
+        // Round-robin, one step per CTA per sweep, until nothing can move.
+        loop {
+            let mut moved = false;
+            for c in ctas.iter_mut() {
+                moved |= world.advance(c);
+            }
+            if !moved {
+                break;
+            }
+        }
+        for (i, c) in ctas.iter().enumerate() {
+            assert!(
+                c.active.is_none() && c.next_item == c.items.len(),
+                "deadlock: CTA {i} stuck at item {} step {} of {:?}",
+                c.next_item,
+                c.next_step,
+                c.active.map(|w| w.kind)
+            );
+        }
+        for (buf, q) in &world.queues {
+            assert!(q.is_empty(), "connection {buf:#x} has {} unread slots", q.len());
+        }
+    }
+    // Both ends of every connection end at the same position.
+    for (_, g) in geoms.iter().enumerate() {
+        for row in &g.send {
+            for conn in row.iter().flatten() {
+                let mine = world.positions.get(&conn.step).copied().unwrap_or(0);
+                let theirs = world.positions.get(&(conn.step + 1)).copied().unwrap_or(0);
+                assert_eq!(mine, theirs, "sender and receiver positions differ");
+            }
+        }
+    }
+}
+
+fn value(rank: usize, i: usize, salt: usize) -> i64 {
+    ((rank * 131 + i * 7 + salt * 13) % 23) as i64 - 9
+}
+
+struct Case {
+    kind: CollKind,
+    nranks: i32,
+    nchannels: u32,
+    count: usize,
+    dtype: ncclDataType_t,
+    op: RedOp,
+    root: i32,
+    in_place: bool,
+    misalign: u64,
+}
+
+/// Run one collective on all ranks in the simulator and compare with the reference.
+fn check(c: &Case) {
+    let n = c.nranks as usize;
+    let es = c.dtype.size() as u64;
+    let count = c.count as u64;
+    let (in_len, out_len) = match c.kind {
+        CollKind::AllGather | CollKind::Gather => (count, count * n as u64),
+        CollKind::ReduceScatter | CollKind::Scatter => (count * n as u64, count),
+        CollKind::AlltoAll => (count * n as u64, count * n as u64),
+        _ => (count, count),
+    };
+    let mut world = World {
+        mem: Mem { bytes: Vec::new() },
+        queues: HashMap::new(),
+        positions: HashMap::new(),
+        nslots: 2,
+    };
+    let op_code = c.op.code();
+    let scalar = match c.op {
+        RedOp::PreMulSum(Scalar::Host(b)) => i64::from_le_bytes(b),
+        _ => 0,
+    };
+    let ar = Arith {
+        dtype: c.dtype,
+        op: op_code,
+        scalar,
+        nranks: n as i64,
+    };
+    let mut tasks = Vec::new();
+    let mut bufs = Vec::new();
+    let mut inputs = Vec::new();
+    for r in 0..n {
+        let input: Vec<i64> = (0..in_len as usize).map(|i| ar.wrap(value(r, i, 1))).collect();
+        let (send, recv) = if c.in_place {
+            let recv = world.mem.alloc(out_len.max(in_len) * es, c.misalign);
+            let send = match c.kind {
+                CollKind::AllGather => recv + r as u64 * count * es,
+                CollKind::ReduceScatter => recv,
+                _ => recv,
+            };
+            let recv = match c.kind {
+                CollKind::ReduceScatter => send + r as u64 * count * es,
+                _ => recv,
+            };
+            (send, recv)
+        } else {
+            (
+                world.mem.alloc(in_len * es, c.misalign),
+                world.mem.alloc(out_len * es, c.misalign),
+            )
+        };
+        for (i, v) in input.iter().enumerate() {
+            let mut b = [0u8; 8];
+            ar.write(&mut b, *v);
+            world
+                .mem
+                .slice_mut(send + i as u64 * es, es)
+                .copy_from_slice(&b[..es as usize]);
+        }
+        inputs.push(input);
+        bufs.push((send, recv));
+        let mut t = vec![];
+        let task = Task {
+            kind: c.kind,
+            dtype: c.dtype,
+            op: c.op,
+            count: c.count,
+            sendbuff: send,
+            recvbuff: recv,
+            root: c.root,
+        };
+        if c.kind == CollKind::Send {
+            // Ring exchange: send to r+1 and receive from r-1 in one group.
+            t.push(Task {
+                root: ((r + 1) % n) as i32,
+                ..task
+            });
+            t.push(Task {
+                kind: CollKind::Recv,
+                root: ((r + n - 1) % n) as i32,
+                ..task
+            });
+        } else {
+            t.push(task);
+        }
+        tasks.push(t);
+    }
+    let geoms = geometries(c.nranks, c.nchannels, 4096, 2, &tasks);
+    run(&mut world, &geoms, &tasks, 2);
+
+    // Reference (two launches of a deterministic collective give the same result, except
+    // in-place reductions, which the tests run once; see below).
+    let red = |vals: &mut dyn Iterator<Item = i64>| {
+        let v = vals.map(|x| ar.pre(x)).reduce(|a, b| ar.combine(a, b)).unwrap();
+        ar.post(v)
+    };
+    for r in 0..n {
+        let (_, recv) = bufs[r];
+        let got: Vec<i64> = (0..out_len)
+            .map(|i| ar.read(world.mem.slice(recv + i * es, es)))
+            .collect();
+        let want: Vec<Option<i64>> = (0..out_len as usize)
+            .map(|i| match c.kind {
+                CollKind::AllReduce => Some(red(&mut (0..n).map(|q| inputs[q][i]))),
+                CollKind::Reduce => {
+                    (r as i32 == c.root).then(|| red(&mut (0..n).map(|q| inputs[q][i])))
+                }
+                CollKind::Broadcast => Some(inputs[c.root as usize][i]),
+                CollKind::AllGather => Some(inputs[i / c.count][i % c.count]),
+                CollKind::ReduceScatter => {
+                    Some(red(&mut (0..n).map(|q| inputs[q][r * c.count + i])))
+                }
+                CollKind::AlltoAll => Some(inputs[i / c.count][r * c.count + i % c.count]),
+                CollKind::Gather => {
+                    (r as i32 == c.root).then(|| inputs[i / c.count][i % c.count])
+                }
+                CollKind::Scatter => Some(inputs[c.root as usize][r * c.count + i]),
+                CollKind::Send => Some(inputs[(r + n - 1) % n][i]),
+                CollKind::Recv => None,
+            })
+            .collect();
+        for i in 0..out_len as usize {
+            if let Some(w) = want[i] {
+                assert_eq!(
+                    got[i], w,
+                    "{:?} n={} ch={} count={} {:?} {:?} in_place={}: rank {r} element {i}",
+                    c.kind, c.nranks, c.nchannels, c.count, c.dtype, c.op, c.in_place
+                );
+            }
+        }
+    }
+}
+
+const KINDS: [CollKind; 9] = [
+    CollKind::AllReduce,
+    CollKind::Broadcast,
+    CollKind::Reduce,
+    CollKind::AllGather,
+    CollKind::ReduceScatter,
+    CollKind::AlltoAll,
+    CollKind::Gather,
+    CollKind::Scatter,
+    CollKind::Send,
+];
+
+fn is_idempotent(kind: CollKind, op: RedOp) -> bool {
+    // Running twice in place changes the input of the second run for these.
+    !(matches!(
+        kind,
+        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+    ) && !matches!(op, RedOp::Max | RedOp::Min))
+}
+
+#[test]
+fn every_collective_every_shape() {
+    use ncclDataType_t::*;
+    for kind in KINDS {
+        for nranks in [1, 2, 3, 4] {
+            for nchannels in [1, 3, 8] {
+                for count in [0usize, 1, 5, 1000, 5000] {
+                    for dtype in [ncclInt32, ncclInt8] {
+                        check(&Case {
+                            kind,
+                            nranks,
+                            nchannels,
+                            count,
+                            dtype,
+                            op: RedOp::Sum,
+                            root: nranks - 1,
+                            in_place: false,
+                            misalign: 0,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn big_counts_many_rounds() {
+    // 300k int32 over 4 KiB slots: hundreds of rounds per channel.
+    for kind in KINDS {
+        check(&Case {
+            kind,
+            nranks: 4,
+            nchannels: 4,
+            count: 300_001,
+            dtype: ncclDataType_t::ncclInt32,
+            op: RedOp::Sum,
+            root: 1,
+            in_place: false,
+            misalign: 0,
+        });
+    }
+}
+
+#[test]
+fn ops_and_in_place() {
+    use ncclDataType_t::*;
+    let ops = [
+        RedOp::Sum,
+        RedOp::Prod,
+        RedOp::Max,
+        RedOp::Min,
+        RedOp::Avg,
+        RedOp::PreMulSum(Scalar::Host([3, 0, 0, 0, 0, 0, 0, 0])),
+    ];
+    for kind in [
+        CollKind::AllReduce,
+        CollKind::Reduce,
+        CollKind::ReduceScatter,
+        CollKind::AllGather,
+        CollKind::Broadcast,
+    ] {
+        for op in ops {
+            for nranks in [1, 2, 3, 4] {
+                for dtype in [ncclInt8, ncclUint8, ncclInt32, ncclInt64] {
+                    for in_place in [false, true] {
+                        if in_place && !is_idempotent(kind, op) {
+                            // Checked in a single launch below.
+                            continue;
+                        }
+                        check(&Case {
+                            kind,
+                            nranks,
+                            nchannels: 2,
+                            count: 777,
+                            dtype,
+                            op,
+                            root: 0,
+                            in_place,
+                            misalign: 3 * dtype.size() as u64,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn in_place_reductions_single_launch() {
+    use ncclDataType_t::*;
+    for kind in [CollKind::AllReduce, CollKind::Reduce, CollKind::ReduceScatter] {
+        for nranks in [1, 2, 4] {
+            let n = nranks as usize;
+            let count = 1003usize;
+            let es = 4u64;
+            let mut world = World {
+                mem: Mem { bytes: Vec::new() },
+                queues: HashMap::new(),
+                positions: HashMap::new(),
+                nslots: 2,
+            };
+            let ar = Arith {
+                dtype: ncclInt32,
+                op: 0,
+                scalar: 0,
+                nranks: nranks as i64,
+            };
+            let in_len = if kind == CollKind::ReduceScatter { count * n } else { count };
+            let mut tasks = Vec::new();
+            let mut bufs = Vec::new();
+            for r in 0..n {
+                let buf = world.mem.alloc(in_len as u64 * es, 0);
+                for i in 0..in_len {
+                    let mut b = [0u8; 8];
+                    ar.write(&mut b, value(r, i, 2));
+                    world.mem.slice_mut(buf + i as u64 * es, es).copy_from_slice(&b[..4]);
+                }
+                let recv = if kind == CollKind::ReduceScatter {
+                    buf + (r * count) as u64 * es
+                } else {
+                    buf
+                };
+                bufs.push(recv);
+                tasks.push(vec![Task {
+                    kind,
+                    dtype: ncclInt32,
+                    op: RedOp::Sum,
+                    count,
+                    sendbuff: buf,
+                    recvbuff: recv,
+                    root: 0,
+                }]);
+            }
+            let geoms = geometries(nranks, 3, 4096, 2, &tasks);
+            run(&mut world, &geoms, &tasks, 1);
+            for r in 0..n {
+                if kind == CollKind::Reduce && r != 0 {
+                    continue;
+                }
+                for i in 0..count {
+                    let src_i = if kind == CollKind::ReduceScatter { r * count + i } else { i };
+                    let want: i64 = (0..n).map(|q| value(q, src_i, 2)).sum();
+                    let got = ar.read(world.mem.slice(bufs[r] + i as u64 * es, es));
+                    assert_eq!(got, want, "{kind:?} n={nranks} rank {r} elem {i}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mixed_group_and_unbalanced_p2p_do_not_deadlock() {
+    // Rank r: an AllReduce, an AlltoAll, two sends to r+1 and one to r+2, in different
+    // orders on different ranks (receives listed before sends on odd ranks).
+    use ncclDataType_t::*;
+    let n = 4usize;
+    let mut world = World {
+        mem: Mem { bytes: Vec::new() },
+        queues: HashMap::new(),
+        positions: HashMap::new(),
+        nslots: 2,
+    };
+    let count = 20_000usize;
+    let mut tasks = Vec::new();
+    let mut expect = Vec::new();
+    for r in 0..n {
+        let a = world.mem.alloc((count * n * 4) as u64, 0);
+        let b = world.mem.alloc((count * n * 4) as u64, 0);
+        let t = |kind, root, s, d| Task {
+            kind,
+            dtype: ncclInt32,
+            op: RedOp::Sum,
+            count,
+            sendbuff: s,
+            recvbuff: d,
+            root,
+        };
+        let mut sends = vec![
+            t(CollKind::Send, ((r + 1) % n) as i32, a, 0),
+            t(CollKind::Send, ((r + 1) % n) as i32, a + 4000, 0),
+            t(CollKind::Send, ((r + 2) % n) as i32, a + 8000, 0),
+        ];
+        let recvs_base = world.mem.alloc((count * 3 * 4) as u64, 0);
+        let mut recvs = vec![
+            t(CollKind::Recv, ((r + n - 1) % n) as i32, 0, recvs_base),
+            t(CollKind::Recv, ((r + n - 1) % n) as i32, 0, recvs_base + (count * 4) as u64),
+            t(CollKind::Recv, ((r + n - 2) % n) as i32, 0, recvs_base + (count * 8) as u64),
+        ];
+        let mut group = vec![t(CollKind::AllReduce, 0, a, b)];
+        if r % 2 == 1 {
+            group.append(&mut recvs);
+            group.push(t(CollKind::AlltoAll, 0, a, b));
+            group.append(&mut sends);
+        } else {
+            group.append(&mut sends);
+            group.push(t(CollKind::AlltoAll, 0, a, b));
+            group.append(&mut recvs);
+        }
+        expect.push(recvs_base);
+        tasks.push(group);
+    }
+    let geoms = geometries(n as i32, 4, 4096, 2, &tasks);
+    run(&mut world, &geoms, &tasks, 1);
+}
