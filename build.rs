@@ -53,7 +53,8 @@ fn main() {
     }
     let highest = archs.iter().max().copied().unwrap_or(100);
     for a in &archs {
-        cmd.arg("-gencode").arg(format!("arch=compute_{a},code=sm_{a}"));
+        cmd.arg("-gencode")
+            .arg(format!("arch=compute_{a},code=sm_{a}"));
     }
     cmd.arg("-gencode")
         .arg(format!("arch=compute_{highest},code=compute_{highest}"));

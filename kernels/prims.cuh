@@ -122,8 +122,18 @@ __device__ __forceinline__ typename OxTraits<T>::C ox_elem(const OxRed<T, OP>& f
 }
 
 template <typename T, int OP>
-__device__ __noinline__ void ox_reduce_copy_t(const OxRedArgs a, uint32_t flags, uint64_t scalar,
-                                              int nranks) {
+__device__ __noinline__ void ox_reduce_copy_t(const char* src0, const char* src1, char* dst0,
+                                              char* dst1, uint64_t n, bool pre, bool post,
+                                              uint32_t flags, uint64_t scalar, int nranks) {
+  // Scalars, not a struct, so the ABI passes everything in registers.
+  OxRedArgs a;
+  a.src0 = src0;
+  a.src1 = src1;
+  a.dst0 = dst0;
+  a.dst1 = dst1;
+  a.n = n;
+  a.pre = pre;
+  a.post = post;
   using Tr = OxTraits<T>;
   using Bits = typename Tr::Bits;
   constexpr int kPerVec = 16 / sizeof(T);
@@ -198,7 +208,7 @@ __device__ __noinline__ void ox_reduce_copy(OxRedArgs a, uint32_t dtype, uint32_
     ox_copy(a.dst0, a.dst1, a.src0, a.n * esize);
     return;
   }
-  OX_FOR_TYPE(dtype, OX_FOR_OP(op, (ox_reduce_copy_t<T, OP>(a, flags, scalar, nranks))));
+  OX_FOR_TYPE(dtype, OX_FOR_OP(op, (ox_reduce_copy_t<T, OP>(a.src0, a.src1, a.dst0, a.dst1, a.n, a.pre, a.post, flags, scalar, nranks))));
 }
 
 // ---- connections ------------------------------------------------------------------------------

@@ -198,7 +198,10 @@ impl OxWork {
 
 /// Decode a whole item array (as `Plan::items`).
 pub fn deserialize_all(items: &[u8]) -> Vec<OxWork> {
-    items.chunks_exact(WORK_SIZE).map(OxWork::deserialize).collect()
+    items
+        .chunks_exact(WORK_SIZE)
+        .map(OxWork::deserialize)
+        .collect()
 }
 
 #[cfg(test)]

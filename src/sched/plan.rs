@@ -469,7 +469,11 @@ fn conn_of(geom: &Geometry, dir: Dir, ch: u32, peer: i32) -> Result<OxConn> {
             "plan: {dir:?} connection on channel {ch} with peer {peer} has a null pointer: {conn:?}"
         )));
     }
-    if conn.slot_bytes == 0 || conn.slot_bytes % 4096 != 0 || !conn.nslots.is_power_of_two() || conn.nslots < 2 {
+    if conn.slot_bytes == 0
+        || conn.slot_bytes % 4096 != 0
+        || !conn.nslots.is_power_of_two()
+        || conn.nslots < 2
+    {
         return Err(Error::internal(format!(
             "plan: {dir:?} connection on channel {ch} with peer {peer}: slot_bytes {} must be a \
              multiple of 4096 and nslots {} a power of two >= 2",
@@ -521,7 +525,10 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
         if let Some((ch, peer)) = p.recv {
             w.recv = conn_of(geom, Dir::Recv, ch, peer)?;
         }
-        if w.kind != WorkKind::Send as u32 && w.kind != WorkKind::Recv as u32 && w.kind != WorkKind::Copy as u32 {
+        if w.kind != WorkKind::Send as u32
+            && w.kind != WorkKind::Recv as u32
+            && w.kind != WorkKind::Copy as u32
+        {
             if w.send.slot_bytes != w.recv.slot_bytes {
                 return Err(Error::internal(format!(
                     "plan: ring connections of channel {} have different slot sizes ({} and {}); \

@@ -82,17 +82,37 @@ fn steps_of(w: &OxWork) -> Vec<Step> {
             let len = w.chunk.min(w.count - base);
             let o = base * es;
             if kind == WorkKind::RingAllGather as u32 {
-                push(S_SEND | S_IN | S_OUT, inb + o, outb + r as u64 * bs + o, len);
+                push(
+                    S_SEND | S_IN | S_OUT,
+                    inb + o,
+                    outb + r as u64 * bs + o,
+                    len,
+                );
                 for t in 1..n - 1 {
-                    push(S_SEND | S_RECV | S_OUT, 0, outb + modn(r - t, n) * bs + o, len);
+                    push(
+                        S_SEND | S_RECV | S_OUT,
+                        0,
+                        outb + modn(r - t, n) * bs + o,
+                        len,
+                    );
                 }
                 push(S_RECV | S_OUT, 0, outb + modn(r + 1, n) * bs + o, len);
             } else {
                 push(S_SEND | S_IN, inb + modn(r - 1, n) * bs + o, 0, len);
                 for st in 1..n - 1 {
-                    push(S_SEND | S_RECV | S_IN, inb + modn(r - 1 - st, n) * bs + o, 0, len);
+                    push(
+                        S_SEND | S_RECV | S_IN,
+                        inb + modn(r - 1 - st, n) * bs + o,
+                        0,
+                        len,
+                    );
                 }
-                push(S_RECV | S_IN | S_OUT | S_POST, inb + r as u64 * bs + o, outb + o, len);
+                push(
+                    S_RECV | S_IN | S_OUT | S_POST,
+                    inb + r as u64 * bs + o,
+                    outb + o,
+                    len,
+                );
             }
             base += w.chunk;
         }
@@ -120,7 +140,11 @@ fn steps_of(w: &OxWork) -> Vec<Step> {
         }
     } else if kind == WorkKind::Send as u32 || kind == WorkKind::Recv as u32 {
         let send = kind == WorkKind::Send as u32;
-        let chunk = if send { w.send.slot_bytes } else { w.recv.slot_bytes } as u64;
+        let chunk = if send {
+            w.send.slot_bytes
+        } else {
+            w.recv.slot_bytes
+        } as u64;
         let mut base = 0;
         while base < w.count {
             let len = chunk.min(w.count - base);
@@ -257,7 +281,12 @@ impl World {
         let es = ncclDataType_t::ALL[w.dtype as usize].size() as u64;
         let nb = s.n * es;
         let slot_in = if recv {
-            let v = self.queues.get_mut(&w.recv.buf).unwrap().pop_front().unwrap();
+            let v = self
+                .queues
+                .get_mut(&w.recv.buf)
+                .unwrap()
+                .pop_front()
+                .unwrap();
             assert_eq!(
                 v.len() as u64,
                 nb,
@@ -396,7 +425,11 @@ fn run(world: &mut World, geoms: &[Geometry], tasks: &[Vec<Task>], launches: usi
             assert!(p.grid <= super::cost::MAX_CTAS);
             for c in 0..p.grid {
                 let mine: Vec<OxWork> = items.iter().filter(|w| w.cta == c).copied().collect();
-                assert!(!mine.is_empty(), "rank {rank}: CTA {c} of {} has no items", p.grid);
+                assert!(
+                    !mine.is_empty(),
+                    "rank {rank}: CTA {c} of {} has no items",
+                    p.grid
+                );
                 for w in &mine {
                     assert_eq!(w.abort_flag, 0xAB00);
                 }
@@ -429,11 +462,15 @@ fn run(world: &mut World, geoms: &[Geometry], tasks: &[Vec<Task>], launches: usi
             );
         }
         for (buf, q) in &world.queues {
-            assert!(q.is_empty(), "connection {buf:#x} has {} unread slots", q.len());
+            assert!(
+                q.is_empty(),
+                "connection {buf:#x} has {} unread slots",
+                q.len()
+            );
         }
     }
     // Both ends of every connection end at the same position.
-    for (_, g) in geoms.iter().enumerate() {
+    for g in geoms {
         for row in &g.send {
             for conn in row.iter().flatten() {
                 let mine = world.positions.get(&conn.step).copied().unwrap_or(0);
@@ -492,7 +529,9 @@ fn check(c: &Case) {
     let mut bufs = Vec::new();
     let mut inputs = Vec::new();
     for r in 0..n {
-        let input: Vec<i64> = (0..in_len as usize).map(|i| ar.wrap(value(r, i, 1))).collect();
+        let input: Vec<i64> = (0..in_len as usize)
+            .map(|i| ar.wrap(value(r, i, 1)))
+            .collect();
         let (send, recv) = if c.in_place {
             let recv = world.mem.alloc(out_len.max(in_len) * es, c.misalign);
             let send = match c.kind {
@@ -553,7 +592,10 @@ fn check(c: &Case) {
     // Reference (two launches of a deterministic collective give the same result, except
     // in-place reductions, which the tests run once; see below).
     let red = |vals: &mut dyn Iterator<Item = i64>| {
-        let v = vals.map(|x| ar.pre(x)).reduce(|a, b| ar.combine(a, b)).unwrap();
+        let v = vals
+            .map(|x| ar.pre(x))
+            .reduce(|a, b| ar.combine(a, b))
+            .unwrap();
         ar.post(v)
     };
     for r in 0..n {
@@ -573,9 +615,7 @@ fn check(c: &Case) {
                     Some(red(&mut (0..n).map(|q| inputs[q][r * c.count + i])))
                 }
                 CollKind::AlltoAll => Some(inputs[i / c.count][r * c.count + i % c.count]),
-                CollKind::Gather => {
-                    (r as i32 == c.root).then(|| inputs[i / c.count][i % c.count])
-                }
+                CollKind::Gather => (r as i32 == c.root).then(|| inputs[i / c.count][i % c.count]),
                 CollKind::Scatter => Some(inputs[c.root as usize][r * c.count + i]),
                 CollKind::Send => Some(inputs[(r + n - 1) % n][i]),
                 CollKind::Recv => None,
@@ -607,10 +647,11 @@ const KINDS: [CollKind; 9] = [
 
 fn is_idempotent(kind: CollKind, op: RedOp) -> bool {
     // Running twice in place changes the input of the second run for these.
-    !(matches!(
+    let reduction = matches!(
         kind,
         CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
-    ) && !matches!(op, RedOp::Max | RedOp::Min))
+    );
+    !reduction || matches!(op, RedOp::Max | RedOp::Min)
 }
 
 #[test]
@@ -704,7 +745,11 @@ fn ops_and_in_place() {
 #[test]
 fn in_place_reductions_single_launch() {
     use ncclDataType_t::*;
-    for kind in [CollKind::AllReduce, CollKind::Reduce, CollKind::ReduceScatter] {
+    for kind in [
+        CollKind::AllReduce,
+        CollKind::Reduce,
+        CollKind::ReduceScatter,
+    ] {
         for nranks in [1, 2, 4] {
             let n = nranks as usize;
             let count = 1003usize;
@@ -721,7 +766,11 @@ fn in_place_reductions_single_launch() {
                 scalar: 0,
                 nranks: nranks as i64,
             };
-            let in_len = if kind == CollKind::ReduceScatter { count * n } else { count };
+            let in_len = if kind == CollKind::ReduceScatter {
+                count * n
+            } else {
+                count
+            };
             let mut tasks = Vec::new();
             let mut bufs = Vec::new();
             for r in 0..n {
@@ -729,7 +778,10 @@ fn in_place_reductions_single_launch() {
                 for i in 0..in_len {
                     let mut b = [0u8; 8];
                     ar.write(&mut b, value(r, i, 2));
-                    world.mem.slice_mut(buf + i as u64 * es, es).copy_from_slice(&b[..4]);
+                    world
+                        .mem
+                        .slice_mut(buf + i as u64 * es, es)
+                        .copy_from_slice(&b[..4]);
                 }
                 let recv = if kind == CollKind::ReduceScatter {
                     buf + (r * count) as u64 * es
@@ -749,14 +801,18 @@ fn in_place_reductions_single_launch() {
             }
             let geoms = geometries(nranks, 3, 4096, 2, &tasks);
             run(&mut world, &geoms, &tasks, 1);
-            for r in 0..n {
+            for (r, &buf) in bufs.iter().enumerate() {
                 if kind == CollKind::Reduce && r != 0 {
                     continue;
                 }
                 for i in 0..count {
-                    let src_i = if kind == CollKind::ReduceScatter { r * count + i } else { i };
+                    let src_i = if kind == CollKind::ReduceScatter {
+                        r * count + i
+                    } else {
+                        i
+                    };
                     let want: i64 = (0..n).map(|q| value(q, src_i, 2)).sum();
-                    let got = ar.read(world.mem.slice(bufs[r] + i as u64 * es, es));
+                    let got = ar.read(world.mem.slice(buf + i as u64 * es, es));
                     assert_eq!(got, want, "{kind:?} n={nranks} rank {r} elem {i}");
                 }
             }
@@ -799,8 +855,18 @@ fn mixed_group_and_unbalanced_p2p_do_not_deadlock() {
         let recvs_base = world.mem.alloc((count * 3 * 4) as u64, 0);
         let mut recvs = vec![
             t(CollKind::Recv, ((r + n - 1) % n) as i32, 0, recvs_base),
-            t(CollKind::Recv, ((r + n - 1) % n) as i32, 0, recvs_base + (count * 4) as u64),
-            t(CollKind::Recv, ((r + n - 2) % n) as i32, 0, recvs_base + (count * 8) as u64),
+            t(
+                CollKind::Recv,
+                ((r + n - 1) % n) as i32,
+                0,
+                recvs_base + (count * 4) as u64,
+            ),
+            t(
+                CollKind::Recv,
+                ((r + n - 2) % n) as i32,
+                0,
+                recvs_base + (count * 8) as u64,
+            ),
         ];
         let mut group = vec![t(CollKind::AllReduce, 0, a, b)];
         if r % 2 == 1 {
