@@ -233,9 +233,8 @@ impl Runtime {
         }
         let slot = self.arena.take(abort)?;
         let items = self.arena.write(slot, &plan.items)?;
-        let func = cuda::module::function(plan.kernel)?;
-        cuda::launch::launch_items(
-            func,
+        cuda::module::launch(
+            plan.kernel,
             plan.grid,
             plan.block,
             plan.smem,
@@ -259,7 +258,7 @@ impl Runtime {
 
     fn geometry(&self, rank: i32, nranks: i32) -> Geometry {
         let table = |map: &std::collections::HashMap<(u32, i32), crate::transport::Side>| {
-            (0..self.nchannels)
+            (0..sched::plan::conn_channels(self.nchannels))
                 .map(|ch| {
                     (0..nranks)
                         .map(|p| map.get(&(ch, p)).map(|s| s.conn))

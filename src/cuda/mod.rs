@@ -6,7 +6,6 @@
 // Driver handles (contexts, streams) are opaque pointers the driver validates itself.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-pub mod launch;
 pub mod module;
 pub mod vmm;
 

@@ -57,9 +57,9 @@ pub mod plan;
 #[cfg(test)]
 mod sim;
 
+pub use cost::{NCHANNELS, NSLOTS, SLOT_BYTES};
 pub use device::OxConn;
 pub use plan::{connections_needed, plan, Dir, Geometry, Plan};
-pub use cost::{NCHANNELS, NSLOTS, SLOT_BYTES};
 
 /// Estimated time in µs of a group of `(nranks, task)` (`ncclGroupSimulateEnd`), from the
 /// cost model: the slowest task, since a group's tasks share one launch.
