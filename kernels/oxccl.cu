@@ -6,9 +6,16 @@
 extern "C" __global__ void __launch_bounds__(OX_MAX_THREADS, 1)
 ox_kernel(const OxWork* __restrict__ items, uint32_t nitems) {
   __shared__ OxShared s;
+  // Which items are this CTA's: the items live in host-mapped memory, so read every item's
+  // `cta` field in parallel (one bus round trip) rather than one after another.
+  __shared__ uint8_t mine[OX_MAX_ITEMS];
   if (threadIdx.x == 0) s.aborted = 0;
-  for (uint32_t i = 0; i < nitems; i++) {
-    if (items[i].cta != blockIdx.x) continue;
+  for (uint32_t i = threadIdx.x; i < nitems && i < OX_MAX_ITEMS; i += blockDim.x) {
+    mine[i] = items[i].cta == blockIdx.x;
+  }
+  __syncthreads();
+  for (uint32_t i = 0; i < nitems && i < OX_MAX_ITEMS; i++) {
+    if (!mine[i]) continue;
     __syncthreads();  // every thread is done with the previous item's shared state
     if (threadIdx.x < sizeof(OxWork) / 8) {
       ((uint64_t*)&s.w)[threadIdx.x] = ((const uint64_t*)&items[i])[threadIdx.x];

@@ -13,19 +13,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Bytes of work items one launch may use.
+/// Bytes of work items one launch may use (at most `MAX_ITEMS` items).
 pub const ARENA_SLOT_BYTES: usize = 64 * 1024;
+const _: () = assert!(ARENA_SLOT_BYTES / sched::device::WORK_SIZE <= sched::device::MAX_ITEMS);
+/// Bytes of work items kept for captured CUDA graphs (never reused while the communicator lives).
+pub const GRAPH_ARENA_BYTES: usize = 4 << 20;
 /// Launch slots in the arena (launches in flight before the host waits for the oldest).
 pub const ARENA_SLOTS: usize = 64;
 
-/// Host-mapped memory for work items, used round-robin: a slot is reused only after the launch
-/// that read it has finished. Slots used under CUDA graph capture are kept for the graph's
-/// lifetime (until the communicator is destroyed).
+/// Host-mapped memory for work items. Eager launches use slots round-robin, a slot being reused
+/// only after the launch that read it has finished; captured launches take theirs from a
+/// separate region kept for the graphs' lifetime (until the communicator is destroyed).
 struct WorkArena {
     mem: HostMapped,
     in_flight: Vec<Option<Arc<Event>>>,
-    pinned_by_graph: Vec<bool>,
     next: usize,
+    /// Items of captured launches: bump-allocated, since no event may be queried while a
+    /// stream is capturing and a graph may replay its launch at any later time.
+    graph: HostMapped,
+    graph_used: usize,
 }
 
 impl WorkArena {
@@ -33,47 +39,60 @@ impl WorkArena {
         Ok(WorkArena {
             mem: HostMapped::new(ARENA_SLOT_BYTES * ARENA_SLOTS)?,
             in_flight: (0..ARENA_SLOTS).map(|_| None).collect(),
-            pinned_by_graph: vec![false; ARENA_SLOTS],
             next: 0,
+            graph: HostMapped::new(GRAPH_ARENA_BYTES)?,
+            graph_used: 0,
         })
     }
 
-    /// A free slot: the next one not held by a graph, after its previous launch finished.
-    fn take(&mut self, abort: &AtomicBool) -> Result<usize> {
-        for _ in 0..ARENA_SLOTS {
-            let slot = self.next;
-            self.next = (self.next + 1) % ARENA_SLOTS;
-            if self.pinned_by_graph[slot] {
-                continue;
-            }
-            if let Some(ev) = &self.in_flight[slot] {
-                wait_event(ev, abort, "a previous launch of this communicator")?;
-            }
-            self.in_flight[slot] = None;
-            return Ok(slot);
-        }
-        Err(Error::invalid_usage(format!(
-            "all {ARENA_SLOTS} work slots of this communicator are held by captured CUDA graphs"
-        )))
-    }
-
-    /// Copy `items` into `slot`; returns the device address.
-    fn write(&mut self, slot: usize, items: &[u8]) -> Result<u64> {
-        if items.len() > ARENA_SLOT_BYTES {
-            return Err(Error::invalid_usage(format!(
-                "a group needs {} bytes of work items, more than the {ARENA_SLOT_BYTES} one launch can take: split the group",
-                items.len()
-            )));
+    /// Copy `items` for an eager launch into the next slot, once the launch that used it last
+    /// has finished. Returns the slot and the items' device address.
+    fn write_eager(&mut self, items: &[u8], abort: &AtomicBool) -> Result<(usize, u64)> {
+        check_items_size(items)?;
+        let slot = self.next;
+        self.next = (self.next + 1) % ARENA_SLOTS;
+        if let Some(ev) = self.in_flight[slot].take() {
+            wait_event(&ev, abort, "a previous launch of this communicator")?;
         }
         let off = slot * ARENA_SLOT_BYTES;
-        // SAFETY: off + items.len() <= the arena's size; the slot is not read by any running
-        // kernel (take() waited for its last launch).
+        // SAFETY: off + items.len() <= the arena's size (checked above); no running kernel
+        // reads the slot (its last launch finished).
         unsafe {
             std::ptr::copy_nonoverlapping(items.as_ptr(), self.mem.host().add(off), items.len())
         };
         std::sync::atomic::fence(Ordering::SeqCst);
-        Ok(self.mem.dev() + off as u64)
+        Ok((slot, self.mem.dev() + off as u64))
     }
+
+    /// Copy `items` for a captured launch into the graph region; returns the device address.
+    fn write_graph(&mut self, items: &[u8]) -> Result<u64> {
+        check_items_size(items)?;
+        let off = self.graph_used.next_multiple_of(256);
+        if off + items.len() > GRAPH_ARENA_BYTES {
+            return Err(Error::invalid_usage(format!(
+                "the {} MiB of work items kept for CUDA graphs captured on this communicator are used up",
+                GRAPH_ARENA_BYTES >> 20
+            )));
+        }
+        // SAFETY: off + items.len() <= the graph region's size (checked above); nothing else
+        // ever writes this range.
+        unsafe {
+            std::ptr::copy_nonoverlapping(items.as_ptr(), self.graph.host().add(off), items.len())
+        };
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.graph_used = off + items.len();
+        Ok(self.graph.dev() + off as u64)
+    }
+}
+
+fn check_items_size(items: &[u8]) -> Result<()> {
+    if items.len() > ARENA_SLOT_BYTES {
+        return Err(Error::invalid_usage(format!(
+            "a group needs {} bytes of work items, more than the {ARENA_SLOT_BYTES} one launch can take: split the group",
+            items.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Wait for `ev`, polling the abort flag; warns every 30 s while waiting.
@@ -231,8 +250,12 @@ impl Runtime {
                 ev.wait_on(stream as CUstream)?;
             }
         }
-        let slot = self.arena.take(abort)?;
-        let items = self.arena.write(slot, &plan.items)?;
+        let (slot, items) = if capturing {
+            (None, self.arena.write_graph(&plan.items)?)
+        } else {
+            let (slot, items) = self.arena.write_eager(&plan.items, abort)?;
+            (Some(slot), items)
+        };
         cuda::module::launch(
             plan.kernel,
             plan.grid,
@@ -247,9 +270,7 @@ impl Runtime {
         for &s in &others {
             done.wait_on(s as CUstream)?;
         }
-        if capturing {
-            self.arena.pinned_by_graph[slot] = true;
-        } else {
+        if let Some(slot) = slot {
             self.arena.in_flight[slot] = Some(done.clone());
             self.last = Some((stream, done));
         }

@@ -78,6 +78,8 @@ pub struct OxWork {
 /// Byte sizes and offsets, as `kernels/ox_abi.h` asserts them.
 pub const CONN_SIZE: usize = 40;
 pub const WORK_SIZE: usize = 176;
+/// Most work items one launch may carry (`OX_MAX_ITEMS`: the kernel indexes them in shared memory).
+pub const MAX_ITEMS: usize = 512;
 pub const CONN_OFFSETS: [usize; 6] = [0, 8, 16, 24, 32, 36];
 pub const WORK_OFFSETS: [usize; 18] = [
     0, 8, 16, 24, 32, 40, 48, 56, 64, 104, 144, 148, 152, 156, 160, 164, 168, 172,
