@@ -125,6 +125,10 @@ pub struct Runtime {
     pub bootstrap: Bootstrap,
     pub topo: Topology,
     pub nchannels: u32,
+    /// Threads per CTA (`NCCL_NTHREADS`, 0 = the planner's default).
+    threads: u32,
+    /// Bytes per connection slot (`NCCL_BUFFSIZE` / slots per connection).
+    slot_bytes: u32,
     conns: Connections,
     /// A u32 kernels poll; non-zero asks them to stop.
     device_abort: HostMapped,
@@ -151,6 +155,8 @@ impl Runtime {
             bootstrap,
             topo,
             nchannels,
+            threads: threads_setting(),
+            slot_bytes: slot_bytes_setting(),
             conns: Connections::default(),
             device_abort: HostMapped::new(64)?,
             arena: WorkArena::new()?,
@@ -209,7 +215,7 @@ impl Runtime {
         let setup = Setup {
             bootstrap: &self.bootstrap,
             topo: &self.topo,
-            slot_bytes: sched::SLOT_BYTES,
+            slot_bytes: self.slot_bytes,
             nslots: sched::NSLOTS,
             comm_hash: self.comm_hash,
         };
@@ -294,8 +300,32 @@ impl Runtime {
             send: table(&self.conns.send),
             recv: table(&self.conns.recv),
             abort_flag: self.device_abort.dev(),
+            threads: self.threads,
         }
     }
+}
+
+/// `NCCL_NTHREADS`: threads per CTA, a multiple of 64 in 64..=512 (0: the default).
+fn threads_setting() -> u32 {
+    match crate::env::int("NCCL_NTHREADS", 0) {
+        0 => 0,
+        n if (64..=512).contains(&n) && n % 64 == 0 => n as u32,
+        n => {
+            crate::warn!(
+                "NCCL_NTHREADS={n} is not a multiple of 64 in 64..=512; using the default"
+            );
+            0
+        }
+    }
+}
+
+/// `NCCL_BUFFSIZE`: bytes of one connection's staging buffer (default `SLOT_BYTES * NSLOTS`),
+/// split into `NSLOTS` slots of a multiple of 4 KiB.
+fn slot_bytes_setting() -> u32 {
+    let default = sched::SLOT_BYTES as i64 * sched::NSLOTS as i64;
+    let total = crate::env::int("NCCL_BUFFSIZE", default).clamp(64 << 10, 256 << 20);
+    let slot = (total / sched::NSLOTS as i64) / 4096 * 4096;
+    slot.max(4096) as u32
 }
 
 fn dedup(streams: &[usize]) -> Vec<usize> {

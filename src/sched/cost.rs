@@ -87,13 +87,24 @@ pub fn ring_time_us(kind: CollKind, bytes: u64, nranks: i32, nch: u32) -> f64 {
     LAUNCH_US + hops * HOP_US + wire / bw + slots * SLOT_OVERHEAD_US + nch * CHANNEL_US
 }
 
-/// Channels for a ring collective: the modelled optimum in 1..=max_channels.
+/// Channels for a ring collective: the modelled optimum in 1..=max_channels, raised to
+/// `NCCL_MIN_NCHANNELS` (or `NCCL_MIN_CTAS`) when set, as in NVIDIA's library.
 pub fn ring_channels(kind: CollKind, bytes: u64, nranks: i32, max_channels: u32) -> u32 {
-    (1..=max_channels.max(1))
+    let best = (1..=max_channels.max(1))
         .min_by(|&a, &b| {
             ring_time_us(kind, bytes, nranks, a).total_cmp(&ring_time_us(kind, bytes, nranks, b))
         })
-        .unwrap_or(1)
+        .unwrap_or(1);
+    best.max(min_channels_setting().min(max_channels.max(1)))
+}
+
+/// The user's channel floor, read once (1 when unset).
+fn min_channels_setting() -> u32 {
+    static MIN: once_cell::sync::Lazy<u32> = once_cell::sync::Lazy::new(|| {
+        let v = crate::env::int("NCCL_MIN_CTAS", crate::env::int("NCCL_MIN_NCHANNELS", 1));
+        v.clamp(1, MAX_CTAS as i64) as u32
+    });
+    *MIN
 }
 
 /// Channels for a local copy of `bytes` (about 8 MiB per CTA, at most `max_channels`).

@@ -34,6 +34,8 @@ pub struct Geometry {
     pub recv: Vec<Vec<Option<OxConn>>>,
     /// Device-visible address of a volatile u32 (host-mapped pinned memory); non-zero = abort.
     pub abort_flag: u64,
+    /// Threads per CTA (`NCCL_NTHREADS`: 64..=512, a multiple of 64).
+    pub threads: u32,
 }
 
 /// Direction of a connection, seen from this rank.
@@ -553,7 +555,11 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
     Ok(Plan {
         kernel: crate::cuda::module::MAIN_KERNEL,
         grid,
-        block: BLOCK_THREADS,
+        block: if geom.threads == 0 {
+            BLOCK_THREADS
+        } else {
+            geom.threads
+        },
         smem: 0,
         nitems: works.len() as u32,
         items,

@@ -382,6 +382,7 @@ fn geometries(
             send: vec![vec![None; nranks as usize]; rows],
             recv: vec![vec![None; nranks as usize]; rows],
             abort_flag: 0xAB00,
+            threads: 0,
         })
         .collect();
     // Connection (ch, src -> dst): buf/tail/head ids shared, step ids per side.

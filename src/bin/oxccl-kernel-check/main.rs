@@ -329,6 +329,7 @@ impl Loopback {
             send: vec![vec![None; n]; rows],
             recv: vec![vec![None; n]; rows],
             abort_flag: self.abort.ptr,
+            threads: 0,
         };
         for (ch, peer, dir) in connections_needed(rank, self.nranks, self.nchannels, tasks) {
             let (src, dst) = match dir {
