@@ -90,3 +90,16 @@ static_assert(offsetof(OxWork, src) == 0 && offsetof(OxWork, dst) == 8 &&
               offsetof(OxWork, root) == 168 && offsetof(OxWork, cta) == 172,
               "OxWork layout");
 #endif
+
+// The parameter of ox_kernel_inline: up to OX_INLINE_ITEMS items passed by value (the whole
+// struct stays under the 4 KiB kernel-parameter limit).
+#define OX_INLINE_ITEMS 22
+struct OxInline {
+  uint32_t nitems;
+  uint32_t pad;
+  OxWork items[OX_INLINE_ITEMS];
+};
+#define OX_INLINE_SIZE 3880
+#ifdef __cplusplus
+static_assert(sizeof(OxInline) == OX_INLINE_SIZE && offsetof(OxInline, items) == 8, "OxInline layout");
+#endif

@@ -3,8 +3,7 @@
 // (persistent positions) around the algorithm of collectives.cuh.
 #include "collectives.cuh"
 
-extern "C" __global__ void __launch_bounds__(OX_MAX_THREADS, 1)
-ox_kernel(const OxWork* __restrict__ items, uint32_t nitems) {
+__device__ __forceinline__ void ox_run(const OxWork* __restrict__ items, uint32_t nitems) {
   __shared__ OxShared s;
   // Which items are this CTA's: the items live in host-mapped memory, so read every item's
   // `cta` field in parallel (one bus round trip) rather than one after another.
@@ -45,4 +44,17 @@ ox_kernel(const OxWork* __restrict__ items, uint32_t nitems) {
       ox_peer_close(s.recv);
     }
   }
+}
+
+// Items in device-visible memory (host-mapped): any number up to OX_MAX_ITEMS.
+extern "C" __global__ void __launch_bounds__(OX_MAX_THREADS, 1)
+ox_kernel(const OxWork* __restrict__ items, uint32_t nitems) {
+  ox_run(items, nitems);
+}
+
+// Items passed by value in the launch itself (small groups): no bus round trip to fetch them,
+// and a captured graph keeps its own copy.
+extern "C" __global__ void __launch_bounds__(OX_MAX_THREADS, 1)
+ox_kernel_inline(const __grid_constant__ OxInline args) {
+  ox_run(args.items, args.nitems);
 }

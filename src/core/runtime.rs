@@ -10,7 +10,6 @@ use crate::sched::{self, Geometry, Task};
 use crate::topo::Topology;
 use crate::transport::{Connections, Setup};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes of work items one launch may use (at most `MAX_ITEMS` items).
@@ -26,7 +25,9 @@ pub const ARENA_SLOTS: usize = 64;
 /// separate region kept for the graphs' lifetime (until the communicator is destroyed).
 struct WorkArena {
     mem: HostMapped,
-    in_flight: Vec<Option<Arc<Event>>>,
+    /// One event per slot, recorded after the launch that read the slot.
+    done: Vec<Event>,
+    recorded: Vec<bool>,
     next: usize,
     /// Items of captured launches: bump-allocated, since no event may be queried while a
     /// stream is capturing and a graph may replay its launch at any later time.
@@ -38,7 +39,10 @@ impl WorkArena {
     fn new() -> Result<WorkArena> {
         Ok(WorkArena {
             mem: HostMapped::new(ARENA_SLOT_BYTES * ARENA_SLOTS)?,
-            in_flight: (0..ARENA_SLOTS).map(|_| None).collect(),
+            done: (0..ARENA_SLOTS)
+                .map(|_| Event::new())
+                .collect::<Result<_>>()?,
+            recorded: vec![false; ARENA_SLOTS],
             next: 0,
             graph: HostMapped::new(GRAPH_ARENA_BYTES)?,
             graph_used: 0,
@@ -51,8 +55,12 @@ impl WorkArena {
         check_items_size(items)?;
         let slot = self.next;
         self.next = (self.next + 1) % ARENA_SLOTS;
-        if let Some(ev) = self.in_flight[slot].take() {
-            wait_event(&ev, abort, "a previous launch of this communicator")?;
+        if self.recorded[slot] {
+            wait_event(
+                &self.done[slot],
+                abort,
+                "a previous launch of this communicator",
+            )?;
         }
         let off = slot * ARENA_SLOT_BYTES;
         // SAFETY: off + items.len() <= the arena's size (checked above); no running kernel
@@ -133,9 +141,22 @@ pub struct Runtime {
     /// A u32 kernels poll; non-zero asks them to stop.
     device_abort: HostMapped,
     arena: WorkArena,
-    /// The stream and completion event of the latest launch.
-    last: Option<(usize, Arc<Event>)>,
+    /// Recorded after each launch that took its items by value.
+    inline_done: Event,
+    /// Ordering events for groups spanning several streams.
+    join: Event,
+    /// The stream of the latest eager launch and where its completion is recorded.
+    last: Option<(usize, Done)>,
+    /// The planner's view of the connections, rebuilt when connections are added.
+    geometry: Option<Geometry>,
     comm_hash: u64,
+}
+
+/// Which event marks a launch's completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Done {
+    Slot(usize),
+    Inline,
 }
 
 // SAFETY: the CUDA handles inside are usable from any thread; the Runtime is always accessed
@@ -160,7 +181,10 @@ impl Runtime {
             conns: Connections::default(),
             device_abort: HostMapped::new(64)?,
             arena: WorkArena::new()?,
+            inline_done: Event::new()?,
+            join: Event::new()?,
             last: None,
+            geometry: None,
             comm_hash,
         })
     }
@@ -177,17 +201,24 @@ impl Runtime {
         unsafe { std::ptr::write_volatile(self.device_abort.host() as *mut u32, 0) };
     }
 
+    fn last_event(&self) -> Option<&Event> {
+        self.last.map(|(_, done)| match done {
+            Done::Slot(slot) => &self.arena.done[slot],
+            Done::Inline => &self.inline_done,
+        })
+    }
+
     /// Wait until the latest launch finished (polling `abort`).
     pub fn quiesce(&self, abort: &AtomicBool) -> Result<()> {
-        match &self.last {
-            Some((_, ev)) => wait_event(ev, abort, "this communicator's last operation"),
+        match self.last_event() {
+            Some(ev) => wait_event(ev, abort, "this communicator's last operation"),
             None => Ok(()),
         }
     }
 
     /// Wait at most `limit` for the latest launch (used by abort, after signalling kernels).
     pub fn drain(&self, limit: Duration) -> bool {
-        let Some((_, ev)) = &self.last else {
+        let Some(ev) = self.last_event() else {
             return true;
         };
         let start = Instant::now();
@@ -219,7 +250,12 @@ impl Runtime {
             nslots: sched::NSLOTS,
             comm_hash: self.comm_hash,
         };
-        self.conns.connect(&setup, &needed)
+        let before = self.conns.send.len() + self.conns.recv.len();
+        self.conns.connect(&setup, &needed)?;
+        if self.conns.send.len() + self.conns.recv.len() != before {
+            self.geometry = None;
+        }
+        Ok(())
     }
 
     /// Run one group's tasks as one launch on `streams[0]` (other streams of the group are
@@ -233,57 +269,91 @@ impl Runtime {
         abort: &AtomicBool,
     ) -> Result<()> {
         cuda::set_current(self.ctx)?;
-        let geom = self.geometry(rank, nranks);
-        let plan = sched::plan(&geom, tasks)?;
+        if self.geometry.is_none() {
+            self.geometry = Some(self.build_geometry(rank, nranks));
+        }
+        let plan = sched::plan(self.geometry.as_ref().expect("built above"), tasks)?;
         if plan.nitems == 0 {
             return Ok(());
         }
-        let stream = streams[0];
-        let capturing = cuda::stream_is_capturing(stream as CUstream)?;
+        let stream = streams[0] as CUstream;
+        let capturing = cuda::stream_is_capturing(stream)?;
         let others: Vec<usize> = dedup(streams)
             .into_iter()
-            .filter(|&s| s != stream)
+            .filter(|&s| s != streams[0])
             .collect();
         // Other streams' earlier work must finish before ours starts.
         for &s in &others {
-            let ev = Event::new()?;
-            ev.record(s as CUstream)?;
-            ev.wait_on(stream as CUstream)?;
+            self.join.record(s as CUstream)?;
+            self.join.wait_on(stream)?;
         }
-        // Launches of one communicator use shared connection state: keep them in order.
-        if let Some((last_stream, ev)) = &self.last {
-            if *last_stream != stream && !capturing {
-                ev.wait_on(stream as CUstream)?;
+        // Launches of one communicator share connection state: keep them in order.
+        if !capturing {
+            if let Some((last_stream, _)) = self.last {
+                if last_stream != streams[0] {
+                    self.last_event().expect("a last launch").wait_on(stream)?;
+                }
             }
         }
-        let (slot, items) = if capturing {
-            (None, self.arena.write_graph(&plan.items)?)
+        let done = if plan.nitems as usize <= sched::device::INLINE_ITEMS {
+            let mut blob = vec![0u8; sched::device::INLINE_SIZE];
+            blob[..4].copy_from_slice(&plan.nitems.to_le_bytes());
+            blob[8..8 + plan.items.len()].copy_from_slice(&plan.items);
+            cuda::module::launch_blob(
+                cuda::module::INLINE_KERNEL,
+                plan.grid,
+                plan.block,
+                plan.smem,
+                stream,
+                &blob,
+            )?;
+            Done::Inline
+        } else if capturing {
+            let items = self.arena.write_graph(&plan.items)?;
+            cuda::module::launch(
+                plan.kernel,
+                plan.grid,
+                plan.block,
+                plan.smem,
+                stream,
+                items,
+                plan.nitems,
+            )?;
+            Done::Inline
         } else {
             let (slot, items) = self.arena.write_eager(&plan.items, abort)?;
-            (Some(slot), items)
+            cuda::module::launch(
+                plan.kernel,
+                plan.grid,
+                plan.block,
+                plan.smem,
+                stream,
+                items,
+                plan.nitems,
+            )?;
+            self.arena.recorded[slot] = true;
+            Done::Slot(slot)
         };
-        cuda::module::launch(
-            plan.kernel,
-            plan.grid,
-            plan.block,
-            plan.smem,
-            stream as CUstream,
-            items,
-            plan.nitems,
-        )?;
-        let done = Arc::new(Event::new()?);
-        done.record(stream as CUstream)?;
-        for &s in &others {
-            done.wait_on(s as CUstream)?;
+        // Under capture the completion event becomes a graph node: use the join event there,
+        // so the eager events keep describing eager launches.
+        let done_event = match (capturing, done) {
+            (true, _) => &self.join,
+            (false, Done::Slot(slot)) => &self.arena.done[slot],
+            (false, Done::Inline) => &self.inline_done,
+        };
+        if !capturing || !others.is_empty() {
+            done_event.record(stream)?;
+            for &s in &others {
+                done_event.wait_on(s as CUstream)?;
+            }
         }
-        if let Some(slot) = slot {
-            self.arena.in_flight[slot] = Some(done.clone());
-            self.last = Some((stream, done));
+        if !capturing {
+            self.last = Some((streams[0], done));
         }
         Ok(())
     }
 
-    fn geometry(&self, rank: i32, nranks: i32) -> Geometry {
+    fn build_geometry(&self, rank: i32, nranks: i32) -> Geometry {
         let table = |map: &std::collections::HashMap<(u32, i32), crate::transport::Side>| {
             (0..sched::plan::conn_channels(self.nchannels))
                 .map(|ch| {

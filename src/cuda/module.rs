@@ -14,6 +14,8 @@ pub static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_kerne
 
 /// The entry that runs a plan's work items: `ox_kernel(const OxWork* items, uint32_t nitems)`.
 pub const MAIN_KERNEL: &str = "ox_kernel";
+/// The same kernel taking up to `sched::device::INLINE_ITEMS` items by value.
+pub const INLINE_KERNEL: &str = "ox_kernel_inline";
 
 /// Loaded modules and looked-up functions, keyed by context (handles kept as integers so the
 /// maps are `Send`; primary contexts live until the process exits).
@@ -127,6 +129,44 @@ pub fn launch_args(
     // each to 8 bytes whose first bytes hold the value in the parameter's C type (the caller
     // passes arguments matching the kernel's signature); `values` outlives the call, which
     // copies the parameters before returning.
+    check(
+        unsafe {
+            sys::cuLaunchKernel(
+                func,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                smem,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        &format!("cuLaunchKernel({name}, grid {grid}, block {block})"),
+    )
+}
+
+/// Launch `name`, whose one parameter is a struct passed by value, with that struct's bytes
+/// (`blob` must be exactly the parameter's size).
+pub fn launch_blob(
+    name: &str,
+    grid: u32,
+    block: u32,
+    smem: u32,
+    stream: CUstream,
+    blob: &[u8],
+) -> Result<()> {
+    if grid == 0 {
+        return Ok(());
+    }
+    let func = function(name)?;
+    let mut params: [*mut c_void; 1] = [blob.as_ptr() as *mut c_void];
+    // SAFETY: func is a kernel of our module whose single parameter is a struct of
+    // `blob.len()` bytes (the caller's contract); the driver copies the bytes before
+    // returning and never writes through the pointer.
     check(
         unsafe {
             sys::cuLaunchKernel(

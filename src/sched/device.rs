@@ -78,6 +78,12 @@ pub struct OxWork {
 /// Byte sizes and offsets, as `kernels/ox_abi.h` asserts them.
 pub const CONN_SIZE: usize = 40;
 pub const WORK_SIZE: usize = 176;
+/// Most items `ox_kernel_inline` takes by value (`OX_INLINE_ITEMS`), and the size of its
+/// parameter struct `OxInline` (`OX_INLINE_SIZE`: nitems, pad, then the items).
+pub const INLINE_ITEMS: usize = 22;
+pub const INLINE_SIZE: usize = 8 + INLINE_ITEMS * WORK_SIZE;
+const _: () = assert!(INLINE_SIZE == 3880);
+
 /// Most work items one launch may carry (`OX_MAX_ITEMS`: the kernel indexes them in shared memory).
 pub const MAX_ITEMS: usize = 512;
 pub const CONN_OFFSETS: [usize; 6] = [0, 8, 16, 24, 32, 36];
