@@ -154,6 +154,7 @@ static void *abort_later(void *p) {
 /* Every rank but the last enters an all-reduce; the last never does. Abort must release
  * the waiting kernels: the streams finish within 20 s. */
 static void abort_check(void) {
+  printf("-- abort\n");
   ncclComm_t comms[16] = {0};
   init_threads(comms, 1);
   const size_t n = 1 << 16;
@@ -193,6 +194,7 @@ static void abort_check(void) {
 }
 
 static void split_check(ncclComm_t *comms) {
+  printf("-- split\n");
   ncclComm_t sub[16] = {0};
   ncclGroupStart();
   for (int r = 0; r < ngpus; r++) {
@@ -223,7 +225,114 @@ static void split_check(ncclComm_t *comms) {
   destroy_all(sub, ngpus);
 }
 
+/* ncclCommShrink without the last rank: the others get a communicator of ngpus-1 ranks. */
+static void shrink_check(ncclComm_t *comms) {
+  if (ngpus < 2) return;
+  printf("-- shrink\n");
+  ncclComm_t sub[16] = {0};
+  int exclude = ngpus - 1;
+  ncclGroupStart();
+  for (int r = 0; r < ngpus - 1; r++) {
+    cudaSetDevice(r);
+    ncclCommShrink(comms[r], &exclude, 1, &sub[r], NULL, NCCL_SHRINK_DEFAULT);
+  }
+  ncclResult_t res = ncclGroupEnd();
+  CHECK(res == ncclSuccess, "shrink group: %s / %s", ncclGetErrorString(res), ncclGetLastError(NULL));
+  for (int r = 0; r < ngpus - 1; r++) {
+    int count = -1, rank = -1;
+    ncclCommCount(sub[r], &count);
+    ncclCommUserRank(sub[r], &rank);
+    CHECK(count == ngpus - 1 && rank == r, "shrink rank %d: count %d rank %d", r, count, rank);
+  }
+  destroy_all(sub, ngpus - 1);
+}
+
+/* ncclCommRevoke stops the communicator for new work; destroy still succeeds. */
+static void revoke_check(void) {
+  printf("-- revoke\n");
+  ncclComm_t comms[16] = {0};
+  init_threads(comms, 1);
+  for (int r = 0; r < ngpus; r++) {
+    cudaSetDevice(r);
+    CHECK(ncclCommRevoke(comms[r], NCCL_REVOKE_DEFAULT) == ncclSuccess, "revoke %d: %s", r, ncclGetLastError(comms[r]));
+  }
+  float *buf;
+  cudaSetDevice(0);
+  cudaMalloc((void **)&buf, 64);
+  ncclResult_t res = ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, comms[0], 0);
+  CHECK(res != ncclSuccess, "all-reduce on a revoked communicator succeeded");
+  cudaFree(buf);
+  destroy_all(comms, ngpus);
+}
+
+/* Two unique ids (ncclCommInitRankScalable): every rank passes both. */
+struct scalable_arg {
+  int rank;
+  ncclUniqueId ids[2];
+  ncclComm_t comm;
+  ncclResult_t res;
+};
+
+static void *scalable_thread(void *p) {
+  struct scalable_arg *a = p;
+  cudaSetDevice(a->rank);
+  a->res = ncclCommInitRankScalable(&a->comm, ngpus, a->rank, 2, a->ids, NULL);
+  return NULL;
+}
+
+static void scalable_check(void) {
+  if (ngpus < 2) return;
+  printf("-- scalable\n");
+  pthread_t th[16];
+  struct scalable_arg args[16];
+  ncclUniqueId ids[2];
+  ncclGetUniqueId(&ids[0]);
+  ncclGetUniqueId(&ids[1]);
+  for (int r = 0; r < ngpus; r++) {
+    args[r] = (struct scalable_arg){.rank = r};
+    memcpy(args[r].ids, ids, sizeof ids);
+    pthread_create(&th[r], NULL, scalable_thread, &args[r]);
+  }
+  ncclComm_t comms[16] = {0};
+  for (int r = 0; r < ngpus; r++) {
+    pthread_join(th[r], NULL);
+    CHECK(args[r].res == ncclSuccess, "scalable init rank %d: %s", r, ncclGetLastError(NULL));
+    comms[r] = args[r].comm;
+  }
+  check_queries(comms);
+  destroy_all(comms, ngpus);
+}
+
+/* ncclMemAlloc memory works as a collective buffer and is freed by ncclMemFree. */
+static void memalloc_check(ncclComm_t *comms) {
+  printf("-- ncclMemAlloc\n");
+  const size_t n = 1 << 18;
+  float *buf[16];
+  for (int r = 0; r < ngpus; r++) {
+    cudaSetDevice(r);
+    buf[r] = NULL;
+    ncclResult_t res = ncclMemAlloc((void **)&buf[r], n * sizeof(float));
+    CHECK(res == ncclSuccess && buf[r], "ncclMemAlloc: %s", ncclGetLastError(NULL));
+    float *h = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = (float)(r + 1);
+    CHECK(cudaMemcpy(buf[r], h, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess, "copy to ncclMemAlloc memory");
+    free(h);
+  }
+  ncclGroupStart();
+  for (int r = 0; r < ngpus; r++) ncclAllReduce(buf[r], buf[r], n, ncclFloat, ncclSum, comms[r], 0);
+  CHECK(ncclGroupEnd() == ncclSuccess, "all-reduce on ncclMemAlloc memory: %s", ncclGetLastError(NULL));
+  for (int r = 0; r < ngpus; r++) {
+    cudaSetDevice(r);
+    cudaDeviceSynchronize();
+    float v = 0;
+    cudaMemcpy(&v, buf[r] + n - 1, sizeof v, cudaMemcpyDeviceToHost);
+    CHECK(v == (float)(ngpus * (ngpus + 1) / 2), "ncclMemAlloc all-reduce rank %d: %f", r, v);
+    CHECK(ncclMemFree(buf[r]) == ncclSuccess, "ncclMemFree: %s", ncclGetLastError(NULL));
+  }
+}
+
 static void duplicate_gpu_check(void) {
+  printf("-- duplicate GPU\n");
   ncclUniqueId id;
   ncclGetUniqueId(&id);
   ncclComm_t c[2] = {0};
@@ -269,6 +378,7 @@ static int child_rank(int rank, ncclUniqueId id) {
 
 int main(int argc, char **argv) {
   int procs = 0;
+  setvbuf(stdout, NULL, _IOLBF, 0); /* keep every line if a hang is killed */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-n") && i + 1 < argc) ngpus = atoi(argv[++i]);
     else if (!strcmp(argv[i], "-p")) procs = 1;
@@ -303,7 +413,11 @@ int main(int argc, char **argv) {
   check_queries(comms);
   if (!skip_data) allreduce_check(comms, "threads");
   split_check(comms);
+  shrink_check(comms);
+  if (!skip_data) memalloc_check(comms);
   destroy_all(comms, ngpus);
+  revoke_check();
+  scalable_check();
 
   t = init_threads(comms, 0);
   printf("init (threads, non-blocking): %.3f s\n", t);

@@ -150,6 +150,11 @@ impl Comm {
                 "communicator was destroyed or aborted",
             ));
         }
+        if self.revoked.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(
+                "communicator was revoked: only destroy, split and shrink are allowed",
+            ));
+        }
         match self.async_error() {
             ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(()),
             code => Err(Error::new(
@@ -172,5 +177,36 @@ impl Comm {
     /// Mark as destroyed (the handle is unregistered by the caller).
     pub fn mark_destroyed(&self) {
         self.destroyed.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revoked_and_destroyed_communicators_refuse_work() {
+        let c = Comm::new(0, 2, 0, CommConfig::default());
+        assert!(c.check_usable().is_ok());
+        c.revoked.store(true, Ordering::Release);
+        assert_eq!(
+            c.check_usable().unwrap_err().code,
+            ncclResult_t::ncclInvalidUsage
+        );
+        assert!(
+            c.check_live().is_ok(),
+            "a revoked communicator can still be split or shrunk"
+        );
+        c.mark_destroyed();
+        assert!(c.check_live().is_err());
+    }
+
+    #[test]
+    fn first_async_error_wins() {
+        let c = Comm::new(0, 1, 0, CommConfig::default());
+        c.set_async_state(ncclResult_t::ncclInProgress);
+        c.set_async_error(&Error::remote("peer 1 died"));
+        c.set_async_error(&Error::system("later"));
+        assert_eq!(c.async_error(), ncclResult_t::ncclRemoteError);
     }
 }
