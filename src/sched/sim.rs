@@ -1168,8 +1168,16 @@ fn ll_and_simple_mixed_on_the_same_connections_over_launches() {
                     nranks,
                     nchannels: 2,
                     count: count + round,
-                    dtype: if i % 2 == 0 { ncclInt32 } else { ncclInt8 },
-                    op: if i % 3 == 0 { RedOp::Max } else { RedOp::Sum },
+                    dtype: if i.is_multiple_of(2) {
+                        ncclInt32
+                    } else {
+                        ncclInt8
+                    },
+                    op: if i.is_multiple_of(3) {
+                        RedOp::Max
+                    } else {
+                        RedOp::Sum
+                    },
                     root: (i % nranks as usize) as i32,
                     in_place: false,
                     misalign: (i % 4) as u64,
