@@ -1,7 +1,7 @@
 // collectives.cuh — owns the algorithms: how one work item turns into a sequence of steps on
 // its connections. Ring AllReduce (reduce-scatter then all-gather over n pieces per round),
 // ring AllGather and ReduceScatter, chain Broadcast (from root) and Reduce (to root), direct
-// Send/Recv, and local copies. Type-agnostic: the arithmetic is in ox_reduce_copy.
+// Send/Recv, and local copies, each step by the Simple or the LL protocol. Type-agnostic: the arithmetic is in ox_reduce_copy.
 #pragma once
 #include "prims.cuh"
 
@@ -18,9 +18,37 @@ __device__ __forceinline__ uint32_t ox_esize(uint32_t dtype) {
          : (dtype == OX_INT64 || dtype == OX_UINT64 || dtype == OX_DOUBLE) ? 8 : 4;
 }
 
+// One LL step (OX_FLAG_LL items): the same positions as a Simple step, data in the slots' LL
+// regions. Thread 0 waits only for a free send slot; the data words carry their own validity.
+__device__ bool ox_ll_step(OxShared& s, uint32_t what, const char* in, char* out, uint64_t nelem) {
+  const bool send = what & OX_S_SEND, recv = what & OX_S_RECV;
+  // Also the barrier after which every thread sees the positions of the previous step.
+  if (!ox_wait(s, send, false)) return false;
+  const OxWork& w = s.w;
+  const bool ops = w.flags & OX_FLAG_OPS;
+  char* send_ll = send ? ox_slot(s.send) + ox_simple_bytes(s.send.slot_bytes) : nullptr;
+  const char* recv_ll = recv ? ox_slot(s.recv) + ox_simple_bytes(s.recv.slot_bytes) : nullptr;
+  const bool pre = (what & OX_S_IN) && ops && ox_has_pre(w.dtype, w.op);
+  const bool post = (what & OX_S_POST) && ops && ox_has_post(w.dtype, w.op);
+  ox_ll_move((what & OX_S_IN) ? in : nullptr, (what & OX_S_OUT) ? out : nullptr, send_ll, recv_ll,
+             nelem * ox_esize(w.dtype), (uint32_t)(s.send.step + 1), (uint32_t)(s.recv.step + 1),
+             pre, post, w.dtype, w.op, w.flags, w.scalar, w.nranks, w.abort_flag, &s.aborted);
+  __syncthreads();  // every word of the receive region has been read
+  if (s.aborted) return false;
+  if (threadIdx.x == 0) {
+    if (send) s.send.step++;
+    if (recv) {
+      s.recv.step++;
+      ox_st_release(s.recv.head, s.recv.step);
+    }
+  }
+  return true;
+}
+
 // One step: `in`/`out` already point at the step's elements; nelem may be 0 (the slot still
 // moves, so both sides count the same slots). Returns false on abort.
 __device__ bool ox_step(OxShared& s, uint32_t what, const char* in, char* out, uint64_t nelem) {
+  if (s.w.flags & OX_FLAG_LL) return ox_ll_step(s, what, in, out, nelem);
   const bool send = what & OX_S_SEND, recv = what & OX_S_RECV;
   if (!ox_wait(s, send, recv)) return false;
   const OxWork& w = s.w;
@@ -171,10 +199,11 @@ __device__ bool ox_ring_reduce(OxShared& s) {
   return true;
 }
 
-// Direct Send / Recv of `count` bytes, one slot at a time.
+// Direct Send / Recv of `count` bytes, one slot (its Simple or LL region) at a time.
 __device__ bool ox_p2p(OxShared& s, bool send) {
   const OxWork& w = s.w;
-  const uint64_t chunk = send ? s.send.slot_bytes : s.recv.slot_bytes;
+  const uint32_t slot = send ? s.send.slot_bytes : s.recv.slot_bytes;
+  const uint64_t chunk = (w.flags & OX_FLAG_LL) ? ox_ll_payload(slot) : ox_simple_bytes(slot);
   for (uint64_t base = 0; base < w.count; base += chunk) {
     const uint64_t len = ox_min(chunk, w.count - base);
     if (send) {

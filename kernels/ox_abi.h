@@ -40,6 +40,14 @@ enum OxType : uint32_t {
 
 #define OX_FLAG_SCALAR_DEVICE 1u  // `scalar` is a device pointer to the PreMulSum value
 #define OX_FLAG_OPS 2u            // apply the op's pre/post transforms (reductions only)
+#define OX_FLAG_LL 4u             // move the item's steps with the low-latency protocol (LL)
+
+// Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
+// same connection never see each other's bytes: Simple data in the first
+// slot_bytes - slot_bytes/OX_LL_REGION_DIV bytes, LL lines in the last slot_bytes/OX_LL_REGION_DIV.
+// An LL line is one 8-byte word {4 data bytes, 4-byte flag}, so an LL step carries
+// slot_bytes/(2*OX_LL_REGION_DIV) payload bytes. Mirrored in src/sched/device.rs.
+#define OX_LL_REGION_DIV 8
 
 // One unit of work for one CTA. Every CTA runs, in array order, the items whose `cta` is its
 // blockIdx.x. Ring items: `src`/`dst` are the task's user buffers, the item covers elements

@@ -287,3 +287,129 @@ __device__ void ox_post(OxShared& s, bool send, bool recv) {
     }
   }
 }
+
+// ---- the low-latency protocol (LL) -----------------------------------------------------------
+// Every 8-byte word of a slot's LL region is {4 payload bytes, flag}, written with ONE 64-bit
+// volatile store; the receiver polls the words themselves (one 64-bit volatile load returns
+// data and flag together) until the flag is the step's epoch (uint32)(step + 1). No fence, no
+// tail: a word is valid exactly when its flag matches. Stale words of earlier LL uses of the
+// slot carry older epochs; Simple data never lands in the LL region. Flow control is Simple's:
+// the sender of step k waits head + nslots > k, the receiver publishes head = k + 1.
+__device__ __forceinline__ uint32_t ox_simple_bytes(uint32_t slot_bytes) {
+  return slot_bytes - slot_bytes / OX_LL_REGION_DIV;
+}
+__device__ __forceinline__ uint32_t ox_ll_payload(uint32_t slot_bytes) {
+  return slot_bytes / (2 * OX_LL_REGION_DIV);
+}
+__device__ __forceinline__ void ox_ll_put(uint64_t* p, uint32_t data, uint32_t flag) {
+  const uint64_t v = (uint64_t)data | ((uint64_t)flag << 32);
+  asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t ox_ll_word(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t ox_load_bytes(const char* p, uint32_t len) {
+  if (len == 8 && ((uintptr_t)p & 7) == 0) return *(const volatile uint64_t*)p;
+  uint64_t v = 0;
+  for (uint32_t i = 0; i < len; i++) v |= (uint64_t)(*(const volatile uint8_t*)(p + i)) << (8 * i);
+  return v;
+}
+__device__ __forceinline__ void ox_store_bytes(char* p, uint64_t v, uint32_t len) {
+  if (len == 8 && ((uintptr_t)p & 7) == 0) {
+    *(uint64_t*)p = v;
+    return;
+  }
+  for (uint32_t i = 0; i < len; i++) p[i] = (char)(v >> (8 * i));
+}
+
+// The elements packed in 8 bytes: r = post(combine(pre(x), y)) with each part optional.
+template <typename T, int OP>
+__device__ __forceinline__ uint64_t ox_ll_apply(const OxRed<T, OP>& f, uint64_t x, uint64_t y, bool pre,
+                                                bool comb, bool post) {
+  using Tr = OxTraits<T>;
+  using Bits = typename Tr::Bits;
+  constexpr int k = 8 / sizeof(T);
+  Bits ex[k], ey[k], r[k];
+  memcpy(ex, &x, 8);
+  memcpy(ey, &y, 8);
+#pragma unroll
+  for (int j = 0; j < k; j++) {
+    typename Tr::C v = Tr::to_c(ox_from_bits<T>(ex[j]));
+    if (pre) v = f.pre(v);
+    if (comb) v = f.combine(v, Tr::to_c(ox_from_bits<T>(ey[j])));
+    if (post) v = f.post(v);
+    r[j] = ox_to_bits<T>(Tr::from_c(v));
+  }
+  uint64_t out;
+  memcpy(&out, r, 8);
+  return out;
+}
+
+// One LL step over `nbytes` payload bytes, 8 per thread and pass: v = in (pre-transformed),
+// combined with the received words when both exist, else whichever exists; post-transformed
+// if post; written to out and/or sent. Sets *aborted (and stops) if the abort flag rises.
+template <typename T, int OP>
+__device__ __noinline__ void ox_ll_move_t(const char* in, char* out, char* send_ll,
+                                          const char* recv_ll, uint64_t nbytes, uint32_t send_flag,
+                                          uint32_t recv_flag, bool pre, bool post, uint32_t flags,
+                                          uint64_t scalar, int nranks, uint64_t abort_addr,
+                                          int* aborted) {
+  const OxRed<T, OP> f(flags, scalar, nranks);
+  const volatile uint32_t* abort_flag = (const volatile uint32_t*)abort_addr;
+  const uint64_t nunits = (nbytes + 7) / 8;
+  for (uint64_t u = threadIdx.x; u < nunits; u += blockDim.x) {
+    const uint64_t off = u * 8;
+    const uint32_t len = nbytes - off < 8 ? (uint32_t)(nbytes - off) : 8u;
+    const bool two = len > 4;
+    uint64_t received = 0;
+    if (recv_ll) {
+      const uint64_t* p = (const uint64_t*)(recv_ll + u * 16);
+      const uint64_t ready = (uint64_t)recv_flag << 32;
+      uint64_t a = ox_ll_word(p);
+      uint64_t b = two ? ox_ll_word(p + 1) : ready;
+      uint32_t spins = 0;
+      while ((uint32_t)(a >> 32) != recv_flag || (uint32_t)(b >> 32) != recv_flag) {
+        if ((uint32_t)(a >> 32) != recv_flag) a = ox_ll_word(p);
+        if ((uint32_t)(b >> 32) != recv_flag) b = ox_ll_word(p + 1);
+        if (++spins == OX_ABORT_POLL) {
+          spins = 0;
+          if (abort_flag && *abort_flag) {
+            *(volatile int*)aborted = 1;
+            return;
+          }
+        }
+      }
+      received = (a & 0xffffffffull) | (b << 32);
+    }
+    uint64_t v;
+    if (in) {
+      v = ox_load_bytes(in + off, len);
+      if (pre || recv_ll || post) v = ox_ll_apply<T, OP>(f, v, received, pre, recv_ll != nullptr, post);
+    } else {
+      v = post ? ox_ll_apply<T, OP>(f, received, 0, false, false, true) : received;
+    }
+    if (out) ox_store_bytes(out + off, v, len);
+    if (send_ll) {
+      uint64_t* q = (uint64_t*)(send_ll + u * 16);
+      ox_ll_put(q, (uint32_t)v, send_flag);
+      if (two) ox_ll_put(q + 1, (uint32_t)(v >> 32), send_flag);
+    }
+  }
+}
+
+// Runtime dispatch: a plain move (nothing to combine or transform) takes one byte-typed copy.
+__device__ __forceinline__ void ox_ll_move(const char* in, char* out, char* send_ll,
+                                           const char* recv_ll, uint64_t nbytes, uint32_t send_flag,
+                                           uint32_t recv_flag, bool pre, bool post, uint32_t dtype,
+                                           uint32_t op, uint32_t flags, uint64_t scalar, int nranks,
+                                           uint64_t abort_addr, int* aborted) {
+  if (nbytes == 0) return;
+  if (!pre && !post && !(in && recv_ll)) {
+    ox_ll_move_t<uint8_t, OX_SUM>(in, out, send_ll, recv_ll, nbytes, send_flag, recv_flag, false,
+                                  false, flags, 0, nranks, abort_addr, aborted);
+    return;
+  }
+  OX_FOR_TYPE(dtype, OX_FOR_OP(op, (ox_ll_move_t<T, OP>(in, out, send_ll, recv_ll, nbytes, send_flag, recv_flag, pre, post, flags, scalar, nranks, abort_addr, aborted))));
+}

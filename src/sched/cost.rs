@@ -16,6 +16,17 @@
 //! CTA (latency terms dominate) and large ones enough CTAs to saturate the link. P2P
 //! operations use a channel count that depends only on their byte count, so that the sender
 //! and the receiver, which plan independently, split the bytes the same way.
+//!
+//! Protocol: a ring collective also has an LL time (no per-slot handshake, a cheaper hop,
+//! half the bandwidth per CTA since every 8-byte word carries 4 payload bytes):
+//!
+//! ```text
+//! t_ll(nch) = LAUNCH_US + fill_hops * LL_HOP_US + wire / min(nch * LL_CHANNEL_GBPS, LINK_GBPS / 2) / 1e3
+//!           + ceil(wire / nch / ll_step) * LL_STEP_US + nch * CHANNEL_US
+//! ```
+//! and takes LL when its best time beats Simple's and the task is at most `LL_MAX_BYTES`.
+//! P2P operations take LL up to `P2P_LL_MAX_BYTES`. Every input of the choice is the same on
+//! every rank. `NCCL_PROTO` (read once, here) can exclude either protocol.
 
 use super::CollKind;
 
@@ -42,6 +53,84 @@ pub const CHANNEL_GBPS: f64 = 6.0;
 pub const LINK_GBPS: f64 = 380.0;
 pub const SLOT_OVERHEAD_US: f64 = 0.5;
 pub const CHANNEL_US: f64 = 0.2;
+pub const LL_HOP_US: f64 = 0.6;
+pub const LL_CHANNEL_GBPS: f64 = 3.0;
+pub const LL_STEP_US: f64 = 0.1;
+/// Largest ring collective (task bytes) that may take LL while Simple is allowed.
+pub const LL_MAX_BYTES: u64 = 1 << 20;
+/// Largest P2P operation (bytes) that takes LL while Simple is allowed.
+pub const P2P_LL_MAX_BYTES: u64 = 64 << 10;
+
+/// The protocols `NCCL_PROTO` allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Protocols {
+    pub simple: bool,
+    pub ll: bool,
+}
+
+/// Parse NCCL's protocol list: comma separated, case-insensitive names; a leading `^`
+/// excludes the listed ones instead. `LL128` (and unknown names) are accepted and ignored.
+/// If nothing we implement is left, Simple is used.
+pub fn parse_protocols(spec: &str) -> Protocols {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Protocols {
+            simple: true,
+            ll: true,
+        };
+    }
+    let (exclude, list) = match spec.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, spec),
+    };
+    let mut simple = false;
+    let mut ll = false;
+    for name in list.split(',').map(str::trim) {
+        if name.eq_ignore_ascii_case("simple") {
+            simple = true;
+        } else if name.eq_ignore_ascii_case("ll") {
+            ll = true;
+        }
+    }
+    let p = if exclude {
+        Protocols {
+            simple: !simple,
+            ll: !ll,
+        }
+    } else {
+        Protocols { simple, ll }
+    };
+    if !p.simple && !p.ll {
+        return Protocols {
+            simple: true,
+            ll: false,
+        };
+    }
+    p
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests force a protocol choice per thread (the simulator runs LL-only and Simple-only).
+    pub static TEST_PROTOCOLS: std::cell::Cell<Option<Protocols>> = const { std::cell::Cell::new(None) };
+}
+
+/// `NCCL_PROTO`, read once.
+pub fn protocols() -> Protocols {
+    #[cfg(test)]
+    if let Some(p) = TEST_PROTOCOLS.with(|t| t.get()) {
+        return p;
+    }
+    static P: once_cell::sync::Lazy<Protocols> = once_cell::sync::Lazy::new(|| {
+        let spec = crate::env::string("NCCL_PROTO", "");
+        let p = parse_protocols(&spec);
+        if !spec.is_empty() {
+            crate::info!(INIT, "NCCL_PROTO={spec}: Simple {}, LL {}", p.simple, p.ll);
+        }
+        p
+    });
+    *P
+}
 
 /// How a task is carried out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +188,60 @@ pub fn ring_channels(kind: CollKind, bytes: u64, nranks: i32, max_channels: u32)
     best.max(min_channels_setting().min(max_channels.max(1)))
 }
 
+/// Modelled time in µs of a ring collective on `nch` channels with the LL protocol.
+pub fn ring_time_ll_us(kind: CollKind, bytes: u64, nranks: i32, nch: u32) -> f64 {
+    let (hops, wire) = ring_shape(kind, bytes, nranks);
+    let nch = nch.max(1) as f64;
+    let bw = (nch * LL_CHANNEL_GBPS).min(LINK_GBPS / 2.0) * 1e3;
+    let step = super::device::ll_step_bytes(SLOT_BYTES) as f64;
+    let steps = (wire / nch / step).ceil();
+    LAUNCH_US + hops * LL_HOP_US + wire / bw + steps * LL_STEP_US + nch * CHANNEL_US
+}
+
+/// Protocol (true = LL) and channels for a ring collective under the protocols `allowed`.
+pub fn ring_plan_with(
+    kind: CollKind,
+    bytes: u64,
+    nranks: i32,
+    max_channels: u32,
+    allowed: Protocols,
+) -> (bool, u32) {
+    let floor = min_channels_setting().min(max_channels.max(1));
+    let best_by = |f: &dyn Fn(u32) -> f64| {
+        let best = (1..=max_channels.max(1))
+            .min_by(|&a, &b| f(a).total_cmp(&f(b)))
+            .unwrap_or(1)
+            .max(floor);
+        (best, f(best))
+    };
+    let (simple_nch, simple_t) = best_by(&|c| ring_time_us(kind, bytes, nranks, c));
+    if !allowed.ll {
+        return (false, simple_nch);
+    }
+    let (ll_nch, ll_t) = best_by(&|c| ring_time_ll_us(kind, bytes, nranks, c));
+    if !allowed.simple || (bytes <= LL_MAX_BYTES && ll_t < simple_t) {
+        (true, ll_nch)
+    } else {
+        (false, simple_nch)
+    }
+}
+
+/// Protocol (true = LL) and channels for a ring collective, under `NCCL_PROTO`.
+pub fn ring_plan(kind: CollKind, bytes: u64, nranks: i32, max_channels: u32) -> (bool, u32) {
+    ring_plan_with(kind, bytes, nranks, max_channels, protocols())
+}
+
+/// Whether a P2P operation of `bytes` takes LL under the protocols `allowed` (a function of
+/// the bytes only, so sender and receiver agree).
+pub fn p2p_ll_with(bytes: u64, allowed: Protocols) -> bool {
+    allowed.ll && (!allowed.simple || bytes <= P2P_LL_MAX_BYTES)
+}
+
+/// Whether a P2P operation of `bytes` takes LL, under `NCCL_PROTO`.
+pub fn p2p_ll(bytes: u64) -> bool {
+    p2p_ll_with(bytes, protocols())
+}
+
 /// The user's channel floor, read once (1 when unset).
 fn min_channels_setting() -> u32 {
     static MIN: once_cell::sync::Lazy<u32> = once_cell::sync::Lazy::new(|| {
@@ -149,6 +292,70 @@ mod tests {
         assert!((500.0..650.0).contains(&t), "{t} µs");
         // A small message is latency bound, well under NVIDIA's 30 µs.
         assert!(ring_time_us(CollKind::AllReduce, 8, 4, 1) < 30.0);
+    }
+
+    #[test]
+    fn nccl_proto_parsing() {
+        let both = Protocols {
+            simple: true,
+            ll: true,
+        };
+        let simple = Protocols {
+            simple: true,
+            ll: false,
+        };
+        let ll = Protocols {
+            simple: false,
+            ll: true,
+        };
+        assert_eq!(parse_protocols(""), both);
+        assert_eq!(parse_protocols("Simple"), simple);
+        assert_eq!(parse_protocols("simple"), simple);
+        assert_eq!(parse_protocols("LL"), ll);
+        assert_eq!(parse_protocols("ll,LL128"), ll);
+        assert_eq!(parse_protocols("LL128"), simple);
+        assert_eq!(parse_protocols("^LL"), simple);
+        assert_eq!(parse_protocols("^ll, ll128"), simple);
+        assert_eq!(parse_protocols("^Simple"), ll);
+        assert_eq!(parse_protocols("^LL128"), both);
+        assert_eq!(parse_protocols("Simple,LL"), both);
+        assert_eq!(parse_protocols(" LL , SIMPLE "), both);
+        assert_eq!(parse_protocols("^Simple,LL"), simple);
+    }
+
+    #[test]
+    fn ll_for_small_simple_for_large() {
+        let both = parse_protocols("");
+        for n in [2, 4, 8] {
+            for kind in [
+                CollKind::AllReduce,
+                CollKind::AllGather,
+                CollKind::ReduceScatter,
+                CollKind::Broadcast,
+                CollKind::Reduce,
+            ] {
+                assert!(
+                    ring_plan_with(kind, 8, n, NCHANNELS, both).0,
+                    "{kind:?} n={n}"
+                );
+                assert!(!ring_plan_with(kind, 64 << 20, n, NCHANNELS, both).0);
+                // Excluding LL is exactly the Simple choice.
+                assert_eq!(
+                    ring_plan_with(kind, 4096, n, NCHANNELS, parse_protocols("^LL")),
+                    (false, ring_channels(kind, 4096, n, NCHANNELS))
+                );
+                // LL only: LL at every size.
+                assert!(ring_plan_with(kind, 1 << 30, n, NCHANNELS, parse_protocols("LL")).0);
+            }
+        }
+        assert!(
+            ring_time_ll_us(CollKind::AllReduce, 8, 2, 1)
+                < ring_time_us(CollKind::AllReduce, 8, 2, 1)
+        );
+        assert!(p2p_ll_with(8, both) && p2p_ll_with(64 << 10, both));
+        assert!(!p2p_ll_with((64 << 10) + 1, both));
+        assert!(!p2p_ll_with(8, parse_protocols("Simple")));
+        assert!(p2p_ll_with(1 << 30, parse_protocols("LL")));
     }
 
     #[test]

@@ -6,10 +6,18 @@
 
 /// One direction of one connection (sender -> receiver) as seen by ONE side.
 ///
-/// Protocol (NCCL's "Simple"): the sender's k-th slot (k = *step at launch + i) waits until
+/// Protocol (NCCL's "Simple", on the first 7/8 of each slot): the sender's k-th slot (k = *step at launch + i) waits until
 /// `head > k - nslots`, writes slot `k % nslots`, fences, then stores `tail = k + 1`; the
 /// receiver waits until `tail > k`, reads the slot and stores `head = k + 1`. Every counter
 /// starts at 0 and only grows; each kernel writes its new position back to `*step`.
+///
+/// Protocol "LL" (low latency, items with `FLAG_LL`, on the last 1/8 of each slot): step k
+/// takes the same position k and the same flow control (the sender waits
+/// `head > k - nslots`, the receiver stores `head = k + 1`), but the sender writes 8-byte
+/// words {4 payload bytes, flag = (u32)(k + 1)} with single 64-bit stores and no fence or
+/// `tail`; the receiver polls each word until its flag is (u32)(k + 1). Simple and LL steps
+/// interleave freely on one connection: `tail` and `head` are absolute positions, and only
+/// LL words ever land in the LL regions, whose older words carry older epochs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OxConn {
@@ -45,6 +53,23 @@ pub enum WorkKind {
 pub const FLAG_SCALAR_DEVICE: u32 = 1;
 /// Apply the op's pre/post transforms (reductions only).
 pub const FLAG_OPS: u32 = 2;
+/// Move the item's steps with the low-latency protocol (`OX_FLAG_LL`).
+pub const FLAG_LL: u32 = 4;
+
+/// `OX_LL_REGION_DIV`: the last `slot_bytes / LL_REGION_DIV` bytes of every slot are its LL
+/// region, the rest its Simple region, so the two protocols never see each other's bytes.
+pub const LL_REGION_DIV: u32 = 8;
+
+/// Payload bytes of one Simple step (`ox_simple_bytes`).
+pub fn simple_step_bytes(slot_bytes: u32) -> u32 {
+    slot_bytes - slot_bytes / LL_REGION_DIV
+}
+
+/// Payload bytes of one LL step (`ox_ll_payload`): the LL region holds 8-byte words of
+/// 4 payload bytes and a 4-byte flag.
+pub fn ll_step_bytes(slot_bytes: u32) -> u32 {
+    slot_bytes / (2 * LL_REGION_DIV)
+}
 
 /// One unit of work for one CTA (`OxWork` in C). See `kernels/ox_abi.h` for each field.
 #[repr(C)]
@@ -263,6 +288,8 @@ mod tests {
         let header = include_str!("../../kernels/ox_abi.h");
         assert!(header.contains(&format!("#define OX_CONN_SIZE {CONN_SIZE}")));
         assert!(header.contains(&format!("#define OX_WORK_SIZE {WORK_SIZE}")));
+        assert!(header.contains(&format!("#define OX_LL_REGION_DIV {LL_REGION_DIV}")));
+        assert!(header.contains(&format!("#define OX_FLAG_LL {FLAG_LL}u")));
         for (field, off) in ["src", "block", "abort_flag", "send", "recv", "kind", "cta"]
             .iter()
             .zip([0usize, 32, 56, 64, 104, 144, 172])

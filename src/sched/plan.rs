@@ -13,9 +13,16 @@
 //! the op between src and dst, part)). The unfinished item with the smallest key then always
 //! has every participating CTA at it, so it progresses — however items are folded onto CTAs.
 //! It requires every CTA of the launch to be resident at once (grid <= `MAX_CTAS`).
+//!
+//! Protocol: each item is Simple or LL (`FLAG_LL`), chosen from the task's byte count by the
+//! cost model, so both ends of every connection choose alike; `chunk` is then the step
+//! payload of that protocol (see `device::simple_step_bytes` / `ll_step_bytes`).
 
 use super::cost::{self, Algo, BLOCK_THREADS, MAX_CTAS};
-use super::device::{OxConn, OxWork, WorkKind, FLAG_OPS, FLAG_SCALAR_DEVICE};
+use super::device::{
+    ll_step_bytes, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL, FLAG_OPS,
+    FLAG_SCALAR_DEVICE,
+};
 use super::{CollKind, Task};
 use crate::core::redop::{RedOp, Scalar};
 use crate::error::{Error, Result};
@@ -210,13 +217,16 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
                         task.root
                     )));
                 }
-                let nch = cost::ring_channels(task.kind, bytes, nranks, nchannels);
+                let (ll, nch) = cost::ring_plan(task.kind, bytes, nranks, nchannels);
                 let gran = (16 / es).max(1);
                 for (c, (start, len)) in split(count, nch, gran).into_iter().enumerate() {
                     if len == 0 {
                         continue;
                     }
                     let mut w = base(kind);
+                    if ll {
+                        w.flags |= FLAG_LL;
+                    }
                     w.src = task.sendbuff;
                     w.dst = task.recvbuff;
                     w.offset = start;
@@ -353,6 +363,7 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
                     };
                     let round = (dst - src).rem_euclid(nranks) as u64;
                     let parts = cost::p2p_channels(op.bytes, nchannels);
+                    let ll = cost::p2p_ll(op.bytes);
                     for (j, (start, len)) in split(op.bytes, parts, 512).into_iter().enumerate() {
                         if len == 0 {
                             continue;
@@ -366,6 +377,9 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
                         w.rank = rank;
                         w.nranks = nranks;
                         w.root = op.peer;
+                        if ll {
+                            w.flags |= FLAG_LL;
+                        }
                         w.count = len;
                         match op.dir {
                             Dir::Send => w.src = op.addr + start,
@@ -541,7 +555,12 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
                 )));
             }
             let es = crate::abi::ncclDataType_t::ALL[w.dtype as usize].size() as u64;
-            w.chunk = w.send.slot_bytes as u64 / es;
+            let step_bytes = if w.flags & FLAG_LL != 0 {
+                ll_step_bytes(w.send.slot_bytes)
+            } else {
+                simple_step_bytes(w.send.slot_bytes)
+            };
+            w.chunk = step_bytes as u64 / es;
         }
         w.cta = cta_of[&p.group];
         works.push((w.cta, p.key, index, w));

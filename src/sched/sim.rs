@@ -1,10 +1,17 @@
 //! Test-only simulator of `ox_kernel`: runs the plans of several ranks through a Rust mirror
-//! of the step sequences in `kernels/collectives.cuh`, with FIFO connections of `nslots`
-//! slots and CTAs that each run their items in order. It checks the data against references,
-//! that the sender's k-th slot holds as many elements as the receiver expects, that both
-//! ends of every connection end at the same position, and that nothing deadlocks.
+//! of the step sequences in `kernels/collectives.cuh`, over connections modelled as the device
+//! sees them (a staging buffer of `nslots` slots, each with a Simple and an LL region, and
+//! `tail`/`head` counters), with CTAs that each run their items in order. Simple steps wait for
+//! `tail`; LL steps write {4 bytes, epoch} words and the receiver waits until every word it
+//! needs carries the step's epoch; both wait `head` for a free slot. Buffers and positions
+//! persist over launches, so stale words of earlier uses are present as on the device. It
+//! checks the data against references, that both ends agree on every step's byte count and
+//! protocol, that both ends of every connection end at the same position, and that nothing
+//! deadlocks.
 
-use super::device::{deserialize_all, OxConn, OxWork, WorkKind, FLAG_OPS};
+use super::device::{
+    deserialize_all, ll_step_bytes, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL, FLAG_OPS,
+};
 use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry};
 use super::{CollKind, Task};
 use crate::abi::ncclDataType_t;
@@ -140,10 +147,15 @@ fn steps_of(w: &OxWork) -> Vec<Step> {
         }
     } else if kind == WorkKind::Send as u32 || kind == WorkKind::Recv as u32 {
         let send = kind == WorkKind::Send as u32;
-        let chunk = if send {
+        let slot = if send {
             w.send.slot_bytes
         } else {
             w.recv.slot_bytes
+        };
+        let chunk = if w.flags & FLAG_LL != 0 {
+            ll_step_bytes(slot)
+        } else {
+            simple_step_bytes(slot)
         } as u64;
         let mut base = 0;
         while base < w.count {
@@ -231,12 +243,104 @@ impl Mem {
     }
 }
 
-/// The shared state of the simulated machine.
+/// One connection as the device sees it: the staging buffer (Simple and LL regions of every
+/// slot), the `tail`/`head` counters, and, to check that both ends agree, the byte count and
+/// protocol of every step the sender has published and the receiver not yet consumed.
+struct ConnSim {
+    data: Vec<u8>,
+    tail: u64,
+    head: u64,
+    pending: VecDeque<(u64, bool)>,
+}
+
+/// The shared state of the simulated machine. `positions` holds every `step` word (keyed by
+/// its fake address); `conns` every connection (keyed by its buffer address); both persist
+/// over launches, as on the device.
 struct World {
     mem: Mem,
-    queues: HashMap<u64, VecDeque<Vec<u8>>>,
+    conns: HashMap<u64, ConnSim>,
     positions: HashMap<u64, u64>,
-    nslots: u32,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            mem: Mem { bytes: Vec::new() },
+            conns: HashMap::new(),
+            positions: HashMap::new(),
+        }
+    }
+
+    fn conn(&mut self, c: &OxConn) -> &mut ConnSim {
+        self.conns.entry(c.buf).or_insert_with(|| ConnSim {
+            // The transports zero the buffers (DeviceBuffer::zeroed): no LL flag matches.
+            data: vec![0; c.slot_bytes as usize * c.nslots as usize],
+            tail: 0,
+            head: 0,
+            pending: VecDeque::new(),
+        })
+    }
+
+    fn position(&self, step_addr: u64) -> u64 {
+        self.positions.get(&step_addr).copied().unwrap_or(0)
+    }
+
+    /// The `nb` payload bytes of receive step k, or None while they are not there yet:
+    /// Simple waits `tail > k`; LL waits until every word of the slot's LL region that the
+    /// step needs carries the epoch (u32)(k + 1).
+    fn try_receive(&mut self, c: &OxConn, k: u64, nb: u64, ll: bool) -> Option<Vec<u8>> {
+        let base = (k % c.nslots as u64) * c.slot_bytes as u64;
+        let conn = self.conn(c);
+        if ll {
+            assert!(
+                nb <= ll_step_bytes(c.slot_bytes) as u64,
+                "LL step of {nb} bytes"
+            );
+            let region = (base + simple_step_bytes(c.slot_bytes) as u64) as usize;
+            let epoch = (k + 1) as u32;
+            let mut out = Vec::with_capacity(nb as usize + 4);
+            for i in 0..nb.div_ceil(4) as usize {
+                let word = &conn.data[region + 8 * i..region + 8 * i + 8];
+                if u32::from_le_bytes(word[4..].try_into().unwrap()) != epoch {
+                    return None;
+                }
+                out.extend_from_slice(&word[..4]);
+            }
+            out.truncate(nb as usize);
+            Some(out)
+        } else {
+            assert!(
+                nb <= simple_step_bytes(c.slot_bytes) as u64,
+                "Simple step of {nb} bytes"
+            );
+            if conn.tail <= k {
+                return None;
+            }
+            Some(conn.data[base as usize..(base + nb) as usize].to_vec())
+        }
+    }
+
+    /// Publish send step k: Simple writes the Simple region and `tail = k + 1`; LL writes
+    /// {4 bytes, epoch} words into the LL region (the last word's bytes padded with zeros).
+    fn publish(&mut self, c: &OxConn, k: u64, payload: &[u8], ll: bool) {
+        let base = (k % c.nslots as u64) * c.slot_bytes as u64;
+        let conn = self.conn(c);
+        if ll {
+            let region = (base + simple_step_bytes(c.slot_bytes) as u64) as usize;
+            let epoch = ((k + 1) as u32).to_le_bytes();
+            for (i, part) in payload.chunks(4).enumerate() {
+                let word = &mut conn.data[region + 8 * i..region + 8 * i + 8];
+                word[..4].fill(0);
+                word[..part.len()].copy_from_slice(part);
+                word[4..].copy_from_slice(&epoch);
+            }
+        } else {
+            let b = base as usize;
+            conn.data[b..b + payload.len()].copy_from_slice(payload);
+            conn.tail = k + 1;
+        }
+        conn.pending.push_back((payload.len() as u64, ll));
+    }
 }
 
 struct Cta {
@@ -272,29 +376,33 @@ impl World {
         let s = cta.steps[cta.next_step];
         let send = s.what & S_SEND != 0;
         let recv = s.what & S_RECV != 0;
-        if send && self.queues.entry(w.send.buf).or_default().len() >= self.nslots as usize {
-            return false;
-        }
-        if recv && self.queues.entry(w.recv.buf).or_default().is_empty() {
-            return false;
-        }
+        let ll = w.flags & FLAG_LL != 0;
         let es = ncclDataType_t::ALL[w.dtype as usize].size() as u64;
         let nb = s.n * es;
+        let send_k = self.position(w.send.step);
+        let recv_k = self.position(w.recv.step);
+        // Flow control, the same for both protocols: slot k is free once head > k - nslots.
+        if send && self.conn(&w.send).head + w.send.nslots as u64 <= send_k {
+            return false;
+        }
         let slot_in = if recv {
-            let v = self
-                .queues
-                .get_mut(&w.recv.buf)
-                .unwrap()
+            let Some(v) = self.try_receive(&w.recv, recv_k, nb, ll) else {
+                return false;
+            };
+            let conn = self.conn(&w.recv);
+            let (sent, sent_ll) = conn
+                .pending
                 .pop_front()
-                .unwrap();
+                .expect("receiver got data nobody sent");
             assert_eq!(
-                v.len() as u64,
-                nb,
-                "rank {} item {:?}: received a slot of {} bytes, expected {nb}",
+                (sent, sent_ll),
+                (nb, ll),
+                "rank {} item {:?}: step {recv_k} was sent as ({sent} bytes, LL {sent_ll}), \
+                 received as ({nb} bytes, LL {ll})",
                 w.rank,
-                w.kind,
-                v.len()
+                w.kind
             );
+            conn.head = recv_k + 1;
             *self.positions.entry(w.recv.step).or_default() += 1;
             Some(v)
         } else {
@@ -326,7 +434,7 @@ impl World {
             self.mem.slice_mut(s.out, nb).copy_from_slice(&result);
         }
         if send {
-            self.queues.get_mut(&w.send.buf).unwrap().push_back(result);
+            self.publish(&w.send, send_k, &result, ll);
             *self.positions.entry(w.send.step).or_default() += 1;
         }
         cta.next_step += 1;
@@ -462,11 +570,11 @@ fn run(world: &mut World, geoms: &[Geometry], tasks: &[Vec<Task>], launches: usi
                 c.active.map(|w| w.kind)
             );
         }
-        for (buf, q) in &world.queues {
+        for (buf, c) in &world.conns {
             assert!(
-                q.is_empty(),
+                c.pending.is_empty(),
                 "connection {buf:#x} has {} unread slots",
-                q.len()
+                c.pending.len()
             );
         }
     }
@@ -498,34 +606,53 @@ struct Case {
     misalign: u64,
 }
 
-/// Run one collective on all ranks in the simulator and compare with the reference.
+/// Run one collective on all ranks in the simulator (twice) and compare with the reference.
 fn check(c: &Case) {
-    let n = c.nranks as usize;
-    let es = c.dtype.size() as u64;
-    let count = c.count as u64;
-    let (in_len, out_len) = match c.kind {
-        CollKind::AllGather | CollKind::Gather => (count, count * n as u64),
-        CollKind::ReduceScatter | CollKind::Scatter => (count * n as u64, count),
-        CollKind::AlltoAll => (count * n as u64, count * n as u64),
-        _ => (count, count),
-    };
-    let mut world = World {
-        mem: Mem { bytes: Vec::new() },
-        queues: HashMap::new(),
-        positions: HashMap::new(),
-        nslots: 2,
-    };
-    let op_code = c.op.code();
+    let mut world = World::new();
+    let prepared = prepare(&mut world, c);
+    let geoms = geometries(c.nranks, c.nchannels, 4096, 2, &prepared.tasks);
+    run(&mut world, &geoms, &prepared.tasks, 2);
+    verify(&world, c, &prepared);
+}
+
+/// A case's buffers, inputs and per-rank tasks, set up in a world.
+struct Prepared {
+    tasks: Vec<Vec<Task>>,
+    bufs: Vec<(u64, u64)>,
+    inputs: Vec<Vec<i64>>,
+}
+
+fn arith_of(c: &Case) -> Arith {
     let scalar = match c.op {
         RedOp::PreMulSum(Scalar::Host(b)) => i64::from_le_bytes(b),
         _ => 0,
     };
-    let ar = Arith {
+    Arith {
         dtype: c.dtype,
-        op: op_code,
+        op: c.op.code(),
         scalar,
-        nranks: n as i64,
-    };
+        nranks: c.nranks as i64,
+    }
+}
+
+fn lengths(c: &Case) -> (u64, u64) {
+    let n = c.nranks as u64;
+    let count = c.count as u64;
+    match c.kind {
+        CollKind::AllGather | CollKind::Gather => (count, count * n),
+        CollKind::ReduceScatter | CollKind::Scatter => (count * n, count),
+        CollKind::AlltoAll => (count * n, count * n),
+        _ => (count, count),
+    }
+}
+
+/// Allocate and fill the buffers of case `c` in `world`; the tasks of every rank.
+fn prepare(world: &mut World, c: &Case) -> Prepared {
+    let n = c.nranks as usize;
+    let es = c.dtype.size() as u64;
+    let count = c.count as u64;
+    let (in_len, out_len) = lengths(c);
+    let ar = arith_of(c);
     let mut tasks = Vec::new();
     let mut bufs = Vec::new();
     let mut inputs = Vec::new();
@@ -587,9 +714,20 @@ fn check(c: &Case) {
         }
         tasks.push(t);
     }
-    let geoms = geometries(c.nranks, c.nchannels, 4096, 2, &tasks);
-    run(&mut world, &geoms, &tasks, 2);
+    Prepared {
+        tasks,
+        bufs,
+        inputs,
+    }
+}
 
+/// Compare the outputs of case `c` in `world` with the reference.
+fn verify(world: &World, c: &Case, prepared: &Prepared) {
+    let n = c.nranks as usize;
+    let es = c.dtype.size() as u64;
+    let (_, out_len) = lengths(c);
+    let ar = arith_of(c);
+    let (bufs, inputs) = (&prepared.bufs, &prepared.inputs);
     // Reference (two launches of a deterministic collective give the same result, except
     // in-place reductions, which the tests run once; see below).
     let red = |vals: &mut dyn Iterator<Item = i64>| {
@@ -755,12 +893,7 @@ fn in_place_reductions_single_launch() {
             let n = nranks as usize;
             let count = 1003usize;
             let es = 4u64;
-            let mut world = World {
-                mem: Mem { bytes: Vec::new() },
-                queues: HashMap::new(),
-                positions: HashMap::new(),
-                nslots: 2,
-            };
+            let mut world = World::new();
             let ar = Arith {
                 dtype: ncclInt32,
                 op: 0,
@@ -827,12 +960,7 @@ fn mixed_group_and_unbalanced_p2p_do_not_deadlock() {
     // orders on different ranks (receives listed before sends on odd ranks).
     use ncclDataType_t::*;
     let n = 4usize;
-    let mut world = World {
-        mem: Mem { bytes: Vec::new() },
-        queues: HashMap::new(),
-        positions: HashMap::new(),
-        nslots: 2,
-    };
+    let mut world = World::new();
     let count = 20_000usize;
     let mut tasks = Vec::new();
     let mut expect = Vec::new();
@@ -884,4 +1012,197 @@ fn mixed_group_and_unbalanced_p2p_do_not_deadlock() {
     }
     let geoms = geometries(n as i32, 4, 4096, 2, &tasks);
     run(&mut world, &geoms, &tasks, 1);
+}
+
+/// Runs `f` with the protocol choice forced on this test thread, then restores it.
+fn with_protocols(spec: &str, f: impl FnOnce()) {
+    let p = super::cost::parse_protocols(spec);
+    super::cost::TEST_PROTOCOLS.with(|t| t.set(Some(p)));
+    f();
+    super::cost::TEST_PROTOCOLS.with(|t| t.set(None));
+}
+
+/// The flags of rank 0's items that move data over connections (local copies excluded).
+fn plan_flags(c: &Case) -> Vec<u32> {
+    let mut world = World::new();
+    let prepared = prepare(&mut world, c);
+    let geoms = geometries(c.nranks, c.nchannels, 4096, 2, &prepared.tasks);
+    let p = plan(&geoms[0], &prepared.tasks[0]).expect("plan");
+    deserialize_all(&p.items)
+        .iter()
+        .filter(|w| w.kind != WorkKind::Copy as u32)
+        .map(|w| w.flags)
+        .collect()
+}
+
+#[test]
+fn every_collective_forced_ll_and_forced_simple() {
+    use ncclDataType_t::*;
+    for spec in ["LL", "Simple"] {
+        with_protocols(spec, || {
+            for kind in KINDS {
+                for nranks in [2, 3, 4] {
+                    for (count, dtype) in [
+                        (1, ncclInt8),
+                        (7, ncclInt8),
+                        (5, ncclInt32),
+                        (300, ncclInt64),
+                        (3001, ncclInt8),
+                    ] {
+                        let c = Case {
+                            kind,
+                            nranks,
+                            nchannels: 2,
+                            count,
+                            dtype,
+                            op: RedOp::Sum,
+                            root: 1,
+                            in_place: false,
+                            misalign: 1,
+                        };
+                        let want_ll = spec == "LL";
+                        for f in plan_flags(&c) {
+                            assert_eq!(f & FLAG_LL != 0, want_ll, "{kind:?} {spec}");
+                        }
+                        check(&c);
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn ll_every_op_odd_counts_in_and_out_of_place() {
+    use ncclDataType_t::*;
+    let ops = [
+        RedOp::Sum,
+        RedOp::Prod,
+        RedOp::Max,
+        RedOp::Min,
+        RedOp::Avg,
+        RedOp::PreMulSum(Scalar::Host([5, 0, 0, 0, 0, 0, 0, 0])),
+    ];
+    with_protocols("LL", || {
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::Reduce,
+            CollKind::ReduceScatter,
+            CollKind::AllGather,
+            CollKind::Broadcast,
+        ] {
+            for op in ops {
+                for dtype in [ncclInt8, ncclUint8, ncclInt32, ncclInt64] {
+                    for count in [1usize, 3, 13, 131] {
+                        for in_place in [false, true] {
+                            if in_place && !is_idempotent(kind, op) {
+                                continue;
+                            }
+                            check(&Case {
+                                kind,
+                                nranks: 3,
+                                nchannels: 2,
+                                count,
+                                dtype,
+                                op,
+                                root: 2,
+                                in_place,
+                                misalign: dtype.size() as u64,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn default_choice_is_ll_when_small_simple_when_large() {
+    use ncclDataType_t::*;
+    with_protocols("", || {
+        for kind in KINDS {
+            let small = Case {
+                kind,
+                nranks: 4,
+                nchannels: 4,
+                count: 2,
+                dtype: ncclInt32,
+                op: RedOp::Sum,
+                root: 0,
+                in_place: false,
+                misalign: 0,
+            };
+            assert!(
+                plan_flags(&small).iter().all(|f| f & FLAG_LL != 0),
+                "{kind:?}"
+            );
+            let large = Case {
+                count: 1 << 20,
+                ..small
+            };
+            assert!(
+                plan_flags(&large).iter().all(|f| f & FLAG_LL == 0),
+                "{kind:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn ll_and_simple_mixed_on_the_same_connections_over_launches() {
+    // One world and one set of connections; launches alternate sizes and forced protocols so
+    // that every connection sees LL steps after Simple ones and the reverse, with epochs and
+    // positions carried over launches; every launch's results are checked.
+    use ncclDataType_t::*;
+    let nranks = 3;
+    let mut world = World::new();
+    let mut cases = Vec::new();
+    let specs = ["", "LL", "Simple", "", "LL", "", "Simple", "LL"];
+    let mut i = 0usize;
+    for round in 0..3 {
+        for kind in KINDS {
+            for count in [3usize, 20_000, 333] {
+                let c = Case {
+                    kind,
+                    nranks,
+                    nchannels: 2,
+                    count: count + round,
+                    dtype: if i.is_multiple_of(2) {
+                        ncclInt32
+                    } else {
+                        ncclInt8
+                    },
+                    op: if i.is_multiple_of(3) {
+                        RedOp::Max
+                    } else {
+                        RedOp::Sum
+                    },
+                    root: (i % nranks as usize) as i32,
+                    in_place: false,
+                    misalign: (i % 4) as u64,
+                };
+                let prepared = prepare(&mut world, &c);
+                cases.push((specs[i % specs.len()], c, prepared));
+                i += 1;
+            }
+        }
+    }
+    let all: Vec<Vec<Task>> = (0..nranks as usize)
+        .map(|r| {
+            cases
+                .iter()
+                .flat_map(|(_, _, p)| p.tasks[r].iter().copied())
+                .collect()
+        })
+        .collect();
+    // Connections for every protocol choice (they do not depend on it, but be safe).
+    let geoms = geometries(nranks, 2, 4096, 2, &all);
+    for (spec, c, prepared) in &cases {
+        with_protocols(spec, || run(&mut world, &geoms, &prepared.tasks, 1));
+        verify(&world, c, prepared);
+    }
+    // Several connections really saw both protocols.
+    assert!(world.conns.values().any(|c| c.tail > 0));
+    assert!(world.conns.values().any(|c| c.head > c.tail && c.tail > 0));
 }
