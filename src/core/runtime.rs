@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::sched::{self, Geometry, Task};
 use crate::topo::Topology;
 use crate::transport::{Connections, Setup};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -149,7 +150,20 @@ pub struct Runtime {
     last: Option<(usize, Done)>,
     /// The planner's view of the connections, rebuilt when connections are added.
     geometry: Option<Geometry>,
+    /// Task shapes whose connections are known to exist: the per-call path skips
+    /// `connections_needed` for them (it costs microseconds).
+    connected_shapes: HashSet<Vec<Shape>>,
     comm_hash: u64,
+}
+
+/// What decides the connections a task needs: its kind, type, count and root (or peer).
+type Shape = (sched::CollKind, crate::abi::ncclDataType_t, usize, i32);
+
+fn shapes(tasks: &[Task]) -> Vec<Shape> {
+    tasks
+        .iter()
+        .map(|t| (t.kind, t.dtype, t.count, t.root))
+        .collect()
 }
 
 /// Which event marks a launch's completion.
@@ -185,6 +199,7 @@ impl Runtime {
             join: Event::new()?,
             last: None,
             geometry: None,
+            connected_shapes: HashSet::new(),
             comm_hash,
         })
     }
@@ -234,6 +249,9 @@ impl Runtime {
     /// Whether `tasks` need connections this communicator does not have yet (setting them up
     /// waits on peers, so groups over several communicators do it in parallel threads).
     pub fn needs_connect(&self, rank: i32, nranks: i32, tasks: &[Task]) -> bool {
+        if self.connected_shapes.contains(&shapes(tasks)) {
+            return false;
+        }
         sched::connections_needed(rank, nranks, self.nchannels, tasks)
             .iter()
             .any(|&(ch, peer, dir)| !self.conns.has(ch, peer, dir))
@@ -241,6 +259,10 @@ impl Runtime {
 
     /// Set up the connections `tasks` need (a no-op once they exist).
     pub fn connect_for(&mut self, rank: i32, nranks: i32, tasks: &[Task]) -> Result<()> {
+        let key = shapes(tasks);
+        if self.connected_shapes.contains(&key) {
+            return Ok(());
+        }
         cuda::set_current(self.ctx)?;
         let needed = sched::connections_needed(rank, nranks, self.nchannels, tasks);
         let setup = Setup {
@@ -254,6 +276,10 @@ impl Runtime {
         self.conns.connect(&setup, &needed)?;
         if self.conns.send.len() + self.conns.recv.len() != before {
             self.geometry = None;
+        }
+        // Bounded: a program with endlessly varying shapes just keeps computing them.
+        if self.connected_shapes.len() < 4096 {
+            self.connected_shapes.insert(key);
         }
         Ok(())
     }

@@ -22,7 +22,7 @@ pub const INLINE_KERNEL: &str = "ox_kernel_inline";
 #[derive(Default)]
 struct Cache {
     modules: HashMap<usize, usize>,
-    functions: HashMap<(usize, String), usize>,
+    functions: HashMap<(usize, &'static str), usize>,
 }
 
 static CACHE: Lazy<Mutex<Cache>> = Lazy::new(|| Mutex::new(Cache::default()));
@@ -63,10 +63,10 @@ pub fn module() -> Result<CUmodule> {
 }
 
 /// A kernel of the embedded module, by name, in the current context.
-pub fn function(name: &str) -> Result<CUfunction> {
+pub fn function(name: &'static str) -> Result<CUfunction> {
     let ctx = current_context()?;
     let mut cache = CACHE.lock();
-    if let Some(&f) = cache.functions.get(&(ctx as usize, name.to_string())) {
+    if let Some(&f) = cache.functions.get(&(ctx as usize, name)) {
         return Ok(f as CUfunction);
     }
     let module = module_locked(&mut cache, ctx)?;
@@ -77,9 +77,7 @@ pub fn function(name: &str) -> Result<CUfunction> {
         unsafe { sys::cuModuleGetFunction(&mut func, module, cname.as_ptr()) },
         &format!("cuModuleGetFunction({name})"),
     )?;
-    cache
-        .functions
-        .insert((ctx as usize, name.to_string()), func as usize);
+    cache.functions.insert((ctx as usize, name), func as usize);
     Ok(func)
 }
 
@@ -94,7 +92,7 @@ pub enum KernelArg {
 /// Launch `name` from the embedded module on `stream` with the given arguments (in the
 /// kernel's parameter order and C types).
 pub fn launch_args(
-    name: &str,
+    name: &'static str,
     grid: u32,
     block: u32,
     smem: u32,
@@ -152,7 +150,7 @@ pub fn launch_args(
 /// Launch `name`, whose one parameter is a struct passed by value, with that struct's bytes
 /// (`blob` must be exactly the parameter's size).
 pub fn launch_blob(
-    name: &str,
+    name: &'static str,
     grid: u32,
     block: u32,
     smem: u32,
@@ -190,7 +188,7 @@ pub fn launch_blob(
 /// Launch a plan's kernel: `kernel(items, nitems)`, where `items` is the device copy of
 /// `Plan::items`. A plan with no items launches nothing.
 pub fn launch(
-    kernel: &str,
+    kernel: &'static str,
     grid: u32,
     block: u32,
     smem: u32,

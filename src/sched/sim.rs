@@ -1206,3 +1206,41 @@ fn ll_and_simple_mixed_on_the_same_connections_over_launches() {
     assert!(world.conns.values().any(|c| c.tail > 0));
     assert!(world.conns.values().any(|c| c.head > c.tail && c.tail > 0));
 }
+
+/// Host cost of planning a tiny all-reduce (the per-call path): run with
+/// `cargo test --release --lib planning_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn planning_cost() {
+    use crate::abi::ncclDataType_t::ncclFloat32;
+    let task = Task {
+        kind: CollKind::AllReduce,
+        dtype: ncclFloat32,
+        op: RedOp::Sum,
+        count: 2,
+        sendbuff: 0x1000,
+        recvbuff: 0x2000,
+        root: 0,
+    };
+    let tasks = vec![vec![task]; 2];
+    let geoms = geometries(
+        2,
+        64,
+        crate::sched::SLOT_BYTES,
+        crate::sched::NSLOTS,
+        &tasks,
+    );
+    let n = 20000;
+    let start = std::time::Instant::now();
+    for _ in 0..n {
+        let needed = connections_needed(0, 2, 64, &tasks[0]);
+        std::hint::black_box(&needed);
+    }
+    let t_needed = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let start = std::time::Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(plan(&geoms[0], &tasks[0]).unwrap());
+    }
+    let t_plan = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+    println!("connections_needed {t_needed:.2} us, plan {t_plan:.2} us per call");
+}
