@@ -334,20 +334,13 @@ impl Runtime {
                 &blob,
             )?;
             Done::Inline
-        } else if capturing {
-            let items = self.arena.write_graph(&plan.items)?;
-            cuda::module::launch(
-                plan.kernel,
-                plan.grid,
-                plan.block,
-                plan.smem,
-                stream,
-                items,
-                plan.nitems,
-            )?;
-            Done::Inline
         } else {
-            let (slot, items) = self.arena.write_eager(&plan.items, abort)?;
+            let (done, items) = if capturing {
+                (Done::Inline, self.arena.write_graph(&plan.items)?)
+            } else {
+                let (slot, items) = self.arena.write_eager(&plan.items, abort)?;
+                (Done::Slot(slot), items)
+            };
             cuda::module::launch(
                 plan.kernel,
                 plan.grid,
@@ -357,8 +350,10 @@ impl Runtime {
                 items,
                 plan.nitems,
             )?;
-            self.arena.recorded[slot] = true;
-            Done::Slot(slot)
+            if let Done::Slot(slot) = done {
+                self.arena.recorded[slot] = true;
+            }
+            done
         };
         // Under capture the completion event becomes a graph node: use the join event there,
         // so the eager events keep describing eager launches.

@@ -123,10 +123,23 @@ pub fn launch_args(
         .iter_mut()
         .map(|v| v.as_mut_ptr().cast::<c_void>())
         .collect();
+    // `values` outlives the launch, which copies the parameters before returning.
+    launch_raw(name, func, grid, block, smem, stream, &mut params)
+}
+
+/// `cuLaunchKernel` with parameter pointers already laid out for the kernel's signature.
+fn launch_raw(
+    name: &str,
+    func: CUfunction,
+    grid: u32,
+    block: u32,
+    smem: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Result<()> {
     // SAFETY: func is a kernel of our module; params holds one pointer per kernel parameter,
-    // each to 8 bytes whose first bytes hold the value in the parameter's C type (the caller
-    // passes arguments matching the kernel's signature); `values` outlives the call, which
-    // copies the parameters before returning.
+    // each to bytes holding the value in the parameter's C type (the callers' contract); the
+    // driver copies the parameters before returning and never writes through the pointers.
     check(
         unsafe {
             sys::cuLaunchKernel(
@@ -161,28 +174,9 @@ pub fn launch_blob(
         return Ok(());
     }
     let func = function(name)?;
+    // The kernel's single parameter is a struct of `blob.len()` bytes (the caller's contract).
     let mut params: [*mut c_void; 1] = [blob.as_ptr() as *mut c_void];
-    // SAFETY: func is a kernel of our module whose single parameter is a struct of
-    // `blob.len()` bytes (the caller's contract); the driver copies the bytes before
-    // returning and never writes through the pointer.
-    check(
-        unsafe {
-            sys::cuLaunchKernel(
-                func,
-                grid,
-                1,
-                1,
-                block,
-                1,
-                1,
-                smem,
-                stream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        },
-        &format!("cuLaunchKernel({name}, grid {grid}, block {block})"),
-    )
+    launch_raw(name, func, grid, block, smem, stream, &mut params)
 }
 
 /// Launch a plan's kernel: `kernel(items, nitems)`, where `items` is the device copy of
