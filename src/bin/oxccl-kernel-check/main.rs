@@ -16,7 +16,7 @@
 use nccl::abi::ncclDataType_t::{self, *};
 use nccl::core::redop::{RedOp, Scalar};
 use nccl::cuda::{self, module};
-use nccl::sched::device::{deserialize_all, OxWork};
+use nccl::sched::device::deserialize_all;
 use nccl::sched::plan::{conn_channels, connections_needed, plan, Dir, Geometry};
 use nccl::sched::{cost, CollKind, OxConn, Task};
 use std::collections::HashMap;
@@ -639,6 +639,3 @@ fn encode_word(t: ncclDataType_t, v: f64) -> [u8; 8] {
     w[..b.len()].copy_from_slice(&b);
     w
 }
-
-#[allow(dead_code)]
-fn unused(_: OxWork) {}
