@@ -271,10 +271,12 @@ __device__ bool ox_wait(OxShared& s, bool send, bool recv) {
   return !s.aborted;
 }
 
-// After the data of a step: make the writes visible system-wide, then thread 0 publishes the
-// filled send slot (tail) and the consumed receive slot (head) and advances the positions.
+// After the data of a step: the barrier orders every thread's writes of the step before
+// thread 0's release store of the tail at system scope (the release is cumulative over what
+// the barrier made it observe), so one fence by one thread publishes the whole CTA's data, as
+// NCCL's postPeer does. Thread 0 then publishes the filled send slot (tail) and the consumed
+// receive slot (head) and advances the positions.
 __device__ void ox_post(OxShared& s, bool send, bool recv) {
-  if (send) __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
     if (send) {

@@ -256,11 +256,96 @@ pub fn copy_channels(bytes: u64, max_channels: u32) -> u32 {
     (bytes.div_ceil(8 << 20)).clamp(1, max_channels.max(1) as u64) as u32
 }
 
+/// `NCCL_MIN_P2P_NCHANNELS` and `NCCL_MAX_P2P_NCHANNELS`, read once: the range of channels
+/// one P2P operation is split over (default 1..=`P2P_MAX_CHANNELS`). As in NVIDIA's library,
+/// every rank must see the same values.
+fn p2p_channel_range() -> (u32, u32) {
+    static RANGE: once_cell::sync::Lazy<(u32, u32)> = once_cell::sync::Lazy::new(|| {
+        let max = crate::env::int("NCCL_MAX_P2P_NCHANNELS", P2P_MAX_CHANNELS as i64)
+            .clamp(1, MAX_CTAS as i64) as u32;
+        let min = crate::env::int("NCCL_MIN_P2P_NCHANNELS", 1).clamp(1, max as i64) as u32;
+        (min, max)
+    });
+    *RANGE
+}
+
 /// Channels for one P2P operation of `bytes`: a function of the bytes and the communicator's
 /// channel count only, identical on both sides.
 pub fn p2p_channels(bytes: u64, nchannels: u32) -> u32 {
-    let max = P2P_MAX_CHANNELS.min(nchannels).max(1) as u64;
-    bytes.div_ceil(P2P_BYTES_PER_CHANNEL).clamp(1, max) as u32
+    let (min, max) = p2p_channel_range();
+    p2p_channels_in(bytes, nchannels, min, max)
+}
+
+/// `p2p_channels` with an explicit channel range.
+pub fn p2p_channels_in(bytes: u64, nchannels: u32, min: u32, max: u32) -> u32 {
+    let max = max.min(nchannels).max(1) as u64;
+    let min = (min as u64).min(max);
+    bytes.div_ceil(P2P_BYTES_PER_CHANNEL).clamp(min, max) as u32
+}
+
+/// What `NCCL_ALGO` allows of the algorithms we have. NVIDIA's names are Tree, Ring,
+/// CollnetDirect, CollnetChain, NVLS, NVLSTree and PAT, comma separated, `^` to exclude, and
+/// since 2.24 optionally per collective (`allreduce:tree,ring;broadcast:ring`). We have Ring,
+/// plus a one-shot all-reduce that NVIDIA's list has no name for: any `NCCL_ALGO` setting
+/// turns the one-shot path off, so the user gets the ring they asked for. A setting that
+/// leaves no Ring is warned about once and runs Ring anyway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Algorithms {
+    /// The cost model may pick the one-shot all-reduce.
+    pub one_shot: bool,
+}
+
+/// Parse an `NCCL_ALGO` value (see `Algorithms`); also says whether Ring was left out.
+pub fn parse_algorithms(spec: &str) -> (Algorithms, bool) {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return (Algorithms { one_shot: true }, false);
+    }
+    // Every clause, with or without a "collective:" prefix, is read the same way: a clause
+    // that names Ring (or excludes something other than Ring) keeps Ring available.
+    let mut ring_allowed = false;
+    for clause in spec.split(';').map(str::trim).filter(|c| !c.is_empty()) {
+        let list = clause.rsplit(':').next().unwrap_or(clause).trim();
+        let (exclude, names) = match list.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, list),
+        };
+        let names_ring = names
+            .split(',')
+            .any(|n| n.trim().eq_ignore_ascii_case("ring"));
+        if names_ring != exclude {
+            ring_allowed = true;
+        }
+    }
+    (Algorithms { one_shot: false }, !ring_allowed)
+}
+
+/// `NCCL_ALGO`, read once.
+pub fn algorithms() -> Algorithms {
+    #[cfg(test)]
+    if let Some(a) = TEST_ALGORITHMS.with(|t| t.get()) {
+        return a;
+    }
+    static A: once_cell::sync::Lazy<Algorithms> = once_cell::sync::Lazy::new(|| {
+        let spec = crate::env::string("NCCL_ALGO", "");
+        let (algos, no_ring) = parse_algorithms(&spec);
+        if no_ring {
+            crate::warn!(
+                "NCCL_ALGO={spec} leaves out Ring, the only algorithm of this library besides \
+                 the one-shot all-reduce; using Ring"
+            );
+        } else if !spec.is_empty() {
+            crate::info!(INIT, "NCCL_ALGO={spec}: Ring only (one-shot all-reduce off)");
+        }
+        algos
+    });
+    *A
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests force an algorithm choice per thread.
+    pub static TEST_ALGORITHMS: std::cell::Cell<Option<Algorithms>> = const { std::cell::Cell::new(None) };
 }
 
 #[cfg(test)]
@@ -365,6 +450,29 @@ mod tests {
         assert_eq!(algorithm(CollKind::Broadcast, 4), Algo::Ring);
         assert_eq!(algorithm(CollKind::AlltoAll, 1), Algo::P2p);
         assert_eq!(algorithm(CollKind::Send, 4), Algo::P2p);
+    }
+
+    #[test]
+    fn nccl_algo_parsing() {
+        let on = Algorithms { one_shot: true };
+        let off = Algorithms { one_shot: false };
+        assert_eq!(parse_algorithms(""), (on, false));
+        assert_eq!(parse_algorithms("Ring"), (off, false));
+        assert_eq!(parse_algorithms("ring,tree"), (off, false));
+        assert_eq!(parse_algorithms("Tree"), (off, true));
+        assert_eq!(parse_algorithms("^Ring"), (off, true));
+        assert_eq!(parse_algorithms("^Tree"), (off, false));
+        assert_eq!(parse_algorithms("allreduce:tree;broadcast:ring"), (off, false));
+        assert_eq!(parse_algorithms("allreduce:tree"), (off, true));
+    }
+
+    #[test]
+    fn p2p_channel_range_is_honoured() {
+        assert_eq!(p2p_channels_in(1 << 30, 64, 1, 32), 32);
+        assert_eq!(p2p_channels_in(1 << 30, 16, 1, 32), 16);
+        assert_eq!(p2p_channels_in(8, 64, 4, 32), 4);
+        assert_eq!(p2p_channels_in(8, 2, 4, 32), 2);
+        assert_eq!(p2p_channels_in(3 << 20, 64, 1, 2), 2);
     }
 
     #[test]
