@@ -10,16 +10,36 @@ and unequal splits); send/recv and batch_isend_irecv; new_group and split_group;
 all_reduce captured in a CUDA graph and replayed; then a small DDP training run whose loss
 curve is written to --out (compare two runs, NVIDIA's library and ours, with compare mode:
 `torch-suite.py --compare A.json B.json`).
+
+Also: a MemPool through NCCL's allocator (ncclMemAlloc) registered with register_mem_pool
+(ncclCommRegister) and all-reduced; with --symm, symmetric memory (torch's NCCL
+symmetric-memory backend and register_mem_pool(symm=True), i.e. ncclCommWindowRegister) in a
+child process pair, which passes if it works or raises a Python exception, and the process
+group works afterwards; with --nonblocking, whether torch really chose non-blocking
+communicators (needs TORCH_NCCL_USE_COMM_NONBLOCKING=1 and TORCH_CPP_LOG_LEVEL=INFO).
+
+Helper mode (no torchrun): `--bindings-report DIR --expect LIB` reads LD_DEBUG=bindings
+output files under DIR and reports which file every nccl*/pnccl* symbol of a torch library
+was bound to; exit 0 iff all went to LIB.
+Every rank prints "[rank R] pid P" first so that a driver can kill exactly these processes.
 """
 import argparse
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
+import uuid
+from datetime import timedelta
 
 
 def compare(a_path, b_path):
     a, b = json.load(open(a_path)), json.load(open(b_path))
+    if not a["loss"] or not b["loss"]:
+        print("loss curves: a run recorded no steps: FAIL")
+        return 1
     worst = max(abs(x - y) / max(abs(x), 1e-6) for x, y in zip(a["loss"], b["loss"]))
     ok = len(a["loss"]) == len(b["loss"]) and worst < 1e-4
     print(f"loss curves: {len(a['loss'])} steps, worst relative difference {worst:.2e}: {'PASS' if ok else 'FAIL'}")
@@ -27,14 +47,135 @@ def compare(a_path, b_path):
     return 0 if ok else 1
 
 
+BINDING = re.compile(r"binding file (.+?) \[\d+\] to (.+?) \[\d+\]: \w+ symbol `([^']+)'")
+
+
+def bindings_report(directory, expect):
+    """Summarise LD_DEBUG=bindings files: nccl symbols bound from torch libraries, by target."""
+    expect_real = os.path.realpath(expect)
+    from_torch = {}  # symbol -> set of targets
+    from_other = {}  # (referencing file, symbol) -> target, for nccl symbols outside torch
+    files = [os.path.join(directory, f) for f in sorted(os.listdir(directory))]
+    for path in files:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if "nccl" not in line:
+                    continue
+                m = BINDING.search(line)
+                if not m or not re.match(r"p?nccl", m.group(3)):
+                    continue
+                src, dst, sym = m.groups()
+                if "torch" in os.path.basename(src) or "/torch/" in src:
+                    from_torch.setdefault(sym, set()).add(os.path.realpath(dst))
+                else:
+                    from_other[(os.path.basename(src), sym)] = os.path.realpath(dst)
+    print(f"bindings: {len(files)} LD_DEBUG files; expected target {expect} (= {expect_real})")
+    if not from_torch:
+        print("FAIL no nccl symbol binding from a torch library was found (did LD_DEBUG reach the ranks?)")
+        return 1
+    good = sorted(s for s, t in from_torch.items() if t == {expect_real})
+    bad = {s: t for s, t in from_torch.items() if t != {expect_real}}
+    print(f"{len(good)} nccl symbols from torch libraries bound to the expected file:")
+    print("  " + " ".join(good))
+    for sym, targets in sorted(bad.items()):
+        print(f"  ELSEWHERE {sym} -> {', '.join(sorted(targets))}")
+    for (src, sym), dst in sorted(from_other.items()):
+        note = "expected file" if dst == expect_real else dst
+        print(f"  (not from torch) {src}: {sym} -> {note}")
+    if bad:
+        print(f"FAIL {len(bad)} symbols bound elsewhere: {' '.join(sorted(bad))}")
+        return 1
+    print(f"PASS all {len(good)} bound to {expect}")
+    return 0
+
+
+def symm_child(path, rank, world, local):
+    """One rank of the symmetric-memory pair (a child of a torch-suite rank): prints SYMM lines."""
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", local)
+    torch.cuda.set_device(dev)
+    dist.init_process_group(
+        "nccl", init_method="file://" + path, rank=rank, world_size=world, device_id=dev,
+        timeout=timedelta(seconds=60),
+    )
+    expect = float(world * (world + 1) // 2)
+    all_ok = True
+
+    def group_still_works(after):
+        t = torch.full((4096,), float(rank + 1), device=dev)
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        ok = bool((t == expect).all())
+        print(f"SYMM after {after}: plain all_reduce {'correct' if ok else 'WRONG'}", flush=True)
+        return ok
+
+    def attempt(name, fn):
+        nonlocal all_ok
+        try:
+            correct = fn()
+            print(f"SYMM {name}: worked, all_reduce on it {'correct' if correct else 'WRONG'}", flush=True)
+            all_ok = all_ok and correct
+        except Exception as e:  # a clean Python exception is an acceptable outcome
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            print(f"SYMM {name}: raised {type(e).__name__}: {first[:300]}", flush=True)
+        try:
+            all_ok = group_still_works(name) and all_ok
+        except Exception as e:
+            print(f"SYMM after {name}: plain all_reduce raised {type(e).__name__}: {e}", flush=True)
+            all_ok = False
+
+    def symm_backend():
+        import torch.distributed._symmetric_memory as symm_mem
+
+        symm_mem.set_backend("NCCL")
+        buf = symm_mem.empty(1 << 18, dtype=torch.float32, device=dev)
+        buf.fill_(float(rank + 1))
+        symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
+        dist.all_reduce(buf)
+        torch.cuda.synchronize()
+        return bool((buf == expect).all())
+
+    def window_pool():
+        backend = dist.group.WORLD._get_backend(dev)
+        pool = torch.cuda.MemPool(backend.mem_allocator)
+        with torch.cuda.use_mem_pool(pool):
+            t = torch.full((1 << 18,), float(rank + 1), device=dev)
+        backend.register_mem_pool(pool, symm=True)
+        try:
+            dist.all_reduce(t)
+            torch.cuda.synchronize()
+            return bool((t == expect).all())
+        finally:
+            backend.deregister_mem_pool(pool)
+
+    attempt("symmetric memory (NCCL backend: empty + rendezvous)", symm_backend)
+    attempt("register_mem_pool(symm=True)", window_pool)
+    print(f"SYMM-RESULT {'ok' if all_ok else 'fail'}", flush=True)
+    dist.destroy_process_group()
+    return 0 if all_ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=None)
     ap.add_argument("--compare", nargs=2, default=None)
+    ap.add_argument("--symm", action="store_true", help="also run the symmetric-memory check")
+    ap.add_argument("--nonblocking", action="store_true",
+                    help="record TORCH_NCCL_USE_COMM_NONBLOCKING and check torch used it")
+    ap.add_argument("--bindings-report", default=None, metavar="DIR")
+    ap.add_argument("--expect", default=None, metavar="LIB")
+    ap.add_argument("--symm-child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.compare:
         return compare(*args.compare)
+    if args.bindings_report:
+        return bindings_report(args.bindings_report, args.expect)
+    if args.symm_child:
+        path, rank, world, local = args.symm_child
+        return symm_child(path, int(rank), int(world), int(local))
 
     import torch
     import torch.distributed as dist
@@ -42,9 +183,29 @@ def main():
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
+    print(f"[rank {rank}] pid {os.getpid()}", flush=True)
     dev = torch.device("cuda", local)
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", device_id=dev)
+    nonblocking_env = os.environ.get("TORCH_NCCL_USE_COMM_NONBLOCKING")
+    init_log = ""
+    if args.nonblocking:
+        # Capture what torch's C++ logging writes to stderr during init: with
+        # TORCH_CPP_LOG_LEVEL=INFO, ProcessGroupNCCL::useNonblocking() logs its decision.
+        captured = tempfile.TemporaryFile()
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            dist.init_process_group("nccl", device_id=dev)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        init_log = captured.read().decode(errors="replace")
+        sys.stderr.write(init_log)
+        sys.stderr.flush()
+    else:
+        dist.init_process_group("nccl", device_id=dev)
     results = []
 
     def check(name, fn):
@@ -64,6 +225,24 @@ def main():
             print(f"{'PASS' if ok_all else 'FAIL'} {name} {err}", flush=True)
 
     check("nccl version", lambda: torch.cuda.nccl.version() >= (2, 28))
+    if args.nonblocking:
+        if rank == 0:
+            print(f"TORCH_NCCL_USE_COMM_NONBLOCKING={nonblocking_env!r}", flush=True)
+
+        def nonblocking_taken():
+            if nonblocking_env is None:
+                raise RuntimeError("--nonblocking given but TORCH_NCCL_USE_COMM_NONBLOCKING is not set")
+            m = re.findall(r"non-?blocking mode:\s*(\w+)", init_log, re.IGNORECASE)
+            if not m:
+                raise RuntimeError(
+                    "not observable: torch logged no 'Using non-blocking mode' line during init "
+                    "(set TORCH_CPP_LOG_LEVEL=INFO)"
+                )
+            if m[-1].lower() not in ("1", "true"):
+                raise RuntimeError(f"torch logged 'non-blocking mode: {m[-1]}'")
+            return True
+
+        check("communicators created non-blocking (torch's own log)", nonblocking_taken)
 
     def red(op, expect_fn, dtype=torch.float32):
         t = torch.full((1000,), float(rank + 1), device=dev, dtype=dtype)
@@ -192,6 +371,66 @@ def main():
 
     check("all_reduce in a CUDA graph, replayed", graph)
 
+    def mempool():
+        # torch.cuda.MemPool over ProcessGroupNCCL's allocator (ncclMemAlloc/ncclMemFree),
+        # registered with register_mem_pool (ncclCommRegister for every segment).
+        backend = dist.group.WORLD._get_backend(dev)
+        pool = torch.cuda.MemPool(backend.mem_allocator)
+        with torch.cuda.use_mem_pool(pool):
+            t = torch.full((1 << 20,), float(rank + 1), device=dev)
+        backend.register_mem_pool(pool)
+        try:
+            dist.all_reduce(t)
+            ok = bool((t == sum(ranks)).all())
+            part = t[1000:5096]  # an interior slice of the registered segment
+            part.fill_(1.0)
+            dist.all_reduce(part)
+            ok = ok and bool((part == world).all()) and bool((t[:1000] == sum(ranks)).all())
+            torch.cuda.synchronize()
+        finally:
+            backend.deregister_mem_pool(pool)
+        del t, part
+        torch.cuda.synchronize()
+        del pool
+        return ok
+
+    check("MemPool(ncclMemAlloc) + register_mem_pool (ncclCommRegister), all_reduce", mempool)
+
+    def symm():
+        # In a child process pair, so that an abort inside torch or the library cannot take
+        # this suite down; the children rendezvous through a FileStore whose path rank 0
+        # publishes in the default store.
+        store = dist.distributed_c10d._get_default_store()
+        if rank == 0:
+            store.set("torch-suite-symm-path", os.path.join(tempfile.gettempdir(), f"torch-suite-symm-{uuid.uuid4().hex}"))
+        path = store.get("torch-suite-symm-path").decode()
+        env = dict(os.environ, TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NCCL_NVLS_ENABLE="0", NVSHMEM_DISABLE_NVLS="1")
+        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        cmd = [sys.executable, os.path.abspath(__file__), "--symm-child", path, str(rank), str(world), str(local)]
+        try:
+            p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90)
+            out, rc = p.stdout, p.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            rc = "timeout (90 s)"
+        finally:
+            if rank == 0:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+        lines = [l for l in out.splitlines() if l.startswith("SYMM")]
+        if rank == 0:
+            for l in lines:
+                print("    " + l, flush=True)
+        if rc != 0 or "SYMM-RESULT ok" not in out:
+            tail = (lines or out.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"child rank {rank} exit {rc}: {tail[:300]}")
+        return True
+
+    if args.symm:
+        check("symmetric memory / window registration: works or raises cleanly (child processes)", symm)
+
     # DDP training with a fixed seed.
     torch.manual_seed(1234)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
@@ -212,7 +451,7 @@ def main():
         dist.all_reduce(lt, op=dist.ReduceOp.AVG)
         losses.append(lt.item())
     torch.cuda.synchronize()
-    step_ms = (time.time() - t0) * 1000 / args.steps
+    step_ms = (time.time() - t0) * 1000 / max(args.steps, 1)
 
     def same_params():
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -224,9 +463,14 @@ def main():
     dist.barrier()
     if rank == 0:
         if args.out:
-            json.dump({"loss": losses, "step_ms": step_ms}, open(args.out, "w"))
+            json.dump(
+                {"loss": losses, "step_ms": step_ms, "nonblocking_env": nonblocking_env,
+                 "checks": {name: ok for name, ok, _ in results}},
+                open(args.out, "w"),
+            )
         passed = sum(1 for _, ok, _ in results if ok)
-        print(f"DDP step {step_ms:.3f} ms, final loss {losses[-1]:.5f}")
+        if losses:
+            print(f"DDP step {step_ms:.3f} ms, final loss {losses[-1]:.5f}")
         print(f"{passed} passed, {len(results) - passed} failed")
     dist.destroy_process_group()
     return 0 if all(ok for _, ok, _ in results) else 1
