@@ -1,7 +1,8 @@
 // collectives.cuh — owns the algorithms: how one work item turns into a sequence of steps on
 // its connections. Ring AllReduce (reduce-scatter then all-gather over n pieces per round),
-// ring AllGather and ReduceScatter, chain Broadcast (from root) and Reduce (to root), direct
-// Send/Recv, and local copies, each step by the Simple or the LL protocol. Type-agnostic: the arithmetic is in ox_reduce_copy.
+// one-shot AllReduce (LL to and from every peer), ring AllGather and ReduceScatter, chain
+// Broadcast (from root) and Reduce (to root), direct Send/Recv, and local copies, each step
+// by the Simple or the LL protocol. Type-agnostic: the arithmetic is in ox_reduce_copy.
 #pragma once
 #include "prims.cuh"
 
@@ -228,4 +229,132 @@ __device__ void ox_local_copy(OxShared& s) {
   a.pre = ops && ox_has_pre(w.dtype, w.op);
   a.post = ops && ox_has_post(w.dtype, w.op);
   ox_reduce_copy(a, w.dtype, w.op, w.flags, w.scalar, w.nranks);
+}
+
+// ---- one-shot all-reduce ----------------------------------------------------------------
+// One step of `nbytes` (<= one LL step): each 8-byte unit of this rank's input is
+// pre-transformed (rounded to T, exactly what a peer receives), written as LL words to every
+// peer's slot, then the values of all ranks are folded in rank order 0..n-1 (this rank's own
+// at position `rank`) and post-transformed. Every rank performs the same fold on the same
+// bits, so all ranks' results are identical.
+template <typename T, int OP>
+__device__ __noinline__ void ox_direct_move_t(OxShared& s, const char* in, char* out, uint64_t nbytes,
+                                              bool pre, bool post) {
+  const OxWork& w = s.w;
+  const OxRed<T, OP> f(w.flags, w.scalar, w.nranks);
+  const int n = w.nranks, r = w.rank, np = n - 1;
+  const volatile uint32_t* abort_flag = (const volatile uint32_t*)w.abort_flag;
+  const uint32_t ll_off = ox_simple_bytes(s.dsend[0].slot_bytes);
+  const uint64_t nunits = (nbytes + 7) / 8;
+  for (uint64_t u = threadIdx.x; u < nunits; u += blockDim.x) {
+    const uint64_t off = u * 8;
+    const uint32_t len = nbytes - off < 8 ? (uint32_t)(nbytes - off) : 8u;
+    const bool two = len > 4;
+    uint64_t v = ox_load_bytes(in + off, len);
+    if (pre) v = ox_ll_apply<T, OP>(f, v, 0, true, false, false);
+    for (int k = 0; k < np; k++) {
+      uint64_t* q = (uint64_t*)(ox_slot(s.dsend[k]) + ll_off + u * 16);
+      const uint32_t flag = (uint32_t)(s.dsend[k].step + 1);
+      ox_ll_put(q, (uint32_t)v, flag);
+      if (two) ox_ll_put(q + 1, (uint32_t)(v >> 32), flag);
+    }
+    uint64_t acc = 0;
+    for (int src = 0; src < n; src++) {
+      uint64_t x;
+      if (src == r) {
+        x = v;
+      } else {
+        const int k = ox_mod(r - 1 - src, n);
+        const uint64_t* p = (const uint64_t*)(ox_slot(s.drecv[k]) + ll_off + u * 16);
+        const uint32_t flag = (uint32_t)(s.drecv[k].step + 1);
+        uint64_t a = ox_ll_word(p);
+        uint64_t b = two ? ox_ll_word(p + 1) : ((uint64_t)flag << 32);
+        uint32_t spins = 0;
+        while ((uint32_t)(a >> 32) != flag || (uint32_t)(b >> 32) != flag) {
+          if ((uint32_t)(a >> 32) != flag) a = ox_ll_word(p);
+          if ((uint32_t)(b >> 32) != flag) b = ox_ll_word(p + 1);
+          if (++spins == OX_ABORT_POLL) {
+            spins = 0;
+            if (abort_flag && *abort_flag) {
+              *(volatile int*)&s.aborted = 1;
+              return;
+            }
+          }
+        }
+        x = (a & 0xffffffffull) | (b << 32);
+      }
+      acc = src == 0 ? x : ox_ll_apply<T, OP>(f, acc, x, false, true, false);
+    }
+    if (post) acc = ox_ll_apply<T, OP>(f, acc, 0, false, false, true);
+    ox_store_bytes(out + off, acc, len);
+  }
+}
+
+// The whole one-shot item: steps of at most one LL step each; before each, thread k waits
+// for a free slot towards peer k; after each, thread k advances both positions of peer k and
+// releases the consumed receive slot.
+__device__ __forceinline__ bool ox_direct_allreduce(OxShared& s) {
+  const OxWork& w = s.w;
+  const int np = w.nranks - 1;
+  const uint64_t es = ox_esize(w.dtype);
+  const bool ops = w.flags & OX_FLAG_OPS;
+  const bool pre = ops && ox_has_pre(w.dtype, w.op);
+  const bool post = ops && ox_has_post(w.dtype, w.op);
+  const uint64_t step_bytes = ox_ll_payload(s.dsend[0].slot_bytes);
+  const uint64_t total = w.count * es;
+  const char* in = (const char*)w.src + w.offset * es;
+  char* out = (char*)w.dst + w.offset * es;
+  const volatile uint32_t* abort_flag = (const volatile uint32_t*)w.abort_flag;
+  for (uint64_t base = 0; base < total; base += step_bytes) {
+    const uint64_t nb = ox_min(step_bytes, total - base);
+    if ((int)threadIdx.x < np) {
+      OxPeer& p = s.dsend[threadIdx.x];
+      uint32_t spins = 0;
+      while (ox_ld_acquire(p.head) + p.nslots <= p.step) {
+        if (++spins == OX_ABORT_POLL) {
+          spins = 0;
+          if (abort_flag && *abort_flag) {
+            s.aborted = 1;
+            break;
+          }
+        }
+      }
+    }
+    __syncthreads();
+    if (s.aborted) return false;
+    OX_FOR_TYPE(w.dtype, OX_FOR_OP(w.op, (ox_direct_move_t<T, OP>(s, in + base, out + base, nb, pre, post))));
+    __syncthreads();  // every word of every receive slot has been read
+    if (s.aborted) return false;
+    if ((int)threadIdx.x < np) {
+      s.dsend[threadIdx.x].step++;
+      OxPeer& q = s.drecv[threadIdx.x];
+      q.step++;
+      ox_st_release(q.head, q.step);
+    }
+    __syncthreads();
+  }
+  return true;
+}
+
+// A one-shot all-reduce item at items[i] (already in s.w) with its nranks-2 DIRECT_PEER items
+// after it: thread k opens, and at the end closes, peer k's connections. False on abort or a
+// malformed item list (the planner never makes one).
+__device__ __forceinline__ bool ox_direct_item(OxShared& s, const OxWork* items, uint32_t i, uint32_t nitems) {
+  const int npeers = s.w.nranks - 1;
+  if (npeers < 1 || npeers > OX_DIRECT_MAX_PEERS || i + npeers > nitems) return false;
+  const int k = threadIdx.x;
+  if (k < npeers) {
+    const OxWork* it = &items[i + k];
+    const OxConn sc = it->send, rc = it->recv;
+    ox_peer_open(s.dsend[k], sc);
+    ox_peer_open(s.drecv[k], rc);
+  }
+  __syncthreads();
+  if (!ox_direct_allreduce(s)) return false;
+  __syncthreads();
+  if (k < npeers) {
+    ox_peer_close(s.dsend[k]);
+    ox_peer_close(s.drecv[k]);
+  }
+  return true;
 }

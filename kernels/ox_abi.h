@@ -25,8 +25,17 @@ enum OxKind : uint32_t {
   OX_KIND_RING_REDUCE = 5,
   OX_KIND_SEND = 6,           // `count` bytes from src through `send`
   OX_KIND_RECV = 7,           // `count` bytes through `recv` into dst
-  OX_KIND_COUNT = 8
+  // One-shot all-reduce (always LL): every rank writes its input to every peer and folds all
+  // ranks' values in rank order, so every rank computes the same bits in one hop. The item
+  // carries the connections of peer k = 0 (send to rank+1, receive from rank-1); it is
+  // followed, on the same CTA, by nranks-2 OX_KIND_DIRECT_PEER items whose `send`/`recv`
+  // are those of peer k = 1.. (send to rank+1+k, receive from rank-1-k) and nothing else.
+  OX_KIND_DIRECT_ALLREDUCE = 8,
+  OX_KIND_DIRECT_PEER = 9,
+  OX_KIND_COUNT = 10
 };
+
+#define OX_DIRECT_MAX_PEERS 7  // one-shot all-reduce: at most 8 ranks
 
 // Reduction op codes (RedOp::code in Rust).
 enum OxOp : uint32_t { OX_SUM = 0, OX_PROD = 1, OX_MAX = 2, OX_MIN = 3, OX_AVG = 4, OX_PREMULSUM = 5 };

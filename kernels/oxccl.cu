@@ -20,6 +20,14 @@ __device__ __forceinline__ void ox_run(const OxWork* __restrict__ items, uint32_
       ((uint64_t*)&s.w)[threadIdx.x] = ((const uint64_t*)&items[i])[threadIdx.x];
     }
     __syncthreads();
+    if (s.w.kind == OX_KIND_DIRECT_ALLREDUCE) {
+      // The one-shot all-reduce opens and closes its own connections, its DIRECT_PEER items'
+      // too (they follow it on this CTA), and those items are then done.
+      const int npeers = s.w.nranks - 1;
+      if (!ox_direct_item(s, items, i, nitems)) return;
+      i += npeers - 1;
+      continue;
+    }
     if (threadIdx.x == 0) {
       ox_peer_open(s.send, s.w.send);
       ox_peer_open(s.recv, s.w.recv);
@@ -27,6 +35,7 @@ __device__ __forceinline__ void ox_run(const OxWork* __restrict__ items, uint32_
     __syncthreads();
     bool ok = true;
     switch (s.w.kind) {
+      case OX_KIND_DIRECT_PEER: break;  // consumed by the DIRECT_ALLREDUCE item before it
       case OX_KIND_COPY: ox_local_copy(s); break;
       case OX_KIND_RING_ALLREDUCE: ok = ox_ring_allreduce(s); break;
       case OX_KIND_RING_ALLGATHER: ok = ox_ring_allgather(s); break;

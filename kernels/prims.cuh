@@ -229,6 +229,9 @@ struct OxShared {
   OxPeer send;
   OxPeer recv;
   int aborted;
+  // One-shot all-reduce: the connections of every peer k (k = 0 is send/recv above's copy).
+  OxPeer dsend[OX_DIRECT_MAX_PEERS];
+  OxPeer drecv[OX_DIRECT_MAX_PEERS];
 };
 
 __device__ __forceinline__ void ox_peer_open(OxPeer& p, const OxConn& c) {

@@ -73,6 +73,14 @@ pub extern "C" fn pncclResetDebugInit() {
     reset_debug_init()
 }
 
+/// NVIDIA's library exports this too, and libtorch_cuda.so 2.11 imports it (by this name, not
+/// through `ncclResetDebugInit`): without it, that one symbol would still bind to NVIDIA's
+/// file under `LD_PRELOAD`. Not in nccl.h (cbindgen.toml excludes it).
+#[no_mangle]
+pub extern "C" fn ncclResetDebugInitInternal() {
+    reset_debug_init()
+}
+
 fn get_unique_id(out: *mut ncclUniqueId) -> ncclResult_t {
     entry("ncclGetUniqueId", std::ptr::null_mut(), || {
         out_ptr(out, "uniqueId")?;

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use parking_lot::Mutex;
 
 /// Where a PreMulSum scalar lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scalar {
     /// Copied at creation: the value's bytes (little-endian, `dtype.size()` long).
     Host([u8; 8]),
@@ -15,7 +15,7 @@ pub enum Scalar {
 }
 
 /// A reduction as the kernels understand it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RedOp {
     Sum,
     Prod,

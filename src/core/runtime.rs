@@ -6,11 +6,12 @@
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
-use crate::sched::{self, Geometry, Task};
+use crate::sched::{self, Geometry, Plan, Task};
 use crate::topo::Topology;
 use crate::transport::{Connections, Setup};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes of work items one launch may use (at most `MAX_ITEMS` items).
@@ -153,6 +154,10 @@ pub struct Runtime {
     /// Task shapes whose connections are known to exist: the per-call path skips
     /// `connections_needed` for them (it costs microseconds).
     connected_shapes: HashSet<Vec<Shape>>,
+    /// Plans of recent groups, by their exact tasks (buffers included): a training loop or a
+    /// benchmark repeats the same calls, and a plan is a pure function of the tasks and the
+    /// geometry, so it is computed once. Cleared whenever the geometry changes.
+    plans: HashMap<Vec<Task>, Arc<CachedPlan>>,
     comm_hash: u64,
 }
 
@@ -164,6 +169,27 @@ fn shapes(tasks: &[Task]) -> Vec<Shape> {
         .iter()
         .map(|t| (t.kind, t.dtype, t.count, t.root))
         .collect()
+}
+
+/// Most plans kept in `Runtime::plans` (the map is emptied when full).
+const PLAN_CACHE_ENTRIES: usize = 256;
+
+/// A plan and, when its items fit the inline kernel's parameter, that parameter's bytes.
+struct CachedPlan {
+    plan: Plan,
+    inline: Option<Vec<u8>>,
+}
+
+impl CachedPlan {
+    fn new(plan: Plan) -> CachedPlan {
+        let inline = (plan.nitems as usize <= sched::device::INLINE_ITEMS).then(|| {
+            let mut blob = vec![0u8; sched::device::INLINE_SIZE];
+            blob[..4].copy_from_slice(&plan.nitems.to_le_bytes());
+            blob[8..8 + plan.items.len()].copy_from_slice(&plan.items);
+            blob
+        });
+        CachedPlan { plan, inline }
+    }
 }
 
 /// Which event marks a launch's completion.
@@ -200,6 +226,7 @@ impl Runtime {
             last: None,
             geometry: None,
             connected_shapes: HashSet::new(),
+            plans: HashMap::new(),
             comm_hash,
         })
     }
@@ -265,17 +292,35 @@ impl Runtime {
         }
         cuda::set_current(self.ctx)?;
         let needed = sched::connections_needed(rank, nranks, self.nchannels, tasks);
-        let setup = Setup {
-            bootstrap: &self.bootstrap,
-            topo: &self.topo,
-            slot_bytes: self.slot_bytes,
-            nslots: sched::NSLOTS,
-            comm_hash: self.comm_hash,
-        };
+        // The one-shot all-reduce's rows get small LL-only buffers; every other row the
+        // configured ones. Both ends split alike (the row decides).
+        let (direct, regular): (Vec<_>, Vec<_>) = needed
+            .into_iter()
+            .partition(|&(row, _, _)| sched::plan::is_direct_row(self.nchannels, row));
         let before = self.conns.send.len() + self.conns.recv.len();
-        self.conns.connect(&setup, &needed)?;
+        for (rows, slot_bytes, nslots) in [
+            (regular, self.slot_bytes, sched::NSLOTS),
+            (
+                direct,
+                sched::cost::DIRECT_SLOT_BYTES,
+                sched::cost::DIRECT_NSLOTS,
+            ),
+        ] {
+            if rows.is_empty() {
+                continue;
+            }
+            let setup = Setup {
+                bootstrap: &self.bootstrap,
+                topo: &self.topo,
+                slot_bytes,
+                nslots,
+                comm_hash: self.comm_hash,
+            };
+            self.conns.connect(&setup, &rows)?;
+        }
         if self.conns.send.len() + self.conns.recv.len() != before {
             self.geometry = None;
+            self.plans.clear();
         }
         // Bounded: a program with endlessly varying shapes just keeps computing them.
         if self.connected_shapes.len() < 4096 {
@@ -298,7 +343,19 @@ impl Runtime {
         if self.geometry.is_none() {
             self.geometry = Some(self.build_geometry(rank, nranks));
         }
-        let plan = sched::plan(self.geometry.as_ref().expect("built above"), tasks)?;
+        let cached = match self.plans.get(tasks) {
+            Some(cached) => cached.clone(),
+            None => {
+                let plan = sched::plan(self.geometry.as_ref().expect("built above"), tasks)?;
+                let cached = Arc::new(CachedPlan::new(plan));
+                if self.plans.len() >= PLAN_CACHE_ENTRIES {
+                    self.plans.clear();
+                }
+                self.plans.insert(tasks.to_vec(), cached.clone());
+                cached
+            }
+        };
+        let plan = &cached.plan;
         if plan.nitems == 0 {
             return Ok(());
         }
@@ -321,17 +378,15 @@ impl Runtime {
                 }
             }
         }
-        let done = if plan.nitems as usize <= sched::device::INLINE_ITEMS {
-            let mut blob = vec![0u8; sched::device::INLINE_SIZE];
-            blob[..4].copy_from_slice(&plan.nitems.to_le_bytes());
-            blob[8..8 + plan.items.len()].copy_from_slice(&plan.items);
+        let done = if let Some(blob) = &cached.inline {
             cuda::module::launch_blob(
                 cuda::module::INLINE_KERNEL,
                 plan.grid,
                 plan.block,
                 plan.smem,
                 stream,
-                &blob,
+                blob,
+                8 + plan.items.len(),
             )?;
             Done::Inline
         } else {

@@ -124,44 +124,67 @@ pub fn launch_args(
         .map(|v| v.as_mut_ptr().cast::<c_void>())
         .collect();
     // `values` outlives the launch, which copies the parameters before returning.
-    launch_raw(name, func, grid, block, smem, stream, &mut params)
+    let res = launch_raw(func, grid, block, smem, stream, &mut params, &mut []);
+    launch_checked(name, grid, block, res)
 }
 
-/// `cuLaunchKernel` with parameter pointers already laid out for the kernel's signature.
+/// `cuLaunchKernel` with parameter pointers already laid out for the kernel's signature, or
+/// (when `params` is empty) with `extra` describing one parameter buffer.
 fn launch_raw(
-    name: &str,
     func: CUfunction,
     grid: u32,
     block: u32,
     smem: u32,
     stream: CUstream,
     params: &mut [*mut c_void],
-) -> Result<()> {
+    extra: &mut [*mut c_void],
+) -> sys::CUresult {
+    let params_ptr = if params.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        params.as_mut_ptr()
+    };
+    let extra_ptr = if extra.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        extra.as_mut_ptr()
+    };
     // SAFETY: func is a kernel of our module; params holds one pointer per kernel parameter,
-    // each to bytes holding the value in the parameter's C type (the callers' contract); the
-    // driver copies the parameters before returning and never writes through the pointers.
+    // each to bytes holding the value in the parameter's C type, or extra is a
+    // CU_LAUNCH_PARAM_END-terminated list naming one buffer and its size (the callers'
+    // contract); the driver copies the parameters before returning and writes through none.
+    unsafe {
+        sys::cuLaunchKernel(
+            func, grid, 1, 1, block, 1, 1, smem, stream, params_ptr, extra_ptr,
+        )
+    }
+}
+
+fn launch_checked(name: &str, grid: u32, block: u32, res: sys::CUresult) -> Result<()> {
+    if res == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    // The message is formatted only on failure: launches are on the per-call path.
     check(
-        unsafe {
-            sys::cuLaunchKernel(
-                func,
-                grid,
-                1,
-                1,
-                block,
-                1,
-                1,
-                smem,
-                stream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        },
+        res,
         &format!("cuLaunchKernel({name}, grid {grid}, block {block})"),
     )
 }
 
+/// The `extra` markers of `cuLaunchKernel` (cuda.h's CU_LAUNCH_PARAM_*).
+const LAUNCH_PARAM_END: *mut c_void = std::ptr::null_mut();
+const LAUNCH_PARAM_BUFFER_POINTER: *mut c_void = std::ptr::without_provenance_mut(1);
+const LAUNCH_PARAM_BUFFER_SIZE: *mut c_void = std::ptr::without_provenance_mut(2);
+
+/// Set when the driver refused a parameter buffer shorter than the kernel's parameter; every
+/// later launch then passes the whole struct.
+static SHORT_PARAMS_REFUSED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Launch `name`, whose one parameter is a struct passed by value, with that struct's bytes
-/// (`blob` must be exactly the parameter's size).
+/// (`blob` must be exactly the parameter's size). Only the first `used` bytes are meaningful:
+/// like NVIDIA's library, only those are handed to the driver, so a launch with one work item
+/// does not copy a 4 KiB parameter (falling back to the whole struct if the driver refuses).
 pub fn launch_blob(
     name: &'static str,
     grid: u32,
@@ -169,14 +192,43 @@ pub fn launch_blob(
     smem: u32,
     stream: CUstream,
     blob: &[u8],
+    used: usize,
 ) -> Result<()> {
+    use std::sync::atomic::Ordering;
     if grid == 0 {
         return Ok(());
     }
     let func = function(name)?;
-    // The kernel's single parameter is a struct of `blob.len()` bytes (the caller's contract).
-    let mut params: [*mut c_void; 1] = [blob.as_ptr() as *mut c_void];
-    launch_raw(name, func, grid, block, smem, stream, &mut params)
+    let used = used.clamp(1, blob.len());
+    let short = used < blob.len() && !SHORT_PARAMS_REFUSED.load(Ordering::Relaxed);
+    let mut size = if short { used } else { blob.len() };
+    let mut extra: [*mut c_void; 5] = [
+        LAUNCH_PARAM_BUFFER_POINTER,
+        blob.as_ptr() as *mut c_void,
+        LAUNCH_PARAM_BUFFER_SIZE,
+        (&mut size as *mut usize).cast(),
+        LAUNCH_PARAM_END,
+    ];
+    let res = launch_raw(func, grid, block, smem, stream, &mut [], &mut extra);
+    if short && res == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+        SHORT_PARAMS_REFUSED.store(true, Ordering::Relaxed);
+        crate::info!(
+            INIT,
+            "the driver refused a {used}-byte parameter buffer for {name}; passing all {} bytes",
+            blob.len()
+        );
+        size = blob.len();
+        let mut extra: [*mut c_void; 5] = [
+            LAUNCH_PARAM_BUFFER_POINTER,
+            blob.as_ptr() as *mut c_void,
+            LAUNCH_PARAM_BUFFER_SIZE,
+            (&mut size as *mut usize).cast(),
+            LAUNCH_PARAM_END,
+        ];
+        let res = launch_raw(func, grid, block, smem, stream, &mut [], &mut extra);
+        return launch_checked(name, grid, block, res);
+    }
+    launch_checked(name, grid, block, res)
 }
 
 /// Launch a plan's kernel: `kernel(items, nitems)`, where `items` is the device copy of

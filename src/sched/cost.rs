@@ -42,22 +42,31 @@ pub const BLOCK_THREADS: u32 = 512;
 /// Most CTAs one launch uses; every CTA must be resident at once (they wait on each other),
 /// so this stays well below the SM count of any supported GPU (H100/H200: 132).
 pub const MAX_CTAS: u32 = 64;
-/// Most channels one P2P operation is split over (per peer and direction).
-pub const P2P_MAX_CHANNELS: u32 = 16;
-/// P2P bytes per channel before another channel is added.
-pub const P2P_BYTES_PER_CHANNEL: u64 = 1 << 20;
+/// Most channels one P2P operation is split over (per peer and direction): on 2 H200s a
+/// 512 MiB sendrecv reached 312 GB/s with 16, 340 GB/s with 32 and 203 GB/s with 64 (send and
+/// receive CTAs then exceed `MAX_CTAS` and share CTAs) (docs/bench.md, session 2 run 1).
+pub const P2P_MAX_CHANNELS: u32 = 32;
+/// P2P bytes per channel before another channel is added (one CTA moves about 20 GB/s).
+pub const P2P_BYTES_PER_CHANNEL: u64 = 256 << 10;
 
+// Constants fitted to a forced-channel sweep on 2 H200s (docs/bench.md, session 2 run 1):
+// Simple all-reduce busbw 59 / 219 / 278 / 342 GB/s on 4 / 16 / 32 / 64 channels at 64 MiB,
+// which `LINK_GBPS * (1 - exp(-nch * CHANNEL_GBPS / LINK_GBPS))` follows within 15%; each
+// Simple channel adds about 0.55 µs to a call (its per-step release stores); an LL channel
+// moves about 4 GB/s of payload, and is charged 0.3 µs so that small reductions stay on few
+// channels (model-chosen LL reductions on 2-7 channels were slower than expected in run 1).
 pub const LAUNCH_US: f64 = 6.0;
-pub const HOP_US: f64 = 1.5;
-pub const CHANNEL_GBPS: f64 = 6.0;
+pub const HOP_US: f64 = 3.0;
+pub const CHANNEL_GBPS: f64 = 16.0;
 pub const LINK_GBPS: f64 = 380.0;
 pub const SLOT_OVERHEAD_US: f64 = 0.5;
-pub const CHANNEL_US: f64 = 0.2;
-pub const LL_HOP_US: f64 = 0.6;
-pub const LL_CHANNEL_GBPS: f64 = 3.0;
+pub const CHANNEL_US: f64 = 0.55;
+pub const LL_HOP_US: f64 = 1.5;
+pub const LL_CHANNEL_GBPS: f64 = 4.0;
+pub const LL_CHANNEL_US: f64 = 0.3;
 pub const LL_STEP_US: f64 = 0.1;
 /// Largest ring collective (task bytes) that may take LL while Simple is allowed.
-pub const LL_MAX_BYTES: u64 = 1 << 20;
+pub const LL_MAX_BYTES: u64 = 512 << 10;
 /// Largest P2P operation (bytes) that takes LL while Simple is allowed.
 pub const P2P_LL_MAX_BYTES: u64 = 64 << 10;
 
@@ -172,7 +181,8 @@ fn ring_shape(kind: CollKind, bytes: u64, nranks: i32) -> (f64, f64) {
 pub fn ring_time_us(kind: CollKind, bytes: u64, nranks: i32, nch: u32) -> f64 {
     let (hops, wire) = ring_shape(kind, bytes, nranks);
     let nch = nch.max(1) as f64;
-    let bw = (nch * CHANNEL_GBPS).min(LINK_GBPS) * 1e3;
+    // Channels add bandwidth until the link saturates, with diminishing returns on the way.
+    let bw = LINK_GBPS * (1.0 - (-nch * CHANNEL_GBPS / LINK_GBPS).exp()) * 1e3;
     let slots = (wire / nch / SLOT_BYTES as f64).ceil();
     LAUNCH_US + hops * HOP_US + wire / bw + slots * SLOT_OVERHEAD_US + nch * CHANNEL_US
 }
@@ -195,7 +205,7 @@ pub fn ring_time_ll_us(kind: CollKind, bytes: u64, nranks: i32, nch: u32) -> f64
     let bw = (nch * LL_CHANNEL_GBPS).min(LINK_GBPS / 2.0) * 1e3;
     let step = super::device::ll_step_bytes(SLOT_BYTES) as f64;
     let steps = (wire / nch / step).ceil();
-    LAUNCH_US + hops * LL_HOP_US + wire / bw + steps * LL_STEP_US + nch * CHANNEL_US
+    LAUNCH_US + hops * LL_HOP_US + wire / bw + steps * LL_STEP_US + nch * LL_CHANNEL_US
 }
 
 /// Protocol (true = LL) and channels for a ring collective under the protocols `allowed`.
@@ -242,6 +252,78 @@ pub fn p2p_ll(bytes: u64) -> bool {
     p2p_ll_with(bytes, protocols())
 }
 
+/// Bytes per slot and slots of the connections of the one-shot all-reduce's rows: it only uses
+/// LL regions, so its buffers are small (an LL step there carries `DIRECT_SLOT_BYTES / 16`).
+pub const DIRECT_SLOT_BYTES: u32 = 256 << 10;
+pub const DIRECT_NSLOTS: u32 = 4;
+/// Most channels (and rows of connections) of the one-shot all-reduce.
+pub const DIRECT_MAX_CHANNELS: u32 = 16;
+/// Largest all-reduce (bytes) that may take the one-shot path.
+pub const DIRECT_MAX_BYTES: u64 = 256 << 10;
+
+/// Modelled time in µs of a one-shot all-reduce on `nch` channels: one LL hop, and every
+/// rank's CTAs write its whole input to each of the n-1 peers and read theirs.
+pub fn direct_time_us(bytes: u64, nranks: i32, nch: u32) -> f64 {
+    let peers = (nranks.max(2) - 1) as f64;
+    let nch = nch.max(1) as f64;
+    let b = bytes as f64;
+    let step = super::device::ll_step_bytes(DIRECT_SLOT_BYTES) as f64;
+    let steps = (b / nch / step).ceil().max(1.0);
+    let bw = (nch * LL_CHANNEL_GBPS).min(LINK_GBPS / 2.0) * 1e3;
+    LAUNCH_US + LL_HOP_US + peers * b / bw + steps * LL_STEP_US + nch * LL_CHANNEL_US
+}
+
+/// How an all-reduce is carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllReducePlan {
+    /// One-shot on `nch` channels (LL).
+    Direct { nch: u32 },
+    /// Ring with LL (`ll`) or Simple on `nch` channels.
+    Ring { ll: bool, nch: u32 },
+}
+
+/// The all-reduce plan under the protocols and algorithms `allowed`: the one-shot path when
+/// LL and the one-shot path are allowed, the ranks are at most `DIRECT_MAX_PEERS + 1`, the
+/// message at most `DIRECT_MAX_BYTES`, and the model says it beats the ring.
+pub fn allreduce_plan_with(
+    bytes: u64,
+    nranks: i32,
+    max_channels: u32,
+    allowed: Protocols,
+    algos: Algorithms,
+) -> AllReducePlan {
+    let (ll, nch) = ring_plan_with(CollKind::AllReduce, bytes, nranks, max_channels, allowed);
+    let direct_ok = allowed.ll
+        && algos.one_shot
+        && (2..=super::device::DIRECT_MAX_PEERS as i32 + 1).contains(&nranks)
+        && bytes <= DIRECT_MAX_BYTES;
+    if !direct_ok {
+        return AllReducePlan::Ring { ll, nch };
+    }
+    let ring_t = if ll {
+        ring_time_ll_us(CollKind::AllReduce, bytes, nranks, nch)
+    } else {
+        ring_time_us(CollKind::AllReduce, bytes, nranks, nch)
+    };
+    let floor = min_channels_setting().min(DIRECT_MAX_CHANNELS.min(max_channels).max(1));
+    let dnch = (1..=DIRECT_MAX_CHANNELS.min(max_channels).max(1))
+        .min_by(|&a, &b| {
+            direct_time_us(bytes, nranks, a).total_cmp(&direct_time_us(bytes, nranks, b))
+        })
+        .unwrap_or(1)
+        .max(floor);
+    if direct_time_us(bytes, nranks, dnch) < ring_t {
+        AllReducePlan::Direct { nch: dnch }
+    } else {
+        AllReducePlan::Ring { ll, nch }
+    }
+}
+
+/// The all-reduce plan under `NCCL_PROTO` and `NCCL_ALGO`.
+pub fn allreduce_plan(bytes: u64, nranks: i32, max_channels: u32) -> AllReducePlan {
+    allreduce_plan_with(bytes, nranks, max_channels, protocols(), algorithms())
+}
+
 /// The user's channel floor, read once (1 when unset).
 fn min_channels_setting() -> u32 {
     static MIN: once_cell::sync::Lazy<u32> = once_cell::sync::Lazy::new(|| {
@@ -251,9 +333,15 @@ fn min_channels_setting() -> u32 {
     *MIN
 }
 
-/// Channels for a local copy of `bytes` (about 8 MiB per CTA, at most `max_channels`).
+/// Most CTAs of one local copy.
+pub const COPY_MAX_CHANNELS: u32 = 16;
+
+/// Channels for a local copy of `bytes` (about 1 MiB per CTA, at most `COPY_MAX_CHANNELS` and
+/// `max_channels`): an alltoall's own block must neither sit on one CTA nor take the CTAs its
+/// sends and receives run on.
 pub fn copy_channels(bytes: u64, max_channels: u32) -> u32 {
-    (bytes.div_ceil(8 << 20)).clamp(1, max_channels.max(1) as u64) as u32
+    let max = COPY_MAX_CHANNELS.min(max_channels).max(1) as u64;
+    (bytes.div_ceil(1 << 20)).clamp(1, max) as u32
 }
 
 /// `NCCL_MIN_P2P_NCHANNELS` and `NCCL_MAX_P2P_NCHANNELS`, read once: the range of channels
@@ -274,6 +362,20 @@ fn p2p_channel_range() -> (u32, u32) {
 pub fn p2p_channels(bytes: u64, nchannels: u32) -> u32 {
     let (min, max) = p2p_channel_range();
     p2p_channels_in(bytes, nchannels, min, max)
+}
+
+/// Channels for one P2P operation of `bytes` that is part of a `kind` task: the operations
+/// of AlltoAll, Gather and Scatter share the launch with their siblings and a local copy, so
+/// they take at most half of `p2p_channels`' range (a function of kind and bytes, so both
+/// ends, whose tasks are of the same kind, agree).
+pub fn p2p_channels_for(kind: CollKind, bytes: u64, nchannels: u32) -> u32 {
+    let (min, max) = p2p_channel_range();
+    match kind {
+        CollKind::AlltoAll | CollKind::Gather | CollKind::Scatter => {
+            p2p_channels_in(bytes, nchannels, min.min(max / 2).max(1), (max / 2).max(1))
+        }
+        _ => p2p_channels_in(bytes, nchannels, min, max),
+    }
 }
 
 /// `p2p_channels` with an explicit channel range.
@@ -335,7 +437,10 @@ pub fn algorithms() -> Algorithms {
                  the one-shot all-reduce; using Ring"
             );
         } else if !spec.is_empty() {
-            crate::info!(INIT, "NCCL_ALGO={spec}: Ring only (one-shot all-reduce off)");
+            crate::info!(
+                INIT,
+                "NCCL_ALGO={spec}: Ring only (one-shot all-reduce off)"
+            );
         }
         algos
     });
@@ -453,6 +558,49 @@ mod tests {
     }
 
     #[test]
+    fn one_shot_allreduce_for_small_messages_only() {
+        let both = parse_protocols("");
+        let on = Algorithms { one_shot: true };
+        let off = Algorithms { one_shot: false };
+        for n in [2, 4, 8] {
+            assert!(
+                matches!(
+                    allreduce_plan_with(8, n, NCHANNELS, both, on),
+                    AllReducePlan::Direct { nch: 1 }
+                ),
+                "n={n}"
+            );
+            assert!(matches!(
+                allreduce_plan_with(64 << 20, n, NCHANNELS, both, on),
+                AllReducePlan::Ring { ll: false, .. }
+            ));
+            // NCCL_ALGO set, or LL excluded: never one-shot.
+            assert!(matches!(
+                allreduce_plan_with(8, n, NCHANNELS, both, off),
+                AllReducePlan::Ring { .. }
+            ));
+            assert!(matches!(
+                allreduce_plan_with(8, n, NCHANNELS, parse_protocols("Simple"), on),
+                AllReducePlan::Ring { ll: false, .. }
+            ));
+        }
+        // Nine ranks and more, or more than DIRECT_MAX_BYTES: ring.
+        assert!(matches!(
+            allreduce_plan_with(8, 9, NCHANNELS, both, on),
+            AllReducePlan::Ring { .. }
+        ));
+        assert!(matches!(
+            allreduce_plan_with(DIRECT_MAX_BYTES + 4, 2, NCHANNELS, both, on),
+            AllReducePlan::Ring { .. }
+        ));
+        if let AllReducePlan::Direct { nch } =
+            allreduce_plan_with(256 << 10, 2, NCHANNELS, both, on)
+        {
+            assert!(nch > 1 && nch <= DIRECT_MAX_CHANNELS);
+        }
+    }
+
+    #[test]
     fn nccl_algo_parsing() {
         let on = Algorithms { one_shot: true };
         let off = Algorithms { one_shot: false };
@@ -462,7 +610,10 @@ mod tests {
         assert_eq!(parse_algorithms("Tree"), (off, true));
         assert_eq!(parse_algorithms("^Ring"), (off, true));
         assert_eq!(parse_algorithms("^Tree"), (off, false));
-        assert_eq!(parse_algorithms("allreduce:tree;broadcast:ring"), (off, false));
+        assert_eq!(
+            parse_algorithms("allreduce:tree;broadcast:ring"),
+            (off, false)
+        );
         assert_eq!(parse_algorithms("allreduce:tree"), (off, true));
     }
 
@@ -479,9 +630,57 @@ mod tests {
     fn p2p_channels_depend_on_bytes_only() {
         assert_eq!(p2p_channels(0, 24), 1);
         assert_eq!(p2p_channels(8, 24), 1);
-        assert_eq!(p2p_channels(3 << 20, 24), 3);
-        assert_eq!(p2p_channels(1 << 30, 24), P2P_MAX_CHANNELS);
+        assert_eq!(p2p_channels(3 << 20, 24), 12);
+        assert_eq!(p2p_channels(512 << 10, 24), 2);
+        assert_eq!(p2p_channels(1 << 30, 24), 24);
+        assert_eq!(p2p_channels(1 << 30, 64), P2P_MAX_CHANNELS);
         assert_eq!(p2p_channels(1 << 30, 4), 4);
-        assert!(copy_channels(1 << 30, 24) == 24 && copy_channels(1, 24) == 1);
+        assert!(copy_channels(1 << 30, 24) == COPY_MAX_CHANNELS && copy_channels(1, 24) == 1);
+        assert_eq!(copy_channels(16 << 20, 64), 16);
+        assert_eq!(copy_channels(3 << 20, 2), 2);
+        assert_eq!(
+            p2p_channels_for(CollKind::AlltoAll, 1 << 30, 64),
+            P2P_MAX_CHANNELS / 2
+        );
+        assert_eq!(
+            p2p_channels_for(CollKind::Send, 1 << 30, 64),
+            P2P_MAX_CHANNELS
+        );
+    }
+}
+#[cfg(test)]
+mod probe {
+    #[test]
+    #[ignore]
+    fn print_choices() {
+        use super::*;
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::AllGather,
+            CollKind::ReduceScatter,
+            CollKind::Broadcast,
+        ] {
+            for s in [
+                8u64,
+                512,
+                2048,
+                8192,
+                32768,
+                131072,
+                524288,
+                2 << 20,
+                8 << 20,
+                32 << 20,
+                128 << 20,
+            ] {
+                let (ll, nch) = ring_plan_with(kind, s, 2, NCHANNELS, parse_protocols(""));
+                let t = if ll {
+                    ring_time_ll_us(kind, s, 2, nch)
+                } else {
+                    ring_time_us(kind, s, 2, nch)
+                };
+                println!("{kind:?} {s} ll={ll} nch={nch} t={t:.1}");
+            }
+        }
     }
 }

@@ -47,7 +47,14 @@ pub enum WorkKind {
     RingReduce = 5,
     Send = 6,
     Recv = 7,
+    /// One-shot all-reduce over LL; followed on its CTA by `nranks - 2` `DirectPeer` items
+    /// carrying the connections of the other peers (see `OX_KIND_DIRECT_ALLREDUCE`).
+    DirectAllReduce = 8,
+    DirectPeer = 9,
 }
+
+/// `OX_DIRECT_MAX_PEERS`: the one-shot all-reduce runs on at most this many peers + 1 ranks.
+pub const DIRECT_MAX_PEERS: usize = 7;
 
 /// `scalar` is a device pointer to the PreMulSum value.
 pub const FLAG_SCALAR_DEVICE: u32 = 1;

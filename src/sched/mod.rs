@@ -40,7 +40,7 @@ impl CollKind {
 /// One operation of a group, as the user called it. `count` keeps the API's meaning:
 /// per-rank count for AllGather (sendcount), ReduceScatter (recvcount), AlltoAll, Gather and
 /// Scatter; the whole buffer otherwise. `root` is the root rank, or the peer for Send/Recv.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Task {
     pub kind: CollKind,
     pub dtype: ncclDataType_t,

@@ -65,9 +65,21 @@ pub struct Plan {
     pub nitems: u32,
 }
 
-/// Rows of `Geometry::send`/`recv`: ring channels, then as many P2P channels.
+/// Rows of `Geometry::send`/`recv`: ring channels, then as many P2P channels, then the
+/// one-shot all-reduce's `DIRECT_MAX_CHANNELS` rows (connections with small LL-only buffers,
+/// `cost::DIRECT_SLOT_BYTES`).
 pub fn conn_channels(nchannels: u32) -> u32 {
-    2 * nchannels
+    2 * nchannels + cost::DIRECT_MAX_CHANNELS
+}
+
+/// The connection row of channel `d` of the one-shot all-reduce.
+pub fn direct_channel(nchannels: u32, d: u32) -> u32 {
+    2 * nchannels + d
+}
+
+/// Whether connection row `row` is one of the one-shot all-reduce's.
+pub fn is_direct_row(nchannels: u32, row: u32) -> bool {
+    row >= 2 * nchannels
 }
 
 /// The connection channel that carries part `part` of a P2P operation.
@@ -127,6 +139,51 @@ fn is_reduction(kind: CollKind) -> bool {
         kind,
         CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
     )
+}
+
+/// The items of a one-shot all-reduce on `nch` channels: per channel, a `DirectAllReduce`
+/// item with the connections of peer 0 (send to rank+1, receive from rank-1) followed by a
+/// `DirectPeer` item for each further peer k (send to rank+1+k, receive from rank-1-k), all
+/// on the channel's CTA with the task's key, so they stay together in the CTA's item list.
+#[allow(clippy::too_many_arguments)]
+fn push_direct(
+    pieces: &mut Vec<Piece>,
+    base: &dyn Fn(WorkKind) -> OxWork,
+    seq: u64,
+    task: &Task,
+    nch: u32,
+    gran: u64,
+    rank: i32,
+    nranks: i32,
+    nchannels: u32,
+) {
+    let count = task.count as u64;
+    for (c, (start, len)) in split(count, nch, gran).into_iter().enumerate() {
+        if len == 0 {
+            continue;
+        }
+        let row = direct_channel(nchannels, c as u32);
+        for k in 0..nranks - 1 {
+            let mut w = base(if k == 0 {
+                WorkKind::DirectAllReduce
+            } else {
+                WorkKind::DirectPeer
+            });
+            w.flags |= FLAG_LL;
+            w.src = task.sendbuff;
+            w.dst = task.recvbuff;
+            w.offset = start;
+            w.count = len;
+            w.block = count;
+            pieces.push(Piece {
+                group: Group::Chan(c as u32),
+                key: (0, seq, 0, 0, 0),
+                work: w,
+                send: Some((row, (rank + 1 + k).rem_euclid(nranks))),
+                recv: Some((row, (rank - 1 - k).rem_euclid(nranks))),
+            });
+        }
+    }
 }
 
 /// The items of `tasks` on `rank`, without connections resolved.
@@ -217,8 +274,28 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
                         task.root
                     )));
                 }
-                let (ll, nch) = cost::ring_plan(task.kind, bytes, nranks, nchannels);
                 let gran = (16 / es).max(1);
+                let (ll, nch) = if task.kind == CollKind::AllReduce {
+                    match cost::allreduce_plan(bytes, nranks, nchannels) {
+                        cost::AllReducePlan::Ring { ll, nch } => (ll, nch),
+                        cost::AllReducePlan::Direct { nch } => {
+                            push_direct(
+                                &mut pieces,
+                                &base,
+                                seq,
+                                task,
+                                nch,
+                                gran,
+                                rank,
+                                nranks,
+                                nchannels,
+                            );
+                            continue;
+                        }
+                    }
+                } else {
+                    cost::ring_plan(task.kind, bytes, nranks, nchannels)
+                };
                 for (c, (start, len)) in split(count, nch, gran).into_iter().enumerate() {
                     if len == 0 {
                         continue;
@@ -362,7 +439,7 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
                         Dir::Recv => (op.peer, rank),
                     };
                     let round = (dst - src).rem_euclid(nranks) as u64;
-                    let parts = cost::p2p_channels(op.bytes, nchannels);
+                    let parts = cost::p2p_channels_for(task.kind, op.bytes, nchannels);
                     let ll = cost::p2p_ll(op.bytes);
                     for (j, (start, len)) in split(op.bytes, parts, 512).into_iter().enumerate() {
                         if len == 0 {

@@ -23,6 +23,11 @@ const S_RECV: u32 = 2;
 const S_IN: u32 = 4;
 const S_OUT: u32 = 8;
 const S_POST: u32 = 16;
+/// One-shot all-reduce, first half of a step: wait for free slots towards every peer, then
+/// write this rank's pre-transformed values to all of them.
+const S_DSEND: u32 = 32;
+/// Second half: wait for every peer's words, fold all ranks in rank order, write the output.
+const S_DRECV: u32 = 64;
 
 #[derive(Clone, Copy, Debug)]
 struct Step {
@@ -144,6 +149,15 @@ fn steps_of(w: &OxWork) -> Vec<Step> {
             let len = w.chunk.min(w.count - base);
             push(what, inb + base * es, outb + base * es, len);
             base += w.chunk;
+        }
+    } else if kind == WorkKind::DirectAllReduce as u32 {
+        let chunk = ll_step_bytes(w.send.slot_bytes) as u64 / es;
+        let mut base = 0;
+        while base < w.count {
+            let len = chunk.min(w.count - base);
+            push(S_DSEND, inb + base * es, 0, len);
+            push(S_DRECV, 0, outb + base * es, len);
+            base += chunk;
         }
     } else if kind == WorkKind::Send as u32 || kind == WorkKind::Recv as u32 {
         let send = kind == WorkKind::Send as u32;
@@ -349,6 +363,10 @@ struct Cta {
     steps: Vec<Step>,
     next_step: usize,
     active: Option<OxWork>,
+    /// One-shot all-reduce: (send, recv) connection of every peer k, as the kernel gathers
+    /// them from the item and its DirectPeer items, and this rank's values of the step.
+    direct: Vec<(OxConn, OxConn)>,
+    direct_own: Vec<u8>,
 }
 
 impl World {
@@ -367,6 +385,27 @@ impl World {
                 self.copy(&w);
                 cta.active = None;
             }
+            assert_ne!(
+                w.kind,
+                WorkKind::DirectPeer as u32,
+                "a DirectPeer item without its DirectAllReduce item before it"
+            );
+            if w.kind == WorkKind::DirectAllReduce as u32 {
+                let peers = (w.nranks - 1) as usize;
+                let mut direct = vec![(w.send, w.recv)];
+                for _ in 1..peers {
+                    let p = cta.items[cta.next_item];
+                    assert_eq!(
+                        p.kind,
+                        WorkKind::DirectPeer as u32,
+                        "DirectPeer item expected"
+                    );
+                    assert_eq!((p.offset, p.count), (w.offset, w.count));
+                    direct.push((p.send, p.recv));
+                    cta.next_item += 1;
+                }
+                cta.direct = direct;
+            }
             return true;
         };
         if cta.next_step == cta.steps.len() {
@@ -374,6 +413,13 @@ impl World {
             return true;
         }
         let s = cta.steps[cta.next_step];
+        if s.what & (S_DSEND | S_DRECV) != 0 {
+            if !self.direct_step(&w, cta, s) {
+                return false;
+            }
+            cta.next_step += 1;
+            return true;
+        }
         let send = s.what & S_SEND != 0;
         let recv = s.what & S_RECV != 0;
         let ll = w.flags & FLAG_LL != 0;
@@ -441,6 +487,82 @@ impl World {
         true
     }
 
+    /// One half-step of a one-shot all-reduce (see S_DSEND / S_DRECV); false if it must wait.
+    fn direct_step(&mut self, w: &OxWork, cta: &mut Cta, s: Step) -> bool {
+        let es = ncclDataType_t::ALL[w.dtype as usize].size();
+        let nb = s.n as usize * es;
+        let ar = arith(w);
+        let ops = w.flags & FLAG_OPS != 0;
+        let n = w.nranks as i64;
+        if s.what & S_DSEND != 0 {
+            for (sc, _) in &cta.direct {
+                let k = self.position(sc.step);
+                if self.conn(sc).head + sc.nslots as u64 <= k {
+                    return false;
+                }
+            }
+            let input = self.mem.slice(s.inp, nb as u64).to_vec();
+            let mut own = vec![0u8; nb];
+            for i in 0..s.n as usize {
+                let e = i * es..(i + 1) * es;
+                let mut v = ar.read(&input[e.clone()]);
+                if ops {
+                    v = ar.pre(v);
+                }
+                ar.write(&mut own[e], v);
+            }
+            for (sc, _) in cta.direct.clone() {
+                let k = self.position(sc.step);
+                self.publish(&sc, k, &own, true);
+                *self.positions.entry(sc.step).or_default() += 1;
+            }
+            cta.direct_own = own;
+            return true;
+        }
+        // S_DRECV: every peer's words must be there.
+        let mut from: Vec<Option<Vec<u8>>> = vec![None; n as usize];
+        for (k, (_, rc)) in cta.direct.iter().enumerate() {
+            let pos = self.position(rc.step);
+            let Some(v) = self.try_receive(rc, pos, nb as u64, true) else {
+                return false;
+            };
+            from[modn(w.rank as i64 - 1 - k as i64, n) as usize] = Some(v);
+        }
+        for (_, rc) in cta.direct.clone() {
+            let pos = self.position(rc.step);
+            let conn = self.conn(&rc);
+            let sent = conn
+                .pending
+                .pop_front()
+                .expect("receiver got data nobody sent");
+            assert_eq!(
+                sent,
+                (nb as u64, true),
+                "one-shot step sent and received differently"
+            );
+            conn.head = pos + 1;
+            *self.positions.entry(rc.step).or_default() += 1;
+        }
+        from[w.rank as usize] = Some(std::mem::take(&mut cta.direct_own));
+        let mut out = vec![0u8; nb];
+        for i in 0..s.n as usize {
+            let e = i * es..(i + 1) * es;
+            let mut acc = ar.read(&from[0].as_ref().expect("rank 0's values")[e.clone()]);
+            for vals in from.iter().skip(1) {
+                acc = ar.combine(
+                    acc,
+                    ar.read(&vals.as_ref().expect("every rank's values")[e.clone()]),
+                );
+            }
+            if ops {
+                acc = ar.post(acc);
+            }
+            ar.write(&mut out[e], acc);
+        }
+        self.mem.slice_mut(s.out, nb as u64).copy_from_slice(&out);
+        true
+    }
+
     fn copy(&mut self, w: &OxWork) {
         let es = ncclDataType_t::ALL[w.dtype as usize].size() as u64;
         let ar = arith(w);
@@ -504,6 +626,13 @@ fn geometries(
                 Dir::Recv => (peer, rank as i32),
             };
             let base = id(ch, src, dst);
+            // The one-shot all-reduce's rows have their own small buffers, as the runtime
+            // connects them.
+            let (slot_bytes, nslots) = if super::plan::is_direct_row(nchannels, ch) {
+                (super::cost::DIRECT_SLOT_BYTES, super::cost::DIRECT_NSLOTS)
+            } else {
+                (slot_bytes, nslots)
+            };
             let conn = OxConn {
                 buf: base,
                 tail: base + 1,
@@ -548,6 +677,8 @@ fn run(world: &mut World, geoms: &[Geometry], tasks: &[Vec<Task>], launches: usi
                     steps: Vec::new(),
                     next_step: 0,
                     active: None,
+                    direct: Vec::new(),
+                    direct_own: Vec::new(),
                 });
             }
         }
@@ -1243,4 +1374,70 @@ fn planning_cost() {
     }
     let t_plan = start.elapsed().as_secs_f64() * 1e6 / n as f64;
     println!("connections_needed {t_needed:.2} us, plan {t_plan:.2} us per call");
+}
+
+/// Kinds of the items rank 0 would run for `c`.
+fn plan_kinds(c: &Case) -> Vec<u32> {
+    let mut world = World::new();
+    let prepared = prepare(&mut world, c);
+    let geoms = geometries(c.nranks, c.nchannels, 4096, 2, &prepared.tasks);
+    let p = plan(&geoms[0], &prepared.tasks[0]).expect("plan");
+    deserialize_all(&p.items).iter().map(|w| w.kind).collect()
+}
+
+#[test]
+fn one_shot_allreduce_every_rank_count_and_op() {
+    use ncclDataType_t::*;
+    let ops = [
+        RedOp::Sum,
+        RedOp::Prod,
+        RedOp::Max,
+        RedOp::Min,
+        RedOp::Avg,
+        RedOp::PreMulSum(Scalar::Host([3, 0, 0, 0, 0, 0, 0, 0])),
+    ];
+    for nranks in [2, 3, 4, 5, 8] {
+        // 40000 int32 = 160 KB: several LL steps of the direct rows' 16 KiB per channel.
+        for count in [1usize, 5, 1000, 40000] {
+            for op in ops {
+                for nchannels in [1, 64] {
+                    let case = Case {
+                        kind: CollKind::AllReduce,
+                        nranks,
+                        nchannels,
+                        count,
+                        dtype: if count > 1000 { ncclInt32 } else { ncclInt8 },
+                        op,
+                        root: 0,
+                        in_place: false,
+                        misalign: 0,
+                    };
+                    // Large counts take the one-shot path when LL is forced (then every
+                    // channel moves several LL steps).
+                    let spec = if count > 1000 { "LL" } else { "" };
+                    let mut kinds = Vec::new();
+                    with_protocols(spec, || kinds = plan_kinds(&case));
+                    // Beyond 2 ranks the model sends large messages around the ring.
+                    if count <= 1000 || nranks == 2 {
+                        assert_eq!(
+                            kinds[0],
+                            WorkKind::DirectAllReduce as u32,
+                            "n={nranks} count={count}: the one-shot path was not chosen"
+                        );
+                    }
+                    let peers = kinds
+                        .iter()
+                        .filter(|&&k| k == WorkKind::DirectPeer as u32)
+                        .count();
+                    let leaders = kinds
+                        .iter()
+                        .filter(|&&k| k == WorkKind::DirectAllReduce as u32)
+                        .count();
+                    assert_eq!(peers, leaders * (nranks as usize - 2));
+                    with_protocols(spec, || check(&case));
+                }
+            }
+        }
+    }
+    // In place: in_place_reductions_single_launch (its all-reduces take this path).
 }
