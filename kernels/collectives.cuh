@@ -40,7 +40,7 @@ __device__ bool ox_ll_step(OxShared& s, uint32_t what, const char* in, char* out
     if (send) s.send.step++;
     if (recv) {
       s.recv.step++;
-      ox_st_release(s.recv.head, s.recv.step);
+      ox_st_relaxed(s.recv.head, s.recv.step);
     }
   }
   return true;
@@ -310,7 +310,7 @@ __device__ __forceinline__ bool ox_direct_allreduce(OxShared& s) {
     if ((int)threadIdx.x < np) {
       OxPeer& p = s.dsend[threadIdx.x];
       uint32_t spins = 0;
-      while (ox_ld_acquire(p.head) + p.nslots <= p.step) {
+      while (ox_ld_relaxed(p.head) + p.nslots <= p.step) {
         if (++spins == OX_ABORT_POLL) {
           spins = 0;
           if (abort_flag && *abort_flag) {
@@ -329,7 +329,7 @@ __device__ __forceinline__ bool ox_direct_allreduce(OxShared& s) {
       s.dsend[threadIdx.x].step++;
       OxPeer& q = s.drecv[threadIdx.x];
       q.step++;
-      ox_st_release(q.head, q.step);
+      ox_st_relaxed(q.head, q.step);
     }
     __syncthreads();
   }

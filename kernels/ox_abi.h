@@ -87,7 +87,7 @@ struct OxWork {
 #define OX_CONN_SIZE 40
 #define OX_MAX_THREADS 512  // most threads per CTA ox_kernel may be launched with
 #define OX_WORK_SIZE 176
-#define OX_MAX_ITEMS 512  // most work items one launch may carry (ox_kernel scans them in shared memory)
+#define OX_MAX_ITEMS 512  // most work items one launch may carry
 
 #ifdef __cplusplus
 static_assert(sizeof(OxConn) == OX_CONN_SIZE, "OxConn size");

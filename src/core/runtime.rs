@@ -174,10 +174,12 @@ fn shapes(tasks: &[Task]) -> Vec<Shape> {
 /// Most plans kept in `Runtime::plans` (the map is emptied when full).
 const PLAN_CACHE_ENTRIES: usize = 256;
 
-/// A plan and, when its items fit the inline kernel's parameter, that parameter's bytes.
+/// A plan with the bytes its launch passes: the inline kernel's parameter when the items fit
+/// it, else what `ox_kernel` reads from the arena (see `arena_bytes`).
 struct CachedPlan {
     plan: Plan,
     inline: Option<Vec<u8>>,
+    arena: Vec<u8>,
 }
 
 impl CachedPlan {
@@ -188,7 +190,65 @@ impl CachedPlan {
             blob[8..8 + plan.items.len()].copy_from_slice(&plan.items);
             blob
         });
-        CachedPlan { plan, inline }
+        let arena = if inline.is_some() {
+            Vec::new()
+        } else {
+            arena_bytes(&plan)
+        };
+        CachedPlan {
+            plan,
+            inline,
+            arena,
+        }
+    }
+}
+
+/// `ox_kernel`'s input: the items (sorted by CTA, as `plan` emits them), then
+/// `u32 first[grid + 1]`, CTA b's items being `first[b]..first[b + 1]`, so that every CTA
+/// reads only its own items over the bus.
+fn arena_bytes(plan: &Plan) -> Vec<u8> {
+    let ctas: Vec<u32> = plan
+        .items
+        .chunks_exact(sched::device::WORK_SIZE)
+        .map(|item| sched::device::OxWork::deserialize(item).cta)
+        .collect();
+    let mut out = plan.items.clone();
+    for b in 0..=plan.grid {
+        let first = ctas.partition_point(|&c| c < b) as u32;
+        out.extend_from_slice(&first.to_le_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::device::{OxWork, WorkKind};
+
+    #[test]
+    fn arena_bytes_index_every_cta() {
+        let mut items = Vec::new();
+        for cta in [0u32, 0, 1, 3, 3, 3] {
+            let mut w = OxWork::new(WorkKind::Copy);
+            w.cta = cta;
+            w.serialize_into(&mut items);
+        }
+        let plan = Plan {
+            kernel: crate::cuda::module::MAIN_KERNEL,
+            grid: 4,
+            block: 512,
+            smem: 0,
+            nitems: 6,
+            items: items.clone(),
+        };
+        let bytes = arena_bytes(&plan);
+        assert_eq!(&bytes[..items.len()], &items[..]);
+        let first: Vec<u32> = bytes[items.len()..]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        // CTA 2 has no items (an empty range); the last entry is nitems.
+        assert_eq!(first, vec![0, 2, 3, 3, 6]);
     }
 }
 
@@ -391,9 +451,9 @@ impl Runtime {
             Done::Inline
         } else {
             let (done, items) = if capturing {
-                (Done::Inline, self.arena.write_graph(&plan.items)?)
+                (Done::Inline, self.arena.write_graph(&cached.arena)?)
             } else {
-                let (slot, items) = self.arena.write_eager(&plan.items, abort)?;
+                let (slot, items) = self.arena.write_eager(&cached.arena, abort)?;
                 (Done::Slot(slot), items)
             };
             cuda::module::launch(

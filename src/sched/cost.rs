@@ -49,21 +49,21 @@ pub const P2P_MAX_CHANNELS: u32 = 32;
 /// P2P bytes per channel before another channel is added (one CTA moves about 20 GB/s).
 pub const P2P_BYTES_PER_CHANNEL: u64 = 256 << 10;
 
-// Constants fitted to a forced-channel sweep on 2 H200s (docs/bench.md, session 2 run 1):
-// Simple all-reduce busbw 59 / 219 / 278 / 342 GB/s on 4 / 16 / 32 / 64 channels at 64 MiB,
-// which `LINK_GBPS * (1 - exp(-nch * CHANNEL_GBPS / LINK_GBPS))` follows within 15%; each
-// Simple channel adds about 0.55 µs to a call (its per-step release stores); an LL channel
-// moves about 4 GB/s of payload, and is charged 0.3 µs so that small reductions stay on few
-// channels (model-chosen LL reductions on 2-7 channels were slower than expected in run 1).
-pub const LAUNCH_US: f64 = 6.0;
-pub const HOP_US: f64 = 3.0;
-pub const CHANNEL_GBPS: f64 = 16.0;
+// Constants fitted to forced-protocol, forced-channel sweeps of GPU time (CUDA graph
+// replays) on 2 H200s (docs/bench.md, session 2 runs 5-6): a Simple all-reduce takes about
+// 11 µs on 8 channels and 14 µs on 32-64 for 16 KiB, and moves 4 MiB at 160 / 315 / 365 GB/s
+// on 8 / 32 / 64 channels, which `LINK_GBPS * (1 - exp(-nch * CHANNEL_GBPS / LINK_GBPS))`
+// follows; an LL ring all-reduce starts at about 8 µs, a one-shot one at about 4.4 µs; an LL
+// channel moves about 4 GB/s of payload.
+pub const LAUNCH_US: f64 = 3.0;
+pub const HOP_US: f64 = 3.5;
+pub const CHANNEL_GBPS: f64 = 20.0;
 pub const LINK_GBPS: f64 = 380.0;
 pub const SLOT_OVERHEAD_US: f64 = 0.5;
-pub const CHANNEL_US: f64 = 0.55;
-pub const LL_HOP_US: f64 = 1.5;
+pub const CHANNEL_US: f64 = 0.1;
+pub const LL_HOP_US: f64 = 1.3;
 pub const LL_CHANNEL_GBPS: f64 = 4.0;
-pub const LL_CHANNEL_US: f64 = 0.3;
+pub const LL_CHANNEL_US: f64 = 0.08;
 pub const LL_STEP_US: f64 = 0.1;
 /// Largest ring collective (task bytes) that may take LL while Simple is allowed.
 pub const LL_MAX_BYTES: u64 = 512 << 10;
@@ -255,9 +255,9 @@ pub fn p2p_ll(bytes: u64) -> bool {
 /// Bytes per slot and slots of the connections of the one-shot all-reduce's rows: it only uses
 /// LL regions, so its buffers are small (an LL step there carries `DIRECT_SLOT_BYTES / 16`).
 pub const DIRECT_SLOT_BYTES: u32 = 256 << 10;
-pub const DIRECT_NSLOTS: u32 = 4;
+pub const DIRECT_NSLOTS: u32 = 2;
 /// Most channels (and rows of connections) of the one-shot all-reduce.
-pub const DIRECT_MAX_CHANNELS: u32 = 16;
+pub const DIRECT_MAX_CHANNELS: u32 = 32;
 /// Largest all-reduce (bytes) that may take the one-shot path.
 pub const DIRECT_MAX_BYTES: u64 = 256 << 10;
 

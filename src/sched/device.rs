@@ -116,7 +116,7 @@ pub const INLINE_ITEMS: usize = 22;
 pub const INLINE_SIZE: usize = 8 + INLINE_ITEMS * WORK_SIZE;
 const _: () = assert!(INLINE_SIZE == 3880);
 
-/// Most work items one launch may carry (`OX_MAX_ITEMS`: the kernel indexes them in shared memory).
+/// Most work items one launch may carry (`OX_MAX_ITEMS`).
 pub const MAX_ITEMS: usize = 512;
 pub const CONN_OFFSETS: [usize; 6] = [0, 8, 16, 24, 32, 36];
 pub const WORK_OFFSETS: [usize; 18] = [
