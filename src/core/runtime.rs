@@ -17,24 +17,18 @@ use std::time::{Duration, Instant};
 /// Bytes of work items one launch may use (at most `MAX_ITEMS` items).
 pub const ARENA_SLOT_BYTES: usize = 64 * 1024;
 const _: () = assert!(ARENA_SLOT_BYTES / sched::device::WORK_SIZE <= sched::device::MAX_ITEMS);
-/// Bytes of work items kept for captured CUDA graphs (never reused while the communicator lives).
-pub const GRAPH_ARENA_BYTES: usize = 4 << 20;
 /// Launch slots in the arena (launches in flight before the host waits for the oldest).
 pub const ARENA_SLOTS: usize = 64;
 
 /// Host-mapped memory for work items. Eager launches use slots round-robin, a slot being reused
-/// only after the launch that read it has finished; captured launches take theirs from a
-/// separate region kept for the graphs' lifetime (until the communicator is destroyed).
+/// only after the launch that read it has finished; a captured launch gets its own allocation,
+/// owned by the graph (a CUDA user object) and freed after the graph is destroyed.
 struct WorkArena {
     mem: HostMapped,
     /// One event per slot, recorded after the launch that read the slot.
     done: Vec<Event>,
     recorded: Vec<bool>,
     next: usize,
-    /// Items of captured launches: bump-allocated, since no event may be queried while a
-    /// stream is capturing and a graph may replay its launch at any later time.
-    graph: HostMapped,
-    graph_used: usize,
 }
 
 impl WorkArena {
@@ -46,8 +40,6 @@ impl WorkArena {
                 .collect::<Result<_>>()?,
             recorded: vec![false; ARENA_SLOTS],
             next: 0,
-            graph: HostMapped::new(GRAPH_ARENA_BYTES)?,
-            graph_used: 0,
         })
     }
 
@@ -74,24 +66,19 @@ impl WorkArena {
         Ok((slot, self.mem.dev() + off as u64))
     }
 
-    /// Copy `items` for a captured launch into the graph region; returns the device address.
-    fn write_graph(&mut self, items: &[u8]) -> Result<u64> {
+    /// Copy `items` for a launch captured on `stream` into memory the capturing graph owns
+    /// (no event may be queried while a stream captures, and the graph may replay the launch at
+    /// any later time); returns the device address.
+    fn write_graph(&mut self, items: &[u8], stream: CUstream) -> Result<u64> {
         check_items_size(items)?;
-        let off = self.graph_used.next_multiple_of(256);
-        if off + items.len() > GRAPH_ARENA_BYTES {
-            return Err(Error::invalid_usage(format!(
-                "the {} MiB of work items kept for CUDA graphs captured on this communicator are used up",
-                GRAPH_ARENA_BYTES >> 20
-            )));
-        }
-        // SAFETY: off + items.len() <= the graph region's size (checked above); nothing else
-        // ever writes this range.
-        unsafe {
-            std::ptr::copy_nonoverlapping(items.as_ptr(), self.graph.host().add(off), items.len())
-        };
+        cuda::collect_graph_garbage();
+        let mem = HostMapped::new(items.len())?;
+        // SAFETY: mem holds items.len() bytes; nothing reads it yet.
+        unsafe { std::ptr::copy_nonoverlapping(items.as_ptr(), mem.host(), items.len()) };
         std::sync::atomic::fence(Ordering::SeqCst);
-        self.graph_used = off + items.len();
-        Ok(self.graph.dev() + off as u64)
+        let dev = mem.dev();
+        cuda::keep_for_graph(cuda::capturing_graph(stream)?, Box::new(mem))?;
+        Ok(dev)
     }
 }
 
@@ -451,7 +438,7 @@ impl Runtime {
             Done::Inline
         } else {
             let (done, items) = if capturing {
-                (Done::Inline, self.arena.write_graph(&cached.arena)?)
+                (Done::Inline, self.arena.write_graph(&cached.arena, stream)?)
             } else {
                 let (slot, items) = self.arena.write_eager(&cached.arena, abort)?;
                 (Done::Slot(slot), items)

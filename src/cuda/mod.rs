@@ -223,6 +223,84 @@ pub fn stream_is_capturing(stream: CUstream) -> Result<bool> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// The graph that `stream`, which must be capturing, records into.
+pub fn capturing_graph(stream: CUstream) -> Result<sys::CUgraph> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: writes the status, id and graph; the dependency outputs are not asked for.
+    check(
+        unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                stream,
+                &mut status,
+                &mut id,
+                &mut graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        },
+        "cuStreamGetCaptureInfo",
+    )?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || graph.is_null() {
+        return Err(Error::internal("the stream is not capturing a graph"));
+    }
+    Ok(graph)
+}
+
+/// What graphs released: their destructors may not call CUDA, so they park what they kept
+/// here and `collect_graph_garbage` drops it later on an ordinary thread.
+static GRAPH_GARBAGE: once_cell::sync::Lazy<parking_lot::Mutex<Vec<Box<dyn Send>>>> =
+    once_cell::sync::Lazy::new(|| parking_lot::Mutex::new(Vec::new()));
+
+unsafe extern "C" fn park_graph_value(ptr: *mut std::ffi::c_void) {
+    // SAFETY: ptr is the Box<Box<dyn Send>> leaked by keep_for_graph, handed back exactly once
+    // by the driver when the last graph holding the user object is destroyed.
+    let value = unsafe { Box::from_raw(ptr as *mut Box<dyn Send>) };
+    GRAPH_GARBAGE.lock().push(*value);
+}
+
+/// Keep `value` alive as long as `graph` (and every executable graph instantiated from it)
+/// exists, through a CUDA user object whose destructor parks it for `collect_graph_garbage`.
+pub fn keep_for_graph(graph: sys::CUgraph, value: Box<dyn Send>) -> Result<()> {
+    let raw = Box::into_raw(Box::new(value)) as *mut std::ffi::c_void;
+    let mut object: sys::CUuserObject = std::ptr::null_mut();
+    // SAFETY: raw is a valid leaked box; park_graph_value takes it back exactly once.
+    let res = unsafe {
+        sys::cuUserObjectCreate(
+            &mut object,
+            raw,
+            Some(park_graph_value),
+            1,
+            sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32,
+        )
+    };
+    if let Err(e) = check(res, "cuUserObjectCreate") {
+        // SAFETY: the driver did not take raw; reclaim it.
+        drop(unsafe { Box::from_raw(raw as *mut Box<dyn Send>) });
+        return Err(e);
+    }
+    // SAFETY: graph is the capturing graph; MOVE hands our one reference to it.
+    check(
+        unsafe {
+            sys::cuGraphRetainUserObject(
+                graph,
+                object,
+                1,
+                sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32,
+            )
+        },
+        "cuGraphRetainUserObject",
+    )
+}
+
+/// Drop what destroyed graphs released (frees their pinned work items).
+pub fn collect_graph_garbage() {
+    let parked = std::mem::take(&mut *GRAPH_GARBAGE.lock());
+    drop(parked);
+}
+
 /// Pinned host memory mapped into the device address space (`cuMemHostAlloc` with
 /// DEVICEMAP | PORTABLE): the host writes it directly, kernels read it over the bus.
 pub struct HostMapped {
