@@ -71,6 +71,7 @@ impl WorkArena {
     /// any later time); returns the device address.
     fn write_graph(&mut self, items: &[u8], stream: CUstream) -> Result<u64> {
         check_items_size(items)?;
+        let _relaxed = cuda::RelaxedCapture::enter()?;
         cuda::collect_graph_garbage();
         let mem = HostMapped::new(items.len())?;
         // SAFETY: mem holds items.len() bytes; nothing reads it yet.

@@ -249,6 +249,33 @@ pub fn capturing_graph(stream: CUstream) -> Result<sys::CUgraph> {
     Ok(graph)
 }
 
+/// While alive, this thread's stream-capture mode is relaxed, so that allocating or freeing
+/// pinned memory is allowed while one of its streams captures (as NVIDIA's library does for
+/// its own allocations); the previous mode comes back on drop.
+pub struct RelaxedCapture {
+    previous: sys::CUstreamCaptureMode,
+}
+
+impl RelaxedCapture {
+    pub fn enter() -> Result<RelaxedCapture> {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: exchanges this thread's mode through one valid pointer.
+        check(
+            unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) },
+            "cuThreadExchangeStreamCaptureMode",
+        )?;
+        Ok(RelaxedCapture { previous: mode })
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        let mut mode = self.previous;
+        // SAFETY: as in enter; restoring cannot fail for a mode the driver gave us.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+}
+
 /// What graphs released: their destructors may not call CUDA, so they park what they kept
 /// here and `collect_graph_garbage` drops it later on an ordinary thread.
 static GRAPH_GARBAGE: once_cell::sync::Lazy<parking_lot::Mutex<Vec<Box<dyn Send>>>> =
