@@ -266,22 +266,8 @@ __device__ __noinline__ void ox_direct_move_t(OxShared& s, const char* in, char*
       } else {
         const int k = ox_mod(r - 1 - src, n);
         const uint64_t* p = (const uint64_t*)(ox_slot(s.drecv[k]) + ll_off + u * 16);
-        const uint32_t flag = (uint32_t)(s.drecv[k].step + 1);
-        uint64_t a = ox_ll_word(p);
-        uint64_t b = two ? ox_ll_word(p + 1) : ((uint64_t)flag << 32);
-        uint32_t spins = 0;
-        while ((uint32_t)(a >> 32) != flag || (uint32_t)(b >> 32) != flag) {
-          if ((uint32_t)(a >> 32) != flag) a = ox_ll_word(p);
-          if ((uint32_t)(b >> 32) != flag) b = ox_ll_word(p + 1);
-          if (++spins == OX_ABORT_POLL) {
-            spins = 0;
-            if (abort_flag && *abort_flag) {
-              *(volatile int*)&s.aborted = 1;
-              return;
-            }
-          }
-        }
-        x = (a & 0xffffffffull) | (b << 32);
+        if (!ox_ll_receive(p, two, (uint32_t)(s.drecv[k].step + 1), abort_flag, &s.aborted, &x))
+          return;
       }
       acc = src == 0 ? x : ox_ll_apply<T, OP>(f, acc, x, false, true, false);
     }

@@ -339,6 +339,30 @@ __device__ __forceinline__ void ox_store_bytes(char* p, uint64_t v, uint32_t len
   for (uint32_t i = 0; i < len; i++) p[i] = (char)(v >> (8 * i));
 }
 
+// Waits until the LL words at p (one, or two when `two`) carry `flag`, then returns their
+// payload bytes in *out (the first word's in the low half). False, with *aborted set, if the
+// abort flag rose meanwhile.
+__device__ __forceinline__ bool ox_ll_receive(const uint64_t* p, bool two, uint32_t flag,
+                                              const volatile uint32_t* abort_flag, int* aborted,
+                                              uint64_t* out) {
+  uint64_t a = ox_ll_word(p);
+  uint64_t b = two ? ox_ll_word(p + 1) : ((uint64_t)flag << 32);
+  uint32_t spins = 0;
+  while ((uint32_t)(a >> 32) != flag || (uint32_t)(b >> 32) != flag) {
+    if ((uint32_t)(a >> 32) != flag) a = ox_ll_word(p);
+    if ((uint32_t)(b >> 32) != flag) b = ox_ll_word(p + 1);
+    if (++spins == OX_ABORT_POLL) {
+      spins = 0;
+      if (abort_flag && *abort_flag) {
+        *(volatile int*)aborted = 1;
+        return false;
+      }
+    }
+  }
+  *out = (a & 0xffffffffull) | (b << 32);
+  return true;
+}
+
 // The elements packed in 8 bytes: r = post(combine(pre(x), y)) with each part optional.
 template <typename T, int OP>
 __device__ __forceinline__ uint64_t ox_ll_apply(const OxRed<T, OP>& f, uint64_t x, uint64_t y, bool pre,
@@ -379,25 +403,9 @@ __device__ __noinline__ void ox_ll_move_t(const char* in, char* out, char* send_
     const uint32_t len = nbytes - off < 8 ? (uint32_t)(nbytes - off) : 8u;
     const bool two = len > 4;
     uint64_t received = 0;
-    if (recv_ll) {
-      const uint64_t* p = (const uint64_t*)(recv_ll + u * 16);
-      const uint64_t ready = (uint64_t)recv_flag << 32;
-      uint64_t a = ox_ll_word(p);
-      uint64_t b = two ? ox_ll_word(p + 1) : ready;
-      uint32_t spins = 0;
-      while ((uint32_t)(a >> 32) != recv_flag || (uint32_t)(b >> 32) != recv_flag) {
-        if ((uint32_t)(a >> 32) != recv_flag) a = ox_ll_word(p);
-        if ((uint32_t)(b >> 32) != recv_flag) b = ox_ll_word(p + 1);
-        if (++spins == OX_ABORT_POLL) {
-          spins = 0;
-          if (abort_flag && *abort_flag) {
-            *(volatile int*)aborted = 1;
-            return;
-          }
-        }
-      }
-      received = (a & 0xffffffffull) | (b << 32);
-    }
+    if (recv_ll && !ox_ll_receive((const uint64_t*)(recv_ll + u * 16), two, recv_flag, abort_flag,
+                                  aborted, &received))
+      return;
     uint64_t v;
     if (in) {
       v = ox_load_bytes(in + off, len);

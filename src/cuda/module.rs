@@ -201,23 +201,8 @@ pub fn launch_blob(
     let func = function(name)?;
     let used = used.clamp(1, blob.len());
     let short = used < blob.len() && !SHORT_PARAMS_REFUSED.load(Ordering::Relaxed);
-    let mut size = if short { used } else { blob.len() };
-    let mut extra: [*mut c_void; 5] = [
-        LAUNCH_PARAM_BUFFER_POINTER,
-        blob.as_ptr() as *mut c_void,
-        LAUNCH_PARAM_BUFFER_SIZE,
-        (&mut size as *mut usize).cast(),
-        LAUNCH_PARAM_END,
-    ];
-    let res = launch_raw(func, grid, block, smem, stream, &mut [], &mut extra);
-    if short && res == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
-        SHORT_PARAMS_REFUSED.store(true, Ordering::Relaxed);
-        crate::info!(
-            INIT,
-            "the driver refused a {used}-byte parameter buffer for {name}; passing all {} bytes",
-            blob.len()
-        );
-        size = blob.len();
+    let launch_with = |size: usize| {
+        let mut size = size;
         let mut extra: [*mut c_void; 5] = [
             LAUNCH_PARAM_BUFFER_POINTER,
             blob.as_ptr() as *mut c_void,
@@ -225,8 +210,17 @@ pub fn launch_blob(
             (&mut size as *mut usize).cast(),
             LAUNCH_PARAM_END,
         ];
-        let res = launch_raw(func, grid, block, smem, stream, &mut [], &mut extra);
-        return launch_checked(name, grid, block, res);
+        launch_raw(func, grid, block, smem, stream, &mut [], &mut extra)
+    };
+    let mut res = launch_with(if short { used } else { blob.len() });
+    if short && res == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+        SHORT_PARAMS_REFUSED.store(true, Ordering::Relaxed);
+        crate::info!(
+            INIT,
+            "the driver refused a {used}-byte parameter buffer for {name}; passing all {} bytes",
+            blob.len()
+        );
+        res = launch_with(blob.len());
     }
     launch_checked(name, grid, block, res)
 }
