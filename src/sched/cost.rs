@@ -324,6 +324,26 @@ pub fn allreduce_plan(bytes: u64, nranks: i32, max_channels: u32) -> AllReducePl
     allreduce_plan_with(bytes, nranks, max_channels, protocols(), algorithms())
 }
 
+/// Modelled time in µs of a collective of `bytes` on `nranks` ranks, with the algorithm,
+/// protocol and channels the planner picks for it (`ncclGroupSimulateEnd`).
+pub fn planned_time_us(kind: CollKind, bytes: u64, nranks: i32, max_channels: u32) -> f64 {
+    let ring = |ll: bool, nch: u32| {
+        if ll {
+            ring_time_ll_us(kind, bytes, nranks, nch)
+        } else {
+            ring_time_us(kind, bytes, nranks, nch)
+        }
+    };
+    if kind == CollKind::AllReduce {
+        return match allreduce_plan(bytes, nranks, max_channels) {
+            AllReducePlan::Direct { nch } => direct_time_us(bytes, nranks, nch),
+            AllReducePlan::Ring { ll, nch } => ring(ll, nch),
+        };
+    }
+    let (ll, nch) = ring_plan(kind, bytes, nranks, max_channels);
+    ring(ll, nch)
+}
+
 /// The user's channel floor, read once (1 when unset).
 fn min_channels_setting() -> u32 {
     static MIN: once_cell::sync::Lazy<u32> = once_cell::sync::Lazy::new(|| {
@@ -424,10 +444,6 @@ pub fn parse_algorithms(spec: &str) -> (Algorithms, bool) {
 
 /// `NCCL_ALGO`, read once.
 pub fn algorithms() -> Algorithms {
-    #[cfg(test)]
-    if let Some(a) = TEST_ALGORITHMS.with(|t| t.get()) {
-        return a;
-    }
     static A: once_cell::sync::Lazy<Algorithms> = once_cell::sync::Lazy::new(|| {
         let spec = crate::env::string("NCCL_ALGO", "");
         let (algos, no_ring) = parse_algorithms(&spec);
@@ -445,12 +461,6 @@ pub fn algorithms() -> Algorithms {
         algos
     });
     *A
-}
-
-#[cfg(test)]
-thread_local! {
-    /// Tests force an algorithm choice per thread.
-    pub static TEST_ALGORITHMS: std::cell::Cell<Option<Algorithms>> = const { std::cell::Cell::new(None) };
 }
 
 #[cfg(test)]
@@ -646,41 +656,5 @@ mod tests {
             p2p_channels_for(CollKind::Send, 1 << 30, 64),
             P2P_MAX_CHANNELS
         );
-    }
-}
-#[cfg(test)]
-mod probe {
-    #[test]
-    #[ignore]
-    fn print_choices() {
-        use super::*;
-        for kind in [
-            CollKind::AllReduce,
-            CollKind::AllGather,
-            CollKind::ReduceScatter,
-            CollKind::Broadcast,
-        ] {
-            for s in [
-                8u64,
-                512,
-                2048,
-                8192,
-                32768,
-                131072,
-                524288,
-                2 << 20,
-                8 << 20,
-                32 << 20,
-                128 << 20,
-            ] {
-                let (ll, nch) = ring_plan_with(kind, s, 2, NCHANNELS, parse_protocols(""));
-                let t = if ll {
-                    ring_time_ll_us(kind, s, 2, nch)
-                } else {
-                    ring_time_us(kind, s, 2, nch)
-                };
-                println!("{kind:?} {s} ll={ll} nch={nch} t={t:.1}");
-            }
-        }
     }
 }

@@ -62,14 +62,14 @@ pub use device::OxConn;
 pub use plan::{connections_needed, plan, Dir, Geometry, Plan};
 
 /// Estimated time in µs of a group of `(nranks, task)` (`ncclGroupSimulateEnd`), from the
-/// cost model: the slowest task, since a group's tasks share one launch.
+/// cost model, for the choices the planner makes: the slowest task, since a group's tasks
+/// share one launch.
 pub fn estimate_us(tasks: &[(i32, Task)]) -> f32 {
     tasks
         .iter()
         .map(|&(nranks, t)| {
             let bytes = (t.count * t.dtype.size()) as u64;
-            let nch = cost::ring_channels(t.kind, bytes, nranks, NCHANNELS);
-            cost::ring_time_us(t.kind, bytes, nranks, nch)
+            cost::planned_time_us(t.kind, bytes, nranks, NCHANNELS)
         })
         .fold(0.0, f64::max) as f32
 }
