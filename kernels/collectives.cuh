@@ -121,7 +121,9 @@ __device__ bool ox_ring_allreduce(OxShared& s) {
 }
 
 // Ring AllGather: every rank's block b lands at out + b*block; this item covers
-// [offset, offset+count) of each block.
+// [offset, offset+count) of each block. This rank's own block is written by the first step
+// only with OX_FLAG_OWN_BLOCK; otherwise it is in place already, or the host's copy-engine
+// copy puts it there beside the kernel.
 __device__ bool ox_ring_allgather(OxShared& s) {
   const OxWork& w = s.w;
   const int n = w.nranks, r = w.rank;
@@ -129,10 +131,11 @@ __device__ bool ox_ring_allgather(OxShared& s) {
   const char* in = (const char*)w.src + w.offset * es;
   char* out = (char*)w.dst + w.offset * es;
   const uint64_t bstride = w.block * es;
+  const uint32_t own = OX_S_SEND | OX_S_IN | ((w.flags & OX_FLAG_OWN_BLOCK) ? OX_S_OUT : 0u);
   for (uint64_t base = 0; base < w.count; base += w.chunk) {
     const uint64_t len = ox_min(w.chunk, w.count - base);
     const uint64_t o = base * es;
-    if (!ox_step(s, OX_S_SEND | OX_S_IN | OX_S_OUT, in + o, out + r * bstride + o, len)) return false;
+    if (!ox_step(s, own, in + o, out + r * bstride + o, len)) return false;
     for (int t = 1; t < n - 1; t++) {
       if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_OUT, nullptr, out + ox_mod(r - t, n) * bstride + o, len))
         return false;

@@ -50,6 +50,7 @@ enum OxType : uint32_t {
 #define OX_FLAG_SCALAR_DEVICE 1u  // `scalar` is a device pointer to the PreMulSum value
 #define OX_FLAG_OPS 2u            // apply the op's pre/post transforms (reductions only)
 #define OX_FLAG_LL 4u             // move the item's steps with the low-latency protocol (LL)
+#define OX_FLAG_OWN_BLOCK 8u      // RingAllGather: the first step also writes this rank's own block
 
 // Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
 // same connection never see each other's bytes: Simple data in the first

@@ -3,13 +3,24 @@
 # python3 of a torch venv first on PATH (or PYTHON=/path/python3). See docs/torch.md.
 #
 # usage: scripts/torch-all.sh --ours PATH/libnccl.so.2 [--gpus N] [--out DIR] [--steps S]
-#                             [--no-reference]
+#                             [--no-reference] [--same-gpu] [--budget S]
 #   --ours PATH      our library (required)
-#   --gpus N         ranks per torchrun (default: all GPUs; the fault scenarios always use 2)
+#   --gpus N         ranks per torchrun (default: all GPUs, with --same-gpu 4; the fault
+#                    scenarios always use 2)
 #   --out DIR        where the logs go (default ./out-torch); at most 4 files:
 #                    torch-all.log (every step's output), summary.txt, ours.json, nvidia.json
 #   --steps S        DDP steps of the two comparison runs (default 200)
 #   --no-reference   skip the fault scenarios under NVIDIA's library (reference lines)
+#   --same-gpu       every rank on cuda:0 (one GPU is enough): exports
+#                    NCCL_MULTI_RANK_GPU_ENABLE=1, runs torch-suite.py with --same-gpu (no
+#                    --symm) and the fault scenarios with LOCAL_RANK=0 in every rank. NVIDIA's
+#                    NCCL 2.28 refuses ranks sharing a GPU ("Duplicate GPU detected"): suite-nvidia
+#                    becomes a reference line recording that refusal, compare is skipped (no
+#                    reference loss curve); neither counts as a failure. Items run in the
+#                    order suite, faults (ours), nonblocking, bindings, replaced-file, faults (NVIDIA)
+#   --budget S       stop starting items when fewer than ~45 s of S seconds are left (they are
+#                    reported as "SKIP ... time budget", not counted) and cap every step's
+#                    limit to what is left
 # Items (one PASS/FAIL line each, then a summary line; exit 0 iff every item passed):
 #   a bindings          LD_PRELOAD=ours: every nccl*/pnccl* symbol of torch's libraries binds to ours
 #   b suite-ours, suite-nvidia, compare
@@ -28,6 +39,8 @@ GPUS=""
 OUT=./out-torch
 STEPS=200
 REFERENCE=1
+SAME_GPU=0
+BUDGET=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --ours) OURS="${2:-}"; shift ;;
@@ -35,17 +48,31 @@ while [ $# -gt 0 ]; do
     --out) OUT="${2:-}"; shift ;;
     --steps) STEPS="${2:-}"; shift ;;
     --no-reference) REFERENCE=0 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --same-gpu) SAME_GPU=1 ;;
+    --budget) BUDGET="${2:-}"; shift ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "torch-all: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [ -n "$OURS" ] || { echo "torch-all: --ours PATH/libnccl.so.2 is required" >&2; exit 2; }
+case "$BUDGET" in
+  "" | *[!0-9]*) [ -z "$BUDGET" ] || { echo "torch-all: --budget needs seconds, got '$BUDGET'" >&2; exit 2; } ;;
+esac
 [ -f "$OURS" ] || { echo "torch-all: --ours $OURS: no such file" >&2; exit 2; }
 OURS=$(readlink -f "$OURS")
 
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 unset LD_PRELOAD
+# --same-gpu: the suite's extra arguments, the suite's --symm (not with --same-gpu), and the
+# fault scenarios' command prefix (torchrun runs "env LOCAL_RANK=0 python3 torch-faults.py").
+SAME=()
+SYMM=(--symm)
+if [ "$SAME_GPU" = 1 ]; then
+  SAME=(--same-gpu)
+  SYMM=()
+  export NCCL_MULTI_RANK_GPU_ENABLE=1
+fi
 PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
 SUITE=$HERE/torch-suite.py
@@ -61,13 +88,28 @@ WORK=$(mktemp -d /tmp/torch-all.XXXXXX)
 START=$SECONDS
 PASSED=0
 FAILED=0
+SKIPPED=0
 FAILS=()
 
 say() { echo "$*" | tee -a "$LOG"; }
 pass() { PASSED=$((PASSED + 1)); say "PASS $1${2:+ ($2)}"; echo "PASS $1${2:+ ($2)}" >>"$SUMMARY"; }
 fail() { FAILED=$((FAILED + 1)); FAILS+=("$1"); say "FAIL $1: $2"; echo "FAIL $1: $2" >>"$SUMMARY"; }
 reference() { say "reference $1: $2 (not counted)"; echo "reference $1: $2 (not counted)" >>"$SUMMARY"; }
-
+skip() { SKIPPED=$((SKIPPED + 1)); say "SKIP $1: $2 (not counted)"; echo "SKIP $1: $2 (not counted)" >>"$SUMMARY"; }
+left() { # seconds of the --budget still left (a large number without --budget)
+  if [ -n "$BUDGET" ]; then echo $((BUDGET - (SECONDS - START))); else echo 1000000; fi
+}
+budget_ok() { # NAME: 0 when there is time for another item, else reports it skipped
+  local l
+  l=$(left)
+  [ "$l" -ge 45 ] && return 0
+  skip "$1" "time budget: ${l} s of ${BUDGET} s left"
+  return 1
+}
+refusal() { # NAME: NVIDIA's refusal of a shared GPU from a run's output, if any (2.28:
+  # "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...")
+  grep -m1 -oE '(Duplicate GPU detected|Multiple Ranks are using the same GPU)[^"]{0,120}' "$WORK/$1.out" 2>/dev/null
+}
 # The replaced-file item writes into NVIDIA's package; BACKUP holds the original meanwhile.
 NVDIR=""
 NVLIB=""
@@ -104,7 +146,10 @@ trap 'say "hangup"; exit 129' HUP
 run() {
   local name=$1 limit=$2
   shift 2
-  local t0=$SECONDS
+  local t0=$SECONDS l
+  l=$(left)
+  if [ "$limit" -gt $((l - 10)) ]; then limit=$((l - 10)); fi
+  [ "$limit" -ge 20 ] || limit=20
   {
     echo
     echo "===== $name (limit ${limit} s): $*"
@@ -146,15 +191,18 @@ suite_ok() { # NAME: the suite ran to its summary with no failure
 TORCHRUN=("$PY" -m torch.distributed.run --standalone)
 
 # ---- environment
+PHYS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+[ "${PHYS:-0}" -gt 0 ] || PHYS=$(timeout 120 "$PY" -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG")
 if [ -z "$GPUS" ]; then
-  GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-  [ "${GPUS:-0}" -gt 0 ] || GPUS=$(timeout 120 "$PY" -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG")
+  GPUS=$PHYS
+  [ "$SAME_GPU" = 1 ] && GPUS=4
 fi
 NVDIR=$(timeout 60 "$PY" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>>"$LOG")
 NVLIB=$NVDIR/libnccl.so.2
 BACKUP=$NVLIB.torch-all-backup
 TORCHV=$(timeout 120 "$PY" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version())' 2>>"$LOG")
-say "torch-all: ours=$OURS gpus=$GPUS steps=$STEPS out=$OUT"
+say "torch-all: ours=$OURS gpus=$GPUS steps=$STEPS out=$OUT${BUDGET:+ budget=${BUDGET}s}"
+[ "$SAME_GPU" = 1 ] && say "same-gpu: all $GPUS ranks of every torchrun on cuda:0, NCCL_MULTI_RANK_GPU_ENABLE=1"
 say "torch: ${TORCHV:-not importable}; NVIDIA NCCL: ${NVLIB}"
 { nvidia-smi -L; "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|nvidia-nccl)'; } >>"$LOG" 2>&1
 if [ -z "$TORCHV" ]; then
@@ -165,7 +213,12 @@ if [ -z "$NVDIR" ] || [ ! -f "$NVLIB" ]; then
   fail setup "NVIDIA's libnccl.so.2 not found via the nvidia.nccl package"
   exit 1
 fi
-if [ "${GPUS:-0}" -lt 2 ]; then
+if [ "$SAME_GPU" = 1 ]; then
+  if [ "${PHYS:-0}" -lt 1 ] || [ "${GPUS:-0}" -lt 2 ]; then
+    fail setup "--same-gpu needs a GPU (found ${PHYS:-0}) and at least 2 ranks (--gpus ${GPUS:-0})"
+    exit 1
+  fi
+elif [ "${GPUS:-0}" -lt 2 ]; then
   fail setup "need at least 2 GPUs, found ${GPUS:-0}"
   exit 1
 fi
@@ -195,89 +248,125 @@ bindings_item() { # NAME EXPECTED-LIB LD_DEBUG-DIR
 }
 
 # ---- a. bindings under LD_PRELOAD
-mkdir -p "$WORK/ld-a"
-run bindings-run 150 env LD_PRELOAD="$OURS" LD_DEBUG=bindings LD_DEBUG_OUTPUT="$WORK/ld-a/ld" \
-  "${TORCHRUN[@]}" --nproc-per-node 2 "$SUITE" --steps 5
-if suite_ok bindings-run; then
-  bindings_item bindings "$OURS" "$WORK/ld-a"
-else
-  fail bindings "the traced run failed: $(why bindings-run)"
-  rm -rf "$WORK/ld-a"
-fi
+item_bindings() {
+  if budget_ok bindings; then
+    mkdir -p "$WORK/ld-a"
+    run bindings-run 150 env LD_PRELOAD="$OURS" LD_DEBUG=bindings LD_DEBUG_OUTPUT="$WORK/ld-a/ld" \
+      "${TORCHRUN[@]}" --nproc-per-node 2 "$SUITE" --steps 5 ${SAME[@]+"${SAME[@]}"}
+    if suite_ok bindings-run; then
+      bindings_item bindings "$OURS" "$WORK/ld-a"
+    else
+      fail bindings "the traced run failed: $(why bindings-run)"
+      rm -rf "$WORK/ld-a"
+    fi
+  fi
+}
 
 # ---- b. suite under ours and under NVIDIA's, then the comparison
-run suite-ours 200 env LD_PRELOAD="$OURS" "${TORCHRUN[@]}" --nproc-per-node "$GPUS" "$SUITE" \
-  --steps "$STEPS" --symm --out "$OUT/ours.json"
-grep -E '^(PASS|FAIL|    SYMM|DDP step|[0-9]+ passed)' "$WORK/suite-ours.out"
-if suite_ok suite-ours; then pass suite-ours "$(grep -E '^[0-9]+ passed' "$WORK/suite-ours.out")"; else fail suite-ours "$(why suite-ours)"; fi
-
-run suite-nvidia 200 "${TORCHRUN[@]}" --nproc-per-node "$GPUS" "$SUITE" \
-  --steps "$STEPS" --symm --out "$OUT/nvidia.json"
-grep -E '^(FAIL|    SYMM|DDP step|[0-9]+ passed)' "$WORK/suite-nvidia.out"
-if suite_ok suite-nvidia; then pass suite-nvidia "$(grep -E '^[0-9]+ passed' "$WORK/suite-nvidia.out")"; else fail suite-nvidia "$(why suite-nvidia)"; fi
-
-if [ -f "$OUT/ours.json" ] && [ -f "$OUT/nvidia.json" ]; then
-  run compare 30 "$PY" "$SUITE" --compare "$OUT/nvidia.json" "$OUT/ours.json"
-  cat "$WORK/compare.out"
-  if [ "$RC" = 0 ]; then
-    pass compare "$(grep -o 'ratio [0-9.]*' "$WORK/compare.out" | sed 's/ratio/step time nvidia\/ours/')"
-  else
-    fail compare "$(head -1 "$WORK/compare.out")"
+item_suite() {
+  if budget_ok suite-ours; then
+    run suite-ours 200 env LD_PRELOAD="$OURS" "${TORCHRUN[@]}" --nproc-per-node "$GPUS" "$SUITE" \
+      --steps "$STEPS" ${SYMM[@]+"${SYMM[@]}"} ${SAME[@]+"${SAME[@]}"} --out "$OUT/ours.json"
+    grep -E '^(PASS|FAIL|SKIP|    SYMM|    same-gpu|same-gpu|DDP step|[0-9]+ passed)' "$WORK/suite-ours.out"
+    if suite_ok suite-ours; then pass suite-ours "$(grep -E '^[0-9]+ passed' "$WORK/suite-ours.out")"; else fail suite-ours "$(why suite-ours)"; fi
   fi
-else
-  fail compare "a suite run wrote no loss json"
-fi
+
+  if [ "$SAME_GPU" = 1 ]; then
+    # NVIDIA's 2.28 refuses ranks sharing a GPU: a short run records the refusal.
+    if budget_ok suite-nvidia; then
+      run suite-nvidia 120 "${TORCHRUN[@]}" --nproc-per-node "$GPUS" "$SUITE" --steps 5 "${SAME[@]}"
+      line=$(refusal suite-nvidia)
+      if [ -n "$line" ] && [ "$RC" != 0 ]; then
+        reference suite-nvidia "refuses ranks sharing a GPU, as expected: $line"
+      elif suite_ok suite-nvidia; then
+        reference suite-nvidia "accepted $GPUS ranks on one GPU (a 2.30 or later NVIDIA library honours NCCL_MULTI_RANK_GPU_ENABLE=1): $(grep -E '^[0-9]+ passed' "$WORK/suite-nvidia.out")"
+      else
+        reference suite-nvidia "UNEXPECTED: failed without a shared-GPU refusal message: $(why suite-nvidia)"
+      fi
+    fi
+    skip compare "--same-gpu: NVIDIA's library refuses shared GPUs, so there is no reference loss curve"
+  elif budget_ok suite-nvidia; then
+    run suite-nvidia 200 "${TORCHRUN[@]}" --nproc-per-node "$GPUS" "$SUITE" \
+      --steps "$STEPS" --symm --out "$OUT/nvidia.json"
+    grep -E '^(FAIL|    SYMM|DDP step|[0-9]+ passed)' "$WORK/suite-nvidia.out"
+    if suite_ok suite-nvidia; then pass suite-nvidia "$(grep -E '^[0-9]+ passed' "$WORK/suite-nvidia.out")"; else fail suite-nvidia "$(why suite-nvidia)"; fi
+  fi
+
+  if [ "$SAME_GPU" = 1 ]; then
+    :
+  elif [ -f "$OUT/ours.json" ] && [ -f "$OUT/nvidia.json" ]; then
+    run compare 30 "$PY" "$SUITE" --compare "$OUT/nvidia.json" "$OUT/ours.json"
+    cat "$WORK/compare.out"
+    if [ "$RC" = 0 ]; then
+      pass compare "$(grep -o 'ratio [0-9.]*' "$WORK/compare.out" | sed 's/ratio/step time nvidia\/ours/')"
+    else
+      fail compare "$(head -1 "$WORK/compare.out")"
+    fi
+  else
+    fail compare "a suite run wrote no loss json"
+  fi
+}
 
 # ---- c. non-blocking communicators
-run nonblocking 180 env LD_PRELOAD="$OURS" TORCH_NCCL_USE_COMM_NONBLOCKING=1 TORCH_CPP_LOG_LEVEL=INFO \
-  "${TORCHRUN[@]}" --nproc-per-node "$GPUS" "$SUITE" --steps 50 --nonblocking
-grep -E '^(FAIL|TORCH_NCCL_USE|PASS communicators|[0-9]+ passed)' "$WORK/nonblocking.out"
-if suite_ok nonblocking; then pass nonblocking "$(grep -E '^[0-9]+ passed' "$WORK/nonblocking.out")"; else fail nonblocking "$(why nonblocking)"; fi
+item_nonblocking() {
+  if budget_ok nonblocking; then
+    run nonblocking 180 env LD_PRELOAD="$OURS" TORCH_NCCL_USE_COMM_NONBLOCKING=1 TORCH_CPP_LOG_LEVEL=INFO \
+      "${TORCHRUN[@]}" --nproc-per-node "$GPUS" "$SUITE" --steps 50 --nonblocking ${SAME[@]+"${SAME[@]}"}
+    grep -E '^(FAIL|TORCH_NCCL_USE|PASS communicators|[0-9]+ passed)' "$WORK/nonblocking.out"
+    if suite_ok nonblocking; then pass nonblocking "$(grep -E '^[0-9]+ passed' "$WORK/nonblocking.out")"; else fail nonblocking "$(why nonblocking)"; fi
+  fi
+}
 
 # ---- d. ours in place of NVIDIA's file, no LD_PRELOAD
-d_ok=1
-d_why=""
-if cp -p "$NVLIB" "$BACKUP" && cmp -s "$NVLIB" "$BACKUP"; then
-  REPLACED=1
-  if cp "$OURS" "$NVLIB.torch-all-tmp" && chmod --reference="$BACKUP" "$NVLIB.torch-all-tmp" &&
-    mv -f "$NVLIB.torch-all-tmp" "$NVLIB" && cmp -s "$OURS" "$NVLIB"; then
-    say "replaced $NVLIB with ours (original in $BACKUP)"
-    mkdir -p "$WORK/ld-d"
-    run replaced-run 180 env -u LD_PRELOAD LD_DEBUG=bindings LD_DEBUG_OUTPUT="$WORK/ld-d/ld" \
-      "${TORCHRUN[@]}" --nproc-per-node "$GPUS" "$SUITE" --steps 20
-    grep -E '^(FAIL|[0-9]+ passed)' "$WORK/replaced-run.out"
-    if suite_ok replaced-run; then
-      "$PY" "$SUITE" --bindings-report "$WORK/ld-d" --expect "$NVLIB" >"$WORK/replaced-report.out" 2>&1
-      rrc=$?
-      cat "$WORK/replaced-report.out" >>"$LOG"
-      grep -E '^(PASS|FAIL|  ELSEWHERE)' "$WORK/replaced-report.out"
-      if [ "$rrc" != 0 ]; then
+item_replaced() {
+  d_ok=1
+  d_why=""
+  if ! budget_ok replaced-file; then
+    d_ok=skipped
+  elif cp -p "$NVLIB" "$BACKUP" && cmp -s "$NVLIB" "$BACKUP"; then
+    REPLACED=1
+    if cp "$OURS" "$NVLIB.torch-all-tmp" && chmod --reference="$BACKUP" "$NVLIB.torch-all-tmp" &&
+      mv -f "$NVLIB.torch-all-tmp" "$NVLIB" && cmp -s "$OURS" "$NVLIB"; then
+      say "replaced $NVLIB with ours (original in $BACKUP)"
+      mkdir -p "$WORK/ld-d"
+      run replaced-run 180 env -u LD_PRELOAD LD_DEBUG=bindings LD_DEBUG_OUTPUT="$WORK/ld-d/ld" \
+        "${TORCHRUN[@]}" --nproc-per-node "$GPUS" "$SUITE" --steps 20 ${SAME[@]+"${SAME[@]}"}
+      grep -E '^(FAIL|[0-9]+ passed)' "$WORK/replaced-run.out"
+      if suite_ok replaced-run; then
+        "$PY" "$SUITE" --bindings-report "$WORK/ld-d" --expect "$NVLIB" >"$WORK/replaced-report.out" 2>&1
+        rrc=$?
+        cat "$WORK/replaced-report.out" >>"$LOG"
+        grep -E '^(PASS|FAIL|  ELSEWHERE)' "$WORK/replaced-report.out"
+        if [ "$rrc" != 0 ]; then
+          d_ok=0
+          d_why="bindings: $(grep -E '^FAIL' "$WORK/replaced-report.out" | head -1 | cut -c6-300)"
+        fi
+      else
         d_ok=0
-        d_why="bindings: $(grep -E '^FAIL' "$WORK/replaced-report.out" | head -1 | cut -c6-300)"
+        d_why="suite: $(why replaced-run)"
       fi
+      cmp -s "$OURS" "$NVLIB" || { d_ok=0; d_why="$d_why; the file changed under the run"; }
+      rm -rf "$WORK/ld-d"
     else
       d_ok=0
-      d_why="suite: $(why replaced-run)"
+      d_why="could not put ours in place of $NVLIB"
     fi
-    cmp -s "$OURS" "$NVLIB" || { d_ok=0; d_why="$d_why; the file changed under the run"; }
-    rm -rf "$WORK/ld-d"
+    if ! restore_nvidia; then
+      d_ok=0
+      d_why="$d_why; RESTORE FAILED"
+    elif cmp -s "$OURS" "$NVLIB"; then
+      d_ok=0
+      d_why="$d_why; NVIDIA's file still holds ours after the restore"
+    fi
   else
     d_ok=0
-    d_why="could not put ours in place of $NVLIB"
+    d_why="cannot back up $NVLIB to $BACKUP"
+    rm -f "$BACKUP"
   fi
-  if ! restore_nvidia; then
-    d_ok=0
-    d_why="$d_why; RESTORE FAILED"
-  elif cmp -s "$OURS" "$NVLIB"; then
-    d_ok=0
-    d_why="$d_why; NVIDIA's file still holds ours after the restore"
-  fi
-else
-  d_ok=0
-  d_why="cannot back up $NVLIB to $BACKUP"
-  rm -f "$BACKUP"
-fi
-if [ "$d_ok" = 1 ]; then pass replaced-file "suite, bindings, original restored (cmp)"; else fail replaced-file "${d_why#; }"; fi
+  if [ "$d_ok" = skipped ]; then
+    :
+  elif [ "$d_ok" = 1 ]; then pass replaced-file "suite, bindings, original restored (cmp)"; else fail replaced-file "${d_why#; }"; fi
+}
 
 # ---- e. fault scenarios
 judge_abort() { # NAME -> prints "ok|<reason>"
@@ -312,14 +401,20 @@ judge_watchdog() {
 }
 fault() { # LABEL(ours|nvidia) SCENARIO
   local lib=$1 scen=$2 name="fault-$2"
-  local pre=()
+  local pre=() script=("$FAULTS")
   [ "$lib" = ours ] && pre=(env LD_PRELOAD="$OURS")
   [ "$lib" = nvidia ] && name="$name-nvidia"
-  run "$name" 120 ${pre[@]+"${pre[@]}"} "${TORCHRUN[@]}" --nproc-per-node 2 "$FAULTS" "$scen"
+  budget_ok "$name" || return 0
+  # --same-gpu: torch-faults.py takes its device from LOCAL_RANK; every rank gets 0.
+  [ "$SAME_GPU" = 1 ] && script=(--no-python env LOCAL_RANK=0 "$PY" "$FAULTS")
+  run "$name" 120 ${pre[@]+"${pre[@]}"} "${TORCHRUN[@]}" --nproc-per-node 2 "${script[@]}" "$scen"
   grep -E '^FAULT-' "$WORK/$name.out"
   local verdict
   if [ "$scen" = abort ]; then verdict=$(judge_abort "$name"); else verdict=$(judge_watchdog "$name"); fi
   if [ "$lib" = nvidia ]; then
+    local line
+    line=$(refusal "$name")
+    [ "$SAME_GPU" = 1 ] && [ -n "$line" ] && verdict="refuses ranks sharing a GPU, as expected: $line"
     reference "$name" "$verdict"
   elif [ "${verdict%% *}" = ok ]; then
     pass "$name" "${verdict#ok }"
@@ -327,14 +422,31 @@ fault() { # LABEL(ours|nvidia) SCENARIO
     fail "$name" "$verdict"
   fi
 }
-fault ours abort
-fault ours watchdog
-if [ "$REFERENCE" = 1 ]; then
-  fault nvidia abort
-  fault nvidia watchdog
+item_faults() {
+  fault ours abort
+  fault ours watchdog
+}
+item_faults_nvidia() {
+  if [ "$REFERENCE" = 1 ]; then
+    fault nvidia abort
+    fault nvidia watchdog
+  fi
+}
+
+# The order: by default the one above; with --same-gpu (and so usually a --budget on one GPU)
+# the most telling items first.
+if [ "$SAME_GPU" = 1 ]; then
+  ORDER="suite faults nonblocking bindings replaced faults_nvidia"
+else
+  ORDER="bindings suite nonblocking replaced faults faults_nvidia"
 fi
+for item in $ORDER; do
+  "item_$item"
+done
 
 say ""
-say "torch-all: $PASSED passed, $FAILED failed in $((SECONDS - START)) s${FAILS[*]:+ (failed: ${FAILS[*]})}"
-echo "torch-all: $PASSED passed, $FAILED failed in $((SECONDS - START)) s" >>"$SUMMARY"
+NOTRUN=""
+[ "$SKIPPED" -gt 0 ] && NOTRUN=", $SKIPPED skipped"
+say "torch-all: $PASSED passed, $FAILED failed$NOTRUN in $((SECONDS - START)) s${FAILS[*]:+ (failed: ${FAILS[*]})}"
+echo "torch-all: $PASSED passed, $FAILED failed$NOTRUN in $((SECONDS - START)) s" >>"$SUMMARY"
 [ "$FAILED" = 0 ]

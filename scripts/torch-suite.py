@@ -18,12 +18,24 @@ child process pair, which passes if it works or raises a Python exception, and t
 group works afterwards; with --nonblocking, whether torch really chose non-blocking
 communicators (needs TORCH_NCCL_USE_COMM_NONBLOCKING=1 and TORCH_CPP_LOG_LEVEL=INFO).
 
+With --same-gpu (or env OXCCL_TORCH_SAME_GPU=1) every rank runs on cuda:0 (device_id,
+set_device, DDP device_ids and every tensor), for a library that lets ranks share a GPU
+(NCCL_MULTI_RANK_GPU_ENABLE=1, set here when unset; NVIDIA's NCCL before 2.30 refuses:
+"Duplicate GPU detected"):
+
+    torchrun --nproc-per-node 4 scripts/torch-suite.py --same-gpu --steps 50
+
+It adds two checks (every rank is on the same device; the DDP parameters all-gathered from
+every rank are bitwise identical) and skips --symm with a printed reason (symmetric memory
+and window registration assume one GPU per rank).
+
 Helper mode (no torchrun): `--bindings-report DIR --expect LIB` reads LD_DEBUG=bindings
 output files under DIR and reports which file every nccl*/pnccl* symbol of a torch library
 was bound to; exit 0 iff all went to LIB.
 Every rank prints "[rank R] pid P" first so that a driver can kill exactly these processes.
 """
 import argparse
+import faulthandler
 import json
 import os
 import re
@@ -33,6 +45,12 @@ import tempfile
 import time
 import uuid
 from datetime import timedelta
+
+# `kill -USR1` a rank to see where every thread of it is (hang diagnosis).
+if hasattr(faulthandler, "register"):
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def compare(a_path, b_path):
@@ -167,8 +185,13 @@ def main():
                     help="record TORCH_NCCL_USE_COMM_NONBLOCKING and check torch used it")
     ap.add_argument("--bindings-report", default=None, metavar="DIR")
     ap.add_argument("--expect", default=None, metavar="LIB")
+    ap.add_argument("--same-gpu", action="store_true",
+                    help="every rank on cuda:0 (also env OXCCL_TORCH_SAME_GPU=1); needs a library that "
+                         "accepts ranks sharing a GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, set when unset)")
     ap.add_argument("--symm-child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if os.environ.get("OXCCL_TORCH_SAME_GPU", "") not in ("", "0"):
+        args.same_gpu = True
     if args.compare:
         return compare(*args.compare)
     if args.bindings_report:
@@ -184,6 +207,15 @@ def main():
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     print(f"[rank {rank}] pid {os.getpid()}", flush=True)
+    if args.same_gpu:
+        # Every rank on GPU 0: the device index used for set_device, device_id, DDP's
+        # device_ids, every tensor and the symmetric-memory child. The library reads the
+        # variable when the communicator is created (in init_process_group below).
+        local = 0
+        os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+        if rank == 0:
+            print(f"same-gpu: all {world} ranks on cuda:0 "
+                  f"(NCCL_MULTI_RANK_GPU_ENABLE={os.environ['NCCL_MULTI_RANK_GPU_ENABLE']})", flush=True)
     dev = torch.device("cuda", local)
     torch.cuda.set_device(dev)
     nonblocking_env = os.environ.get("TORCH_NCCL_USE_COMM_NONBLOCKING")
@@ -225,6 +257,23 @@ def main():
             print(f"{'PASS' if ok_all else 'FAIL'} {name} {err}", flush=True)
 
     check("nccl version", lambda: torch.cuda.nccl.version() >= (2, 28))
+
+    if args.same_gpu:
+        def one_device():
+            # Every rank's current device is 0 and has the same UUID (when torch exposes it).
+            here = torch.tensor([torch.cuda.current_device()], device=dev, dtype=torch.int64)
+            lo, hi = here.clone(), here.clone()
+            dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+            dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+            uuid_text = str(getattr(torch.cuda.get_device_properties(dev), "uuid", ""))
+            uuids = [None] * world
+            dist.all_gather_object(uuids, uuid_text)
+            if rank == 0:
+                print(f"    same-gpu: device {torch.cuda.get_device_name(dev)} uuid {uuid_text or '(not exposed)'}",
+                      flush=True)
+            return lo.item() == 0 and hi.item() == 0 and len(set(uuids)) == 1
+
+        check("same-gpu: every rank on cuda:0 (one device uuid)", one_device)
     if args.nonblocking:
         if rank == 0:
             print(f"TORCH_NCCL_USE_COMM_NONBLOCKING={nonblocking_env!r}", flush=True)
@@ -428,7 +477,11 @@ def main():
             raise RuntimeError(f"child rank {rank} exit {rc}: {tail[:300]}")
         return True
 
-    if args.symm:
+    if args.symm and args.same_gpu:
+        if rank == 0:
+            print("SKIP symmetric memory / window registration: not run with --same-gpu (torch's symmetric "
+                  "memory and NCCL windows assume one GPU per rank: peer mappings and multicast)", flush=True)
+    elif args.symm:
         check("symmetric memory / window registration: works or raises cleanly (child processes)", symm)
 
     # DDP training with a fixed seed.
@@ -460,6 +513,22 @@ def main():
         return bool(torch.equal(flat, ref))
 
     check(f"DDP {args.steps} steps, parameters identical across ranks", same_params)
+
+    if args.same_gpu:
+        def gathered_params():
+            # Every rank's flattened parameters, all-gathered, compared bitwise with rank 0's
+            # (ranks sharing a GPU must still hold separate, identical replicas).
+            flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+            every = torch.empty(world * flat.numel(), device=dev, dtype=flat.dtype)
+            dist.all_gather_into_tensor(every, flat)
+            rows = every.view(world, -1)
+            same = [bool(torch.equal(rows[r], rows[0])) for r in range(world)]
+            if rank == 0:
+                print(f"    same-gpu: parameter checksum {float(flat.double().sum()):.10e} "
+                      f"({flat.numel()} values); ranks equal to rank 0: {same}", flush=True)
+            return all(same) and bool(torch.equal(rows[rank], flat))
+
+        check("same-gpu: DDP parameters all-gathered from every rank are bitwise identical", gathered_params)
     dist.barrier()
     if rank == 0:
         if args.out:

@@ -1,5 +1,7 @@
 //! Enqueue: a validated task joins the thread's group (a call outside a group is a group of
-//! one). Zero-count collectives are no-ops, as in NVIDIA's library.
+//! one). Zero-count collectives are no-ops, as in NVIDIA's library, and so are in-place
+//! collectives of a one-rank communicator that leave the data as it is (all but PreMulSum):
+//! like NVIDIA's, they enqueue no GPU work at all.
 
 use super::Comm;
 use crate::abi::cudaStream_t;
@@ -9,7 +11,11 @@ use std::sync::Arc;
 
 /// Queue `task` on `comm` for `stream`.
 pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()> {
-    if task.count == 0 && !matches!(task.kind, CollKind::Send | CollKind::Recv) {
+    let p2p = matches!(task.kind, CollKind::Send | CollKind::Recv);
+    if task.count == 0 && !p2p {
+        return Ok(());
+    }
+    if !p2p && comm.nranks() == 1 && is_one_rank_noop(&task) && comm.is_ready() {
         return Ok(());
     }
     crate::trace!(
@@ -22,4 +28,9 @@ pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()>
         comm.rank()
     );
     super::group::submit_op(comm, task, stream as usize)
+}
+
+/// Whether `task` on a one-rank communicator changes nothing: in place, and no PreMulSum.
+fn is_one_rank_noop(task: &Task) -> bool {
+    task.sendbuff == task.recvbuff && !crate::sched::plan::one_rank_transform(task)
 }

@@ -151,6 +151,9 @@ fn execute(inits: Vec<InitJob>, ops: Vec<Op>) -> Result<()> {
             None => per_comm.push((op.comm, vec![op.task], vec![op.stream])),
         }
     }
+    if per_comm.len() > 1 {
+        check_rank_streams(&per_comm)?;
+    }
     // Connection setup waits on peers: when any communicator needs it and the group spans
     // several, set up in parallel threads. Launches then go out from this thread.
     let needs_connect: Vec<bool> = per_comm
@@ -189,6 +192,62 @@ fn execute(inits: Vec<InitJob>, ops: Vec<Op>) -> Result<()> {
             rt.connect_for(comm.rank(), comm.nranks(), tasks)?;
             rt.launch_group(comm.rank(), comm.nranks(), tasks, streams, &comm.abort)
         })?;
+    }
+    Ok(())
+}
+
+/// Ranks of one communicator driven from one group must not share a stream: the kernel of one
+/// would queue behind the other's, which waits for it — forever (ranks sharing a GPU, or a
+/// stream handed to the wrong rank). Nor may one of two ranks on one GPU use the legacy
+/// default stream while the other uses a blocking stream, which waits for it implicitly.
+fn check_rank_streams(per_comm: &[(Arc<Comm>, Vec<Task>, Vec<usize>)]) -> Result<()> {
+    let ids: Vec<Option<u64>> = per_comm
+        .iter()
+        .map(|(c, _, _)| c.rt.lock().as_ref().map(|rt| rt.comm_hash()))
+        .collect();
+    for i in 0..per_comm.len() {
+        for j in i + 1..per_comm.len() {
+            let (a, _, sa) = &per_comm[i];
+            let (b, _, sb) = &per_comm[j];
+            if ids[i].is_none() || ids[i] != ids[j] {
+                continue;
+            }
+            if let Some(&s) = sa.iter().find(|s| sb.contains(s)) {
+                return Err(Error::invalid_usage(format!(
+                    "ranks {} and {} of one communicator were given the same stream {:#x} in \
+                     one group: each rank needs its own stream (their kernels would wait for \
+                     each other forever)",
+                    a.rank(),
+                    b.rank(),
+                    s
+                )));
+            }
+            if a.cuda_dev == b.cuda_dev {
+                check_legacy_stream(a, sa, b, sb)?;
+                check_legacy_stream(b, sb, a, sa)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Error if `a` uses the legacy default stream while `b`, on the same GPU, uses a stream that
+/// implicitly waits for it.
+fn check_legacy_stream(a: &Comm, sa: &[usize], b: &Comm, sb: &[usize]) -> Result<()> {
+    if !sa.iter().any(|&s| s == 0 || s == 1) {
+        return Ok(());
+    }
+    for &s in sb {
+        if crate::cuda::stream_syncs_with_legacy(s as crate::cuda::CUstream)? {
+            return Err(Error::invalid_usage(format!(
+                "rank {} uses the legacy default stream and rank {} of the same communicator, on \
+                 the same GPU, the blocking stream {s:#x}, which waits for it implicitly: their \
+                 kernels would wait for each other forever; create the streams with \
+                 cudaStreamNonBlocking",
+                a.rank(),
+                b.rank()
+            )));
+        }
     }
     Ok(())
 }

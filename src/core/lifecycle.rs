@@ -43,11 +43,16 @@ pub struct InitJob {
 
 /// Publish `comm`, store its handle for the caller, and run or defer its init.
 fn start(out: *mut ncclComm_t, job: InitJob) -> Result<()> {
-    if let Some(c) = &job.child {
-        let handle = Comm::register(c.clone());
-        // SAFETY: the API layer checked `out` is a writable, non-NULL handle slot.
-        unsafe { *out = handle };
-        c.set_async_state(ncclResult_t::ncclInProgress);
+    match &job.child {
+        Some(c) => {
+            let handle = Comm::register(c.clone());
+            // SAFETY: the API layer checked `out` is a writable, non-NULL handle slot.
+            unsafe { *out = handle };
+            c.set_async_state(ncclResult_t::ncclInProgress);
+        }
+        // NCCL_SPLIT_NOCOLOR: no communicator, and NVIDIA's library says so with NULL.
+        // SAFETY: as above.
+        None => unsafe { *out = std::ptr::null_mut() },
     }
     group::submit_init(job)
 }
@@ -121,7 +126,13 @@ pub fn init_all(devs: &[i32]) -> Result<Vec<ncclComm_t>> {
 pub fn run_job(job: &InitJob) -> Result<()> {
     let result = match &job.child {
         Some(c) => init_comm(c, &job.origin),
-        None => members_of(&job.origin, None).map(|_| ()),
+        // A NOCOLOR rank still counts the split, so that every parent rank numbers the
+        // next split's rendezvous alike.
+        None => members_of(&job.origin, None).map(|_| {
+            if let Origin::Split { parent, .. } = &job.origin {
+                parent.children.fetch_add(1, Ordering::AcqRel);
+            }
+        }),
     };
     if let Some(c) = &job.child {
         match &result {
@@ -224,8 +235,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
                 .as_ref()
                 .ok_or_else(|| Error::invalid_usage("parent communicator is not initialised"))?;
             let b = rt.bootstrap.sub(&members, tag, comm.abort.clone())?;
-            let hash = topo::fnv1a(&[rt_hash(rt).to_le_bytes(), tag.to_le_bytes()].concat());
-            (b, hash)
+            (b, child_hash(rt.comm_hash(), tag, &members))
         }
     };
     let bus_id = cuda::pci_bus_id(comm.cuda_dev)?;
@@ -251,6 +261,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         .store(topo.local_ranks.len() as i32, Ordering::Release);
     let nchannels =
         (crate::sched::NCHANNELS as i32).clamp(comm.config.min_ctas, comm.config.max_ctas) as u32;
+    let nchannels = shared_gpu_channels(&topo, &bootstrap, comm.cuda_dev, nchannels)?;
     let rt = Runtime::new(ctx, bootstrap, topo, nchannels, comm_hash)?;
     *comm.rt.lock() = Some(rt);
     crate::info!(
@@ -265,8 +276,92 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     Ok(())
 }
 
-fn rt_hash(rt: &Runtime) -> u64 {
-    topo::fnv1a(&rt.bootstrap.rank().to_le_bytes()) ^ rt.topo.peers.len() as u64
+/// A child communicator's identity, the same on all of its ranks: from its parent's (itself
+/// the same on every parent rank), the split's sequence number and the members.
+pub fn child_hash(parent: u64, tag: u64, members: &[i32]) -> u64 {
+    let mut bytes = Vec::with_capacity(16 + 4 * members.len());
+    bytes.extend_from_slice(&parent.to_le_bytes());
+    bytes.extend_from_slice(&tag.to_le_bytes());
+    for m in members {
+        bytes.extend_from_slice(&m.to_le_bytes());
+    }
+    topo::fnv1a(&bytes)
+}
+
+/// Channels of a communicator whose ranks share GPUs: every CTA of every rank on one GPU must
+/// be resident at once (their kernels wait on each other), so each rank gets at most its share
+/// of what its GPU holds (occupancy × SMs / ranks on the GPU), the same on every rank (the
+/// minimum over all, agreed through the bootstrap). `nchannels` when no GPU is shared.
+fn shared_gpu_channels(
+    topo: &Topology,
+    bootstrap: &Bootstrap,
+    dev: i32,
+    nchannels: u32,
+) -> Result<u32> {
+    if topo.max_ranks_per_gpu() <= 1 {
+        return Ok(nchannels);
+    }
+    let sharing = topo.gpu_ranks();
+    let resident = cuda::module::resident_ctas(dev, super::runtime::block_threads())?;
+    let mine = resident / sharing.len() as u32;
+    let all = bootstrap.allgather(&mine.to_le_bytes())?;
+    let share = all
+        .iter()
+        .map(|b| u32::from_le_bytes(b[..4].try_into().unwrap_or_default()))
+        .min()
+        .unwrap_or(0);
+    if share == 0 {
+        return Err(Error::invalid_usage(format!(
+            "{} ranks share one GPU but it holds only {resident} CTAs of this library's kernel at \
+             once: too many ranks per GPU",
+            sharing.len()
+        )));
+    }
+    let capped = nchannels.min(share);
+    crate::info!(
+        INIT,
+        "rank {} shares its GPU {} with ranks {:?}: {} CTAs resident per GPU, channels {} -> {}",
+        topo.my_rank,
+        topo.peers[topo.my_rank as usize].bus_id,
+        sharing,
+        resident,
+        nchannels,
+        capped
+    );
+    log_process_sharing(topo, &sharing);
+    Ok(capped)
+}
+
+/// One INFO line when ranks of other processes share this rank's GPU: without MPS the GPU
+/// time-slices between processes (correct, but each kernel waits for the others' slices).
+fn log_process_sharing(topo: &Topology, sharing: &[i32]) {
+    let me = &topo.peers[topo.my_rank as usize];
+    let others: Vec<i32> = sharing
+        .iter()
+        .copied()
+        .filter(|&r| topo.peers[r as usize].pid != me.pid)
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    if topo::mps_active() {
+        crate::info!(
+            INIT,
+            "rank {} shares its GPU with ranks {:?} of other processes: MPS is running, so their \
+             kernels run side by side",
+            me.rank,
+            others
+        );
+    } else {
+        crate::info!(
+            INIT,
+            "rank {} shares its GPU with ranks {:?} of other processes without MPS: the GPU \
+             time-slices between processes, so results are correct but each operation waits for \
+             the others' time slices (milliseconds); run the ranks in one process or start MPS",
+            me.rank,
+            others
+        );
+    }
 }
 
 /// Abort: every host wait of `comm` gives up, and its kernels stop.

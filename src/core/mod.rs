@@ -137,6 +137,11 @@ impl Comm {
         }
     }
 
+    /// Whether init completed without error and nothing failed since (no async error).
+    pub fn is_ready(&self) -> bool {
+        self.async_error() == ncclResult_t::ncclSuccess
+    }
+
     /// Whether `ncclCommAbort` was called.
     pub fn aborted(&self) -> bool {
         self.abort.load(Ordering::Acquire)

@@ -135,6 +135,11 @@ pub struct Runtime {
     inline_done: Event,
     /// Ordering events for groups spanning several streams.
     join: Event,
+    /// Where the copy-engine copies of a plan run beside its kernel (`Plan::copies`), with
+    /// the events that fork them off the user's stream and join them back.
+    side: cuda::Stream,
+    fork: Event,
+    copied: Event,
     /// The stream of the latest eager launch and where its completion is recorded.
     last: Option<(usize, Done)>,
     /// The planner's view of the connections, rebuilt when connections are added.
@@ -228,6 +233,7 @@ mod tests {
             smem: 0,
             nitems: 6,
             items: items.clone(),
+            copies: Vec::new(),
         };
         let bytes = arena_bytes(&plan);
         assert_eq!(&bytes[..items.len()], &items[..]);
@@ -271,12 +277,21 @@ impl Runtime {
             arena: WorkArena::new()?,
             inline_done: Event::new()?,
             join: Event::new()?,
+            side: cuda::Stream::new()?,
+            fork: Event::new()?,
+            copied: Event::new()?,
             last: None,
             geometry: None,
             connected_shapes: HashSet::new(),
             plans: HashMap::new(),
             comm_hash,
         })
+    }
+
+    /// Identifies the communicator: the same on all of its ranks (derived from its unique id,
+    /// or from its parent's and the split's sequence number).
+    pub fn comm_hash(&self) -> u64 {
+        self.comm_hash
     }
 
     /// Ask running kernels to stop (they poll this flag).
@@ -324,7 +339,7 @@ impl Runtime {
     /// Whether `tasks` need connections this communicator does not have yet (setting them up
     /// waits on peers, so groups over several communicators do it in parallel threads).
     pub fn needs_connect(&self, rank: i32, nranks: i32, tasks: &[Task]) -> bool {
-        if self.connected_shapes.contains(&shapes(tasks)) {
+        if nranks == 1 || self.connected_shapes.contains(&shapes(tasks)) {
             return false;
         }
         sched::connections_needed(rank, nranks, self.nchannels, tasks)
@@ -334,6 +349,9 @@ impl Runtime {
 
     /// Set up the connections `tasks` need (a no-op once they exist).
     pub fn connect_for(&mut self, rank: i32, nranks: i32, tasks: &[Task]) -> Result<()> {
+        if nranks == 1 {
+            return Ok(());
+        }
         let key = shapes(tasks);
         if self.connected_shapes.contains(&key) {
             return Ok(());
@@ -404,11 +422,10 @@ impl Runtime {
             }
         };
         let plan = &cached.plan;
-        if plan.nitems == 0 {
+        if plan.nitems == 0 && plan.copies.is_empty() {
             return Ok(());
         }
         let stream = streams[0] as CUstream;
-        let capturing = cuda::stream_is_capturing(stream)?;
         let others: Vec<usize> = dedup(streams)
             .into_iter()
             .filter(|&s| s != streams[0])
@@ -418,6 +435,19 @@ impl Runtime {
             self.join.record(s as CUstream)?;
             self.join.wait_on(stream)?;
         }
+        if plan.nitems == 0 {
+            // Copies only (a one-rank communicator, sends to self): they touch no connection,
+            // so they need no ordering with this communicator's kernels.
+            run_copies(&plan.copies, stream)?;
+            if !others.is_empty() {
+                self.join.record(stream)?;
+                for &s in &others {
+                    self.join.wait_on(s as CUstream)?;
+                }
+            }
+            return Ok(());
+        }
+        let capturing = cuda::stream_is_capturing(stream)?;
         // Launches of one communicator share connection state: keep them in order.
         if !capturing {
             if let Some((last_stream, _)) = self.last {
@@ -426,6 +456,7 @@ impl Runtime {
                 }
             }
         }
+        let mut beside = self.fork_copies(&plan.copies, stream, capturing)?;
         let done = if let Some(blob) = &cached.inline {
             cuda::module::launch_blob(
                 cuda::module::INLINE_KERNEL,
@@ -458,6 +489,7 @@ impl Runtime {
             }
             done
         };
+        self.join_copies(&plan.copies, stream, capturing, &mut beside)?;
         // Under capture the completion event becomes a graph node: use the join event there,
         // so the eager events keep describing eager launches.
         let done_event = match (capturing, done) {
@@ -475,6 +507,50 @@ impl Runtime {
             self.last = Some((streams[0], done));
         }
         Ok(())
+    }
+
+    /// Start `copies` beside the kernel about to be launched on `stream`: on the side stream
+    /// after the stream's earlier work, or, under capture, as graph nodes beside the kernel's
+    /// node (returned, for `join_copies`).
+    fn fork_copies(
+        &self,
+        copies: &[sched::plan::LocalCopy],
+        stream: CUstream,
+        capturing: bool,
+    ) -> Result<Vec<cuda::CUgraphNode>> {
+        if copies.is_empty() {
+            return Ok(Vec::new());
+        }
+        if capturing {
+            let list: Vec<_> = copies
+                .iter()
+                .map(|c| (c.dst, c.src, c.bytes as usize))
+                .collect();
+            return cuda::capture_copies_beside(stream, self.ctx, &list);
+        }
+        self.fork.record(stream)?;
+        self.fork.wait_on(self.side.raw())?;
+        run_copies(copies, self.side.raw())?;
+        Ok(Vec::new())
+    }
+
+    /// Make later work on `stream` wait for the copies `fork_copies` started (`nodes`, its
+    /// result, under capture).
+    fn join_copies(
+        &self,
+        copies: &[sched::plan::LocalCopy],
+        stream: CUstream,
+        capturing: bool,
+        nodes: &mut [cuda::CUgraphNode],
+    ) -> Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        if capturing {
+            return cuda::capture_join(stream, nodes);
+        }
+        self.copied.record(self.side.raw())?;
+        self.copied.wait_on(stream)
     }
 
     fn build_geometry(&self, rank: i32, nranks: i32) -> Geometry {
@@ -499,6 +575,14 @@ impl Runtime {
     }
 }
 
+/// Threads per CTA of this library's kernels: `NCCL_NTHREADS`, else the planner's default.
+pub fn block_threads() -> u32 {
+    match threads_setting() {
+        0 => sched::cost::BLOCK_THREADS,
+        n => n,
+    }
+}
+
 /// `NCCL_NTHREADS`: threads per CTA, a multiple of 64 in 64..=512 (0: the default).
 fn threads_setting() -> u32 {
     match crate::env::int("NCCL_NTHREADS", 0) {
@@ -520,6 +604,14 @@ fn slot_bytes_setting() -> u32 {
     let total = crate::env::int("NCCL_BUFFSIZE", default).clamp(64 << 10, 256 << 20);
     let slot = (total / sched::NSLOTS as i64) / 4096 * 4096;
     slot.max(4096) as u32
+}
+
+/// Device-to-device copies on `stream`, in order.
+fn run_copies(copies: &[sched::plan::LocalCopy], stream: CUstream) -> Result<()> {
+    for c in copies {
+        cuda::memcpy_dtod_async(c.dst, c.src, c.bytes as usize, stream)?;
+    }
+    Ok(())
 }
 
 fn dedup(streams: &[usize]) -> Vec<usize> {

@@ -14,7 +14,9 @@ use cudarc::driver::sys;
 use once_cell::sync::OnceCell;
 use std::ffi::CStr;
 
-pub use sys::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
+pub use sys::{
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraphNode, CUmodule, CUstream,
+};
 
 static DRIVER: OnceCell<std::result::Result<(), Error>> = OnceCell::new();
 
@@ -191,10 +193,20 @@ pub fn copy_from_device(dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
     )
 }
 
-/// Fill device memory with zero bytes, synchronously.
+/// Fill device memory with zero bytes and wait until the GPU has done it.
+///
+/// `cuMemsetD8` alone is asynchronous with respect to the host for device memory: a buffer
+/// handed to a peer right after it could still be zeroed later, over what the peer's kernel
+/// already wrote (seen with ranks of several processes time-slicing one GPU). So the memset
+/// runs on a private non-blocking stream (it waits for no user work) that is synchronised.
 pub fn memset_zero(dst: CUdeviceptr, bytes: usize) -> Result<()> {
-    // SAFETY: dst holds at least `bytes` bytes (caller's contract).
-    check(unsafe { sys::cuMemsetD8_v2(dst, 0, bytes) }, "cuMemsetD8")
+    let stream = Stream::new()?;
+    // SAFETY: dst holds at least `bytes` bytes (caller's contract); the stream is live.
+    check(
+        unsafe { sys::cuMemsetD8Async(dst, 0, bytes, stream.raw()) },
+        "cuMemsetD8Async",
+    )?;
+    stream_synchronize(stream.raw())
 }
 
 /// Wait for all work of the current context.
@@ -247,6 +259,182 @@ pub fn capturing_graph(stream: CUstream) -> Result<sys::CUgraph> {
         return Err(Error::internal("the stream is not capturing a graph"));
     }
     Ok(graph)
+}
+
+/// A stream the library owns, for work beside the user's stream (copy-engine copies).
+/// Non-blocking: it never waits for the legacy default stream, nor it for this one.
+pub struct Stream(CUstream);
+
+// SAFETY: CUDA streams may be used from any thread; the owner serialises its use.
+unsafe impl Send for Stream {}
+
+impl Stream {
+    /// A new non-blocking stream in the current context.
+    pub fn new() -> Result<Stream> {
+        const NON_BLOCKING: u32 = 0x1; // CU_STREAM_NON_BLOCKING
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        check(
+            unsafe { sys::cuStreamCreate(&mut s, NON_BLOCKING) },
+            "cuStreamCreate",
+        )?;
+        Ok(Stream(s))
+    }
+    pub fn raw(&self) -> CUstream {
+        self.0
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: the stream is destroyed once, here (pending work still completes).
+        unsafe { sys::cuStreamDestroy_v2(self.0) };
+    }
+}
+
+/// Whether work on `stream` implicitly waits for the legacy default stream (and the other
+/// way round): the legacy stream itself, and streams created without the non-blocking flag.
+pub fn stream_syncs_with_legacy(stream: CUstream) -> Result<bool> {
+    const LEGACY: usize = 0x1; // CU_STREAM_LEGACY
+    const PER_THREAD: usize = 0x2; // CU_STREAM_PER_THREAD
+    match stream as usize {
+        0 | LEGACY => return Ok(true),
+        PER_THREAD => return Ok(true),
+        _ => {}
+    }
+    let mut flags = 0u32;
+    // SAFETY: stream is a live stream handle of the caller's; writes one word.
+    check(
+        unsafe { sys::cuStreamGetFlags(stream, &mut flags) },
+        "cuStreamGetFlags",
+    )?;
+    Ok(flags & 0x1 == 0)
+}
+
+/// A device-to-device copy of `bytes` on `stream` (the copy engine, or the driver's copy
+/// kernel, at device memory speed); under capture it becomes a memcpy node.
+pub fn memcpy_dtod_async(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: dst and src are device memory of at least `bytes` bytes each, valid until the
+    // copy runs (the collective's contract with its caller).
+    check(
+        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) },
+        "cuMemcpyDtoDAsync",
+    )
+}
+
+/// The graph nodes the next operation captured on `stream` would depend on.
+fn capture_dependencies(stream: CUstream) -> Result<(sys::CUgraph, Vec<sys::CUgraphNode>)> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut deps: *const sys::CUgraphNode = std::ptr::null();
+    let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
+    let mut ndeps = 0usize;
+    // SAFETY: writes the status, id, graph and the dependency array (valid until the next
+    // operation on the stream; copied below before any).
+    check(
+        unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                stream,
+                &mut status,
+                &mut id,
+                &mut graph,
+                &mut deps,
+                &mut edges,
+                &mut ndeps,
+            )
+        },
+        "cuStreamGetCaptureInfo",
+    )?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || graph.is_null() {
+        return Err(Error::internal("the stream is not capturing a graph"));
+    }
+    let nodes = if ndeps == 0 || deps.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the driver returned `ndeps` valid node handles at `deps`.
+        unsafe { std::slice::from_raw_parts(deps, ndeps) }.to_vec()
+    };
+    Ok((graph, nodes))
+}
+
+/// Under capture on `stream`: add device-to-device copies `(dst, src, bytes)` to the graph as
+/// nodes beside the next operation (they depend on what it depends on). Returns the nodes,
+/// for `capture_join` once that operation is captured.
+pub fn capture_copies_beside(
+    stream: CUstream,
+    ctx: CUcontext,
+    copies: &[(CUdeviceptr, CUdeviceptr, usize)],
+) -> Result<Vec<sys::CUgraphNode>> {
+    let (graph, deps) = capture_dependencies(stream)?;
+    let mut nodes = Vec::with_capacity(copies.len());
+    for &(dst, src, bytes) in copies {
+        let params = sys::CUDA_MEMCPY3D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcZ: 0,
+            srcLOD: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            reserved0: std::ptr::null_mut(),
+            srcPitch: 0,
+            srcHeight: 0,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstZ: 0,
+            dstLOD: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst,
+            dstArray: std::ptr::null_mut(),
+            reserved1: std::ptr::null_mut(),
+            dstPitch: 0,
+            dstHeight: 0,
+            WidthInBytes: bytes,
+            Height: 1,
+            Depth: 1,
+        };
+        let mut node: sys::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: graph is the capturing graph; deps are its nodes; params describes a plain
+        // 1-D device-to-device copy; writes one node handle.
+        check(
+            unsafe {
+                sys::cuGraphAddMemcpyNode(&mut node, graph, deps.as_ptr(), deps.len(), &params, ctx)
+            },
+            "cuGraphAddMemcpyNode",
+        )?;
+        nodes.push(node);
+    }
+    Ok(nodes)
+}
+
+/// Under capture: make later work on `stream` also wait for `nodes` (from
+/// `capture_copies_beside`).
+pub fn capture_join(stream: CUstream, nodes: &mut [sys::CUgraphNode]) -> Result<()> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    const ADD: u32 = 0; // CU_STREAM_ADD_CAPTURE_DEPENDENCIES
+                        // SAFETY: nodes are nodes of the graph `stream` captures into; no edge data.
+    check(
+        unsafe {
+            sys::cuStreamUpdateCaptureDependencies_v2(
+                stream,
+                nodes.as_mut_ptr(),
+                std::ptr::null(),
+                nodes.len(),
+                ADD,
+            )
+        },
+        "cuStreamUpdateCaptureDependencies",
+    )
 }
 
 /// While alive, this thread's stream-capture mode is relaxed, so that allocating or freeing

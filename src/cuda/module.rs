@@ -81,6 +81,30 @@ pub fn function(name: &'static str) -> Result<CUfunction> {
     Ok(func)
 }
 
+/// How many CTAs of `block` threads of the plan kernels (`ox_kernel` and `ox_kernel_inline`,
+/// the lower of the two) device `dev` can hold resident at once: occupancy per SM × SMs. The
+/// current context must be `dev`'s.
+pub fn resident_ctas(dev: i32, block: u32) -> Result<u32> {
+    let sms = super::device_attribute(
+        dev,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )?;
+    let mut per_sm = i32::MAX;
+    for name in [MAIN_KERNEL, INLINE_KERNEL] {
+        let func = function(name)?;
+        let mut n = 0;
+        // SAFETY: func is a kernel of our module in the current context; writes one int.
+        check(
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, func, block as i32, 0)
+            },
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )?;
+        per_sm = per_sm.min(n);
+    }
+    Ok((per_sm.max(0) as u32).saturating_mul(sms.max(0) as u32))
+}
+
 /// One kernel argument, passed by value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelArg {

@@ -353,15 +353,23 @@ fn min_channels_setting() -> u32 {
     *MIN
 }
 
-/// Most CTAs of one local copy.
-pub const COPY_MAX_CHANNELS: u32 = 16;
+/// Smallest local copy of a multi-rank plan (an own block, a send to self) that goes to the
+/// copy engine beside the kernel: smaller ones are kernel work, since forking and joining the
+/// side stream costs more host time (about 5 µs) than they take. A one-rank plan's copies
+/// always go to the copy engine (on the user's stream, with no fork).
+pub const COPY_ENGINE_MIN_BYTES: u64 = 1 << 20;
 
-/// Channels for a local copy of `bytes` (about 1 MiB per CTA, at most `COPY_MAX_CHANNELS` and
-/// `max_channels`): an alltoall's own block must neither sit on one CTA nor take the CTAs its
-/// sends and receives run on.
+/// Most CTAs of one copy in the kernel (a one-rank PreMulSum, a small copy of a multi-rank
+/// plan).
+pub const COPY_MAX_CHANNELS: u32 = MAX_CTAS;
+/// Bytes per CTA of a copy in the kernel before another CTA is added.
+pub const COPY_BYTES_PER_CHANNEL: u64 = 256 << 10;
+
+/// Channels for a copy in the kernel of `bytes` (about `COPY_BYTES_PER_CHANNEL` per CTA, at
+/// most `COPY_MAX_CHANNELS` and `max_channels`).
 pub fn copy_channels(bytes: u64, max_channels: u32) -> u32 {
     let max = COPY_MAX_CHANNELS.min(max_channels).max(1) as u64;
-    (bytes.div_ceil(1 << 20)).clamp(1, max) as u32
+    (bytes.div_ceil(COPY_BYTES_PER_CHANNEL)).clamp(1, max) as u32
 }
 
 /// `NCCL_MIN_P2P_NCHANNELS` and `NCCL_MAX_P2P_NCHANNELS`, read once: the range of channels
@@ -645,8 +653,9 @@ mod tests {
         assert_eq!(p2p_channels(1 << 30, 24), 24);
         assert_eq!(p2p_channels(1 << 30, 64), P2P_MAX_CHANNELS);
         assert_eq!(p2p_channels(1 << 30, 4), 4);
-        assert!(copy_channels(1 << 30, 24) == COPY_MAX_CHANNELS && copy_channels(1, 24) == 1);
-        assert_eq!(copy_channels(16 << 20, 64), 16);
+        assert!(copy_channels(1 << 30, 24) == 24 && copy_channels(1, 24) == 1);
+        assert_eq!(copy_channels(16 << 20, 64), COPY_MAX_CHANNELS);
+        assert_eq!(copy_channels(1 << 20, 64), 4);
         assert_eq!(copy_channels(3 << 20, 2), 2);
         assert_eq!(
             p2p_channels_for(CollKind::AlltoAll, 1 << 30, 64),

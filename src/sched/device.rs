@@ -62,6 +62,10 @@ pub const FLAG_SCALAR_DEVICE: u32 = 1;
 pub const FLAG_OPS: u32 = 2;
 /// Move the item's steps with the low-latency protocol (`OX_FLAG_LL`).
 pub const FLAG_LL: u32 = 4;
+/// RingAllGather: the first step also writes this rank's own block to the output
+/// (`OX_FLAG_OWN_BLOCK`; small out-of-place all-gathers, whose own block is not worth a
+/// copy-engine copy).
+pub const FLAG_OWN_BLOCK: u32 = 8;
 
 /// `OX_LL_REGION_DIV`: the last `slot_bytes / LL_REGION_DIV` bytes of every slot are its LL
 /// region, the rest its Simple region, so the two protocols never see each other's bytes.
@@ -296,7 +300,17 @@ mod tests {
         assert!(header.contains(&format!("#define OX_CONN_SIZE {CONN_SIZE}")));
         assert!(header.contains(&format!("#define OX_WORK_SIZE {WORK_SIZE}")));
         assert!(header.contains(&format!("#define OX_LL_REGION_DIV {LL_REGION_DIV}")));
-        assert!(header.contains(&format!("#define OX_FLAG_LL {FLAG_LL}u")));
+        for (name, value) in [
+            ("SCALAR_DEVICE", FLAG_SCALAR_DEVICE),
+            ("OPS", FLAG_OPS),
+            ("LL", FLAG_LL),
+            ("OWN_BLOCK", FLAG_OWN_BLOCK),
+        ] {
+            assert!(
+                header.contains(&format!("#define OX_FLAG_{name} {value}u")),
+                "OX_FLAG_{name}"
+            );
+        }
         for (field, off) in ["src", "block", "abort_flag", "send", "recv", "kind", "cta"]
             .iter()
             .zip([0usize, 32, 56, 64, 104, 144, 172])

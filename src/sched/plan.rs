@@ -12,7 +12,13 @@
 //! among the group's collectives; P2P: (round = (dst - src) mod n, src, sequence number of
 //! the op between src and dst, part)). The unfinished item with the smallest key then always
 //! has every participating CTA at it, so it progresses — however items are folded onto CTAs.
-//! It requires every CTA of the launch to be resident at once (grid <= `MAX_CTAS`).
+//! It requires every CTA of the launch to be resident at once (grid <= `nchannels`, which
+//! init caps so that the CTAs of every rank sharing a GPU fit on it together).
+//!
+//! Local copies (a one-rank collective, a send to self, the own block of an all-gather,
+//! alltoall, gather or scatter) come out as `LocalCopy`s, which the runtime hands to the copy
+//! engine (`cuMemcpyAsync`) beside the kernel — all of a one-rank plan's, and those of at
+//! least `cost::COPY_ENGINE_MIN_BYTES` otherwise; smaller ones stay kernel work.
 //!
 //! Protocol: each item is Simple or LL (`FLAG_LL`), chosen from the task's byte count by the
 //! cost model, so both ends of every connection choose alike; `chunk` is then the step
@@ -20,7 +26,7 @@
 
 use super::cost::{self, Algo, BLOCK_THREADS, MAX_CTAS};
 use super::device::{
-    ll_step_bytes, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL, FLAG_OPS,
+    ll_step_bytes, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL, FLAG_OPS, FLAG_OWN_BLOCK,
     FLAG_SCALAR_DEVICE,
 };
 use super::{CollKind, Task};
@@ -52,7 +58,15 @@ pub enum Dir {
     Recv,
 }
 
-/// One kernel launch.
+/// A device-to-device copy of `bytes` from `src` to `dst`, done by the copy engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalCopy {
+    pub dst: u64,
+    pub src: u64,
+    pub bytes: u64,
+}
+
+/// One kernel launch, and the local copies that run beside it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub kernel: &'static str,
@@ -61,8 +75,11 @@ pub struct Plan {
     pub smem: u32,
     /// The `OxWork` array (C layout); copy it to device memory and pass its address.
     pub items: Vec<u8>,
-    /// Items in `items`; 0 means there is nothing to launch.
+    /// Items in `items`; 0 means there is no kernel to launch.
     pub nitems: u32,
+    /// Copies that run concurrently with the kernel (after the stream's earlier work, before
+    /// its later work); with no kernel, simply on the stream.
+    pub copies: Vec<LocalCopy>,
 }
 
 /// Rows of `Geometry::send`/`recv`: ring channels, then as many P2P channels, then the
@@ -186,8 +203,13 @@ fn push_direct(
     }
 }
 
-/// The items of `tasks` on `rank`, without connections resolved.
-fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<Vec<Piece>> {
+/// The items of `tasks` on `rank`, without connections resolved, and the local copies.
+fn decompose(
+    rank: i32,
+    nranks: i32,
+    nchannels: u32,
+    tasks: &[Task],
+) -> Result<(Vec<Piece>, Vec<LocalCopy>)> {
     if nranks < 1 || rank < 0 || rank >= nranks {
         return Err(Error::internal(format!(
             "plan: rank {rank} of {nranks} ranks"
@@ -199,6 +221,7 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
         )));
     }
     let mut pieces = Vec::new();
+    let mut copies = Vec::new();
     let mut coll_seq = 0u64;
     let mut p2p_seq: BTreeMap<(i32, Dir), u64> = BTreeMap::new();
     let mut self_sends: Vec<(u64, u64)> = Vec::new();
@@ -230,9 +253,16 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
             Algo::Copy => {
                 let seq = coll_seq;
                 coll_seq += 1;
-                let has_ops = flags & FLAG_OPS != 0
-                    && !matches!(task.op, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min);
-                if count == 0 || (task.sendbuff == task.recvbuff && !has_ops) {
+                let transform = one_rank_transform(task);
+                if count == 0 || (task.sendbuff == task.recvbuff && !transform) {
+                    continue;
+                }
+                if !transform {
+                    copies.push(LocalCopy {
+                        dst: task.recvbuff,
+                        src: task.sendbuff,
+                        bytes,
+                    });
                     continue;
                 }
                 let nch = cost::copy_channels(bytes, nchannels);
@@ -274,6 +304,23 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
                         task.root
                     )));
                 }
+                // This rank's own all-gather block: in place already, or a copy-engine copy
+                // beside the ring when large, or written by the ring's first step.
+                let mut own_flag = 0;
+                if task.kind == CollKind::AllGather {
+                    let own = task.recvbuff + rank as u64 * bytes;
+                    if task.sendbuff != own {
+                        if bytes >= cost::COPY_ENGINE_MIN_BYTES {
+                            copies.push(LocalCopy {
+                                dst: own,
+                                src: task.sendbuff,
+                                bytes,
+                            });
+                        } else {
+                            own_flag = FLAG_OWN_BLOCK;
+                        }
+                    }
+                }
                 let gran = (16 / es).max(1);
                 let (ll, nch) = if task.kind == CollKind::AllReduce {
                     match cost::allreduce_plan(bytes, nranks, nchannels) {
@@ -301,6 +348,7 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
                         continue;
                     }
                     let mut w = base(kind);
+                    w.flags |= own_flag;
                     if ll {
                         w.flags |= FLAG_LL;
                     }
@@ -494,6 +542,14 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
         if sbytes == 0 || src == dst {
             continue;
         }
+        if nranks == 1 || sbytes >= cost::COPY_ENGINE_MIN_BYTES {
+            copies.push(LocalCopy {
+                dst,
+                src,
+                bytes: sbytes,
+            });
+            continue;
+        }
         let nch = cost::copy_channels(sbytes, nchannels);
         for (c, (start, len)) in split(sbytes, nch, 512).into_iter().enumerate() {
             if len == 0 {
@@ -515,7 +571,13 @@ fn decompose(rank: i32, nranks: i32, nchannels: u32, tasks: &[Task]) -> Result<V
             });
         }
     }
-    Ok(pieces)
+    Ok((pieces, copies))
+}
+
+/// Whether a one-rank task changes its data (PreMulSum scales it); every other op of one rank
+/// (sum, prod, min, max, avg) returns the input unchanged, so a copy, or nothing in place.
+pub fn one_rank_transform(task: &Task) -> bool {
+    is_reduction(task.kind) && matches!(task.op, RedOp::PreMulSum(_))
 }
 
 /// Which connections `tasks` need: `(channel, peer, direction)`, sorted, without repeats.
@@ -525,7 +587,7 @@ pub fn connections_needed(
     nchannels: u32,
     tasks: &[Task],
 ) -> Vec<(u32, i32, Dir)> {
-    let Ok(pieces) = decompose(rank, nranks, nchannels, tasks) else {
+    let Ok((pieces, _)) = decompose(rank, nranks, nchannels, tasks) else {
         return Vec::new();
     };
     let mut out: Vec<(u32, i32, Dir)> = pieces
@@ -578,9 +640,10 @@ fn conn_of(geom: &Geometry, dir: Dir, ch: u32, peer: i32) -> Result<OxConn> {
 
 /// Everything of one launch on one communicator for all `tasks` of a group.
 pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
-    let pieces = decompose(geom.rank, geom.nranks, geom.nchannels, tasks)?;
+    let (pieces, copies) = decompose(geom.rank, geom.nranks, geom.nchannels, tasks)?;
     // CTAs: ring channel c is CTA c; P2P groups follow in order of first appearance; beyond
-    // MAX_CTAS groups fold onto CTAs (correct because every CTA runs its items by key).
+    // `nchannels` (at most MAX_CTAS) groups fold onto CTAs (correct because every CTA runs its
+    // items by key).
     let mut groups: Vec<Group> = pieces.iter().map(|p| p.group).collect();
     groups.sort_by_key(|g| match g {
         Group::Chan(c) => (0, *c, 0),
@@ -606,7 +669,7 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
                 c
             }
         };
-        cta_of.insert(g, cta % MAX_CTAS);
+        cta_of.insert(g, cta % geom.nchannels.clamp(1, MAX_CTAS));
     }
     let mut works = Vec::with_capacity(pieces.len());
     for (index, p) in pieces.iter().enumerate() {
@@ -659,5 +722,6 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
         smem: 0,
         nitems: works.len() as u32,
         items,
+        copies,
     })
 }

@@ -11,6 +11,7 @@
 
 use super::device::{
     deserialize_all, ll_step_bytes, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL, FLAG_OPS,
+    FLAG_OWN_BLOCK,
 };
 use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry};
 use super::{CollKind, Task};
@@ -94,12 +95,17 @@ fn steps_of(w: &OxWork) -> Vec<Step> {
             let len = w.chunk.min(w.count - base);
             let o = base * es;
             if kind == WorkKind::RingAllGather as u32 {
-                push(
-                    S_SEND | S_IN | S_OUT,
-                    inb + o,
-                    outb + r as u64 * bs + o,
-                    len,
-                );
+                // The own block is the host's local copy unless the item carries it.
+                if w.flags & FLAG_OWN_BLOCK != 0 {
+                    push(
+                        S_SEND | S_IN | S_OUT,
+                        inb + o,
+                        outb + r as u64 * bs + o,
+                        len,
+                    );
+                } else {
+                    push(S_SEND | S_IN, inb + o, 0, len);
+                }
                 for t in 1..n - 1 {
                     push(
                         S_SEND | S_RECV | S_OUT,
@@ -576,6 +582,12 @@ impl World {
             ar.write(&mut out[i * es as usize..(i + 1) * es as usize], v);
         }
     }
+
+    /// A copy-engine copy of the plan (`Plan::copies`).
+    fn local_copy(&mut self, c: &super::plan::LocalCopy) {
+        let data = self.mem.slice(c.src, c.bytes).to_vec();
+        self.mem.slice_mut(c.dst, c.bytes).copy_from_slice(&data);
+    }
 }
 
 fn arith(w: &OxWork) -> Arith {
@@ -656,11 +668,13 @@ fn geometries(
 fn run(world: &mut World, geoms: &[Geometry], tasks: &[Vec<Task>], launches: usize) {
     for _ in 0..launches {
         let mut ctas: Vec<Cta> = Vec::new();
+        let mut copies = Vec::new();
         for (rank, g) in geoms.iter().enumerate() {
             let p = plan(g, &tasks[rank]).expect("plan");
             assert_eq!(p.items.len(), p.nitems as usize * super::device::WORK_SIZE);
             let items = deserialize_all(&p.items);
-            assert!(p.grid <= super::cost::MAX_CTAS);
+            assert!(p.grid <= super::cost::MAX_CTAS && p.grid <= g.nchannels);
+            copies.extend(p.copies.iter().copied());
             for c in 0..p.grid {
                 let mine: Vec<OxWork> = items.iter().filter(|w| w.cta == c).copied().collect();
                 assert!(
@@ -707,6 +721,11 @@ fn run(world: &mut World, geoms: &[Geometry], tasks: &[Vec<Task>], launches: usi
                 "connection {buf:#x} has {} unread slots",
                 c.pending.len()
             );
+        }
+        // The copy engine's copies run beside the kernel on memory it does not touch: done
+        // after it here, so a kernel that needed their result would be caught reading poison.
+        for c in &copies {
+            world.local_copy(c);
         }
     }
     // Both ends of every connection end at the same position.
@@ -1440,4 +1459,149 @@ fn one_shot_allreduce_every_rank_count_and_op() {
         }
     }
     // In place: in_place_reductions_single_launch (its all-reduces take this path).
+}
+
+/// A float task of `count` elements on the given buffers.
+fn float_task(kind: CollKind, count: usize, send: u64, recv: u64, op: RedOp) -> Task {
+    Task {
+        kind,
+        dtype: ncclDataType_t::ncclFloat32,
+        op,
+        count,
+        sendbuff: send,
+        recvbuff: recv,
+        root: 0,
+    }
+}
+
+#[test]
+fn one_rank_collectives_are_copies_or_nothing() {
+    use super::plan::LocalCopy;
+    let g = &geometries(1, 8, 4096, 2, &[vec![]])[0];
+    let copy = LocalCopy {
+        dst: 0x9000,
+        src: 0x1000,
+        bytes: 4000,
+    };
+    let self_pair = [
+        float_task(CollKind::Send, 1000, 0x1000, 0, RedOp::Sum),
+        float_task(CollKind::Recv, 1000, 0, 0x9000, RedOp::Sum),
+    ];
+    let p = plan(g, &self_pair).unwrap();
+    assert_eq!((p.nitems, p.copies.clone()), (0, vec![copy]));
+    for kind in KINDS
+        .into_iter()
+        .filter(|k| !matches!(k, CollKind::Send | CollKind::Recv))
+    {
+        let out_of_place = plan(g, &[float_task(kind, 1000, 0x1000, 0x9000, RedOp::Sum)]).unwrap();
+        assert_eq!(out_of_place.nitems, 0, "{kind:?}: no kernel");
+        assert_eq!(
+            out_of_place.copies,
+            vec![copy],
+            "{kind:?}: one copy-engine copy"
+        );
+        let in_place = plan(g, &[float_task(kind, 1000, 0x1000, 0x1000, RedOp::Avg)]).unwrap();
+        assert_eq!((in_place.nitems, in_place.copies.len()), (0, 0), "{kind:?}");
+    }
+    let mut two = [0u8; 8];
+    two[..4].copy_from_slice(&2.0f32.to_le_bytes());
+    let scale = RedOp::PreMulSum(Scalar::Host(two));
+    for (send, recv) in [(0x1000, 0x9000), (0x1000, 0x1000)] {
+        let p = plan(
+            g,
+            &[float_task(CollKind::AllReduce, 1 << 22, send, recv, scale)],
+        )
+        .unwrap();
+        assert!(
+            p.nitems > 1 && p.copies.is_empty(),
+            "PreMulSum scales in the kernel"
+        );
+        assert!(p.grid <= g.nchannels);
+    }
+}
+
+#[test]
+fn own_blocks_are_copy_engine_copies_beside_the_kernel() {
+    use super::plan::LocalCopy;
+    let n = 4;
+    let count = (super::cost::COPY_ENGINE_MIN_BYTES / 4) as usize;
+    let bytes = 4 * count as u64;
+    let gather = |send, recv| {
+        vec![float_task(
+            CollKind::AllGather,
+            count,
+            send,
+            recv,
+            RedOp::Sum,
+        )]
+    };
+    let alltoall = |send, recv| {
+        vec![float_task(
+            CollKind::AlltoAll,
+            count,
+            send,
+            recv,
+            RedOp::Sum,
+        )]
+    };
+    let tasks: Vec<Vec<Task>> = (0..n).map(|_| gather(0x1000, 0x1000_0000)).collect();
+    let geoms = geometries(n, 4, 4096, 2, &tasks);
+    let p = plan(&geoms[2], &tasks[2]).unwrap();
+    assert_eq!(
+        p.copies,
+        vec![LocalCopy {
+            dst: 0x1000_0000 + 2 * bytes,
+            src: 0x1000,
+            bytes
+        }]
+    );
+    let in_place = gather(0x1000_0000 + 2 * bytes, 0x1000_0000);
+    assert!(plan(&geoms[2], &in_place).unwrap().copies.is_empty());
+    // A small own block is written by the ring's first step instead.
+    let small = vec![float_task(
+        CollKind::AllGather,
+        100,
+        0x1000,
+        0x1000_0000,
+        RedOp::Sum,
+    )];
+    let p = plan(&geoms[2], &small).unwrap();
+    assert!(p.copies.is_empty());
+    assert!(deserialize_all(&p.items)
+        .iter()
+        .all(|w| w.flags & FLAG_OWN_BLOCK != 0));
+    let tasks: Vec<Vec<Task>> = (0..n).map(|_| alltoall(0x1000, 0x1000_0000)).collect();
+    let geoms = geometries(n, 4, 4096, 2, &tasks);
+    let p = plan(&geoms[1], &tasks[1]).unwrap();
+    assert_eq!(
+        p.copies,
+        vec![LocalCopy {
+            dst: 0x1000_0000 + bytes,
+            src: 0x1000 + bytes,
+            bytes
+        }]
+    );
+}
+
+#[test]
+fn capped_channels_bound_the_grid() {
+    // Eight ranks on one GPU get few channels each: every launch must stay within them.
+    for nchannels in [1, 2, 16] {
+        let tasks: Vec<Vec<Task>> = (0..8)
+            .map(|_| {
+                vec![float_task(
+                    CollKind::AlltoAll,
+                    1 << 20,
+                    0x1000,
+                    0x1000_0000,
+                    RedOp::Sum,
+                )]
+            })
+            .collect();
+        let geoms = geometries(8, nchannels, 4096, 2, &tasks);
+        for (g, t) in geoms.iter().zip(&tasks) {
+            let p = plan(g, t).unwrap();
+            assert!(p.grid <= nchannels, "grid {} > {nchannels}", p.grid);
+        }
+    }
 }

@@ -1,7 +1,13 @@
 //! Node topology: what each rank is (host, process, GPU and its PCI bus id), which ranks share
-//! a host, which pairs can reach each other's memory and over what (NVLink with its link count,
-//! or PCIe), as the scheduler and transports need it. NVML is opened at run time when present
-//! (see `nvml`); `NCCL_P2P_DISABLE`, `NCCL_SHM_DISABLE` and `NCCL_P2P_LEVEL` are honoured.
+//! a host or a GPU, which pairs can reach each other's memory and over what (the same GPU,
+//! NVLink with its link count, or PCIe), as the scheduler and transports need it. NVML is
+//! opened at run time when present (see `nvml`).
+//!
+//! The transport between two ranks is the first one allowed of: peer-to-peer (same GPU,
+//! NVLink, PCIe; off with `NCCL_P2P_DISABLE=1` or above `NCCL_P2P_LEVEL`), host shared memory
+//! (off with `NCCL_SHM_DISABLE=1`), the network — also between ranks of one host, as in
+//! NVIDIA's library. Ranks of one communicator may share a GPU only with
+//! `NCCL_MULTI_RANK_GPU_ENABLE=1` (NVIDIA's 2.30 variable); otherwise "Duplicate GPU detected".
 
 pub mod nvml;
 
@@ -82,6 +88,8 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// How two ranks' GPUs reach each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
+    /// Both ranks use the same GPU (`NCCL_MULTI_RANK_GPU_ENABLE=1`): its own memory.
+    SameGpu,
     /// Direct loads and stores over NVLink (`links` active links on the slower side).
     NvLink { links: u32 },
     /// Peer-to-peer over PCIe.
@@ -96,6 +104,8 @@ impl Path {
     /// Bandwidth estimate in GB/s per direction, for the scheduler's cost model.
     pub fn bandwidth_gbs(self) -> f64 {
         match self {
+            // A copy within one H200 moves about 1.5 TB/s.
+            Path::SameGpu => 1500.0,
             // NVLink 4: about 25 GB/s per link per direction.
             Path::NvLink { links } => 25.0 * links.max(1) as f64,
             Path::Pcie => 24.0,
@@ -106,11 +116,34 @@ impl Path {
     /// NCCL_P2P_LEVEL rank of this path: LOC 0, NVL 1, PIX 2, PXB 3, PHB 4, SYS 5.
     fn level(self) -> i64 {
         match self {
+            Path::SameGpu => 0,
             Path::NvLink { .. } => 1,
             Path::Pcie => 3,
             Path::Shm | Path::Net => 5,
         }
     }
+}
+
+impl Path {
+    /// Whether this is a peer-to-peer path (the peer's GPU memory is mapped directly).
+    pub fn is_p2p(self) -> bool {
+        matches!(self, Path::SameGpu | Path::NvLink { .. } | Path::Pcie)
+    }
+}
+
+/// Whether two ranks use the same GPU (same host and PCI bus id).
+pub fn same_gpu(a: &PeerInfo, b: &PeerInfo) -> bool {
+    a.host_hash == b.host_hash && a.bus_id == b.bus_id
+}
+
+/// The first pair of ranks on one GPU, if any.
+fn first_shared_gpu(peers: &[PeerInfo]) -> Option<(&PeerInfo, &PeerInfo)> {
+    peers.iter().enumerate().find_map(|(i, a)| {
+        peers[i + 1..]
+            .iter()
+            .find(|b| same_gpu(a, b))
+            .map(|b| (a, b))
+    })
 }
 
 /// Parse `NCCL_P2P_LEVEL` (name or number).
@@ -148,10 +181,8 @@ fn peer_path(
     if peer.host_hash != me.host_hash {
         return Path::Net;
     }
-    if peer.rank == me.rank {
-        return Path::NvLink {
-            links: me.nvlinks.max(1),
-        };
+    if peer.rank == me.rank || peer.bus_id == me.bus_id {
+        return Path::SameGpu;
     }
     let p2p = match my_dev_of(&peer.bus_id) {
         Some(peer_dev) => can_access(me.cuda_dev, peer_dev),
@@ -168,23 +199,96 @@ fn peer_path(
     }
 }
 
+/// Which transports the environment allows between ranks of one host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allowed {
+    pub p2p: bool,
+    /// Highest `NCCL_P2P_LEVEL` allowed for peer-to-peer (None: any).
+    pub p2p_level: Option<i64>,
+    pub shm: bool,
+}
+
+impl Allowed {
+    /// `NCCL_P2P_DISABLE`, `NCCL_P2P_LEVEL` and `NCCL_SHM_DISABLE`.
+    pub fn from_env() -> Allowed {
+        Allowed {
+            p2p: !crate::env::flag("NCCL_P2P_DISABLE", false),
+            p2p_level: crate::env::get("NCCL_P2P_LEVEL").and_then(|v| parse_p2p_level(&v)),
+            shm: !crate::env::flag("NCCL_SHM_DISABLE", false),
+        }
+    }
+
+    /// The path that carries data over `reachable` (what the hardware offers): that path if
+    /// it is peer-to-peer and allowed, else host shared memory if allowed, else the network.
+    pub fn choose(self, reachable: Path) -> Path {
+        if reachable == Path::Net {
+            return Path::Net;
+        }
+        let p2p_ok =
+            reachable.is_p2p() && self.p2p && self.p2p_level.is_none_or(|l| reachable.level() <= l);
+        if p2p_ok {
+            reachable
+        } else if self.shm {
+            Path::Shm
+        } else {
+            Path::Net
+        }
+    }
+}
+
+/// Whether the CUDA MPS daemon of this host is running (its control pipe exists in
+/// `CUDA_MPS_PIPE_DIRECTORY`, default `/tmp/nvidia-mps`): then kernels of processes sharing
+/// a GPU run side by side instead of time-slicing.
+pub fn mps_active() -> bool {
+    let dir = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|_| "/tmp/nvidia-mps".into());
+    std::path::Path::new(&dir).join("control").exists()
+}
+
+/// What the environment lets a communicator do with the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// `NCCL_MULTI_RANK_GPU_ENABLE`: ranks of one communicator may share a GPU.
+    pub multi_rank_gpu: bool,
+    pub allowed: Allowed,
+}
+
+impl Policy {
+    pub fn from_env() -> Policy {
+        Policy {
+            multi_rank_gpu: crate::env::flag("NCCL_MULTI_RANK_GPU_ENABLE", false),
+            allowed: Allowed::from_env(),
+        }
+    }
+}
+
 impl Topology {
-    /// Build from every rank's info. Fails with `ncclInvalidUsage` when two ranks share a GPU.
+    /// Build from every rank's info, under the environment's policy (`Policy::from_env`).
+    /// Fails with `ncclInvalidUsage` when two ranks share a GPU and that is not enabled.
     pub fn new(
         peers: Vec<PeerInfo>,
         my_rank: i32,
         my_dev_of: impl Fn(&str) -> Option<i32>,
         can_access: impl Fn(i32, i32) -> bool,
     ) -> Result<Topology> {
+        Topology::with_policy(peers, my_rank, my_dev_of, can_access, Policy::from_env())
+    }
+
+    /// `new` under an explicit policy.
+    pub fn with_policy(
+        peers: Vec<PeerInfo>,
+        my_rank: i32,
+        my_dev_of: impl Fn(&str) -> Option<i32>,
+        can_access: impl Fn(i32, i32) -> bool,
+        policy: Policy,
+    ) -> Result<Topology> {
         let me = peers[my_rank as usize].clone();
-        for (i, a) in peers.iter().enumerate() {
-            for b in &peers[i + 1..] {
-                if a.host_hash == b.host_hash && a.bus_id == b.bus_id {
-                    return Err(Error::invalid_usage(format!(
-                        "Duplicate GPU detected : rank {} and rank {} both on CUDA device {} (bus id {})",
-                        a.rank, b.rank, a.cuda_dev, a.bus_id
-                    )));
-                }
+        if !policy.multi_rank_gpu {
+            if let Some((a, b)) = first_shared_gpu(&peers) {
+                return Err(Error::invalid_usage(format!(
+                    "Duplicate GPU detected : rank {} and rank {} both on CUDA device {} (bus id {}); \
+                     set NCCL_MULTI_RANK_GPU_ENABLE=1 to let ranks share a GPU",
+                    a.rank, b.rank, a.cuda_dev, a.bus_id
+                )));
             }
         }
         let local_ranks = peers
@@ -192,22 +296,15 @@ impl Topology {
             .filter(|p| p.host_hash == me.host_hash)
             .map(|p| p.rank)
             .collect();
-        let p2p_disabled = crate::env::flag("NCCL_P2P_DISABLE", false);
-        let p2p_level = crate::env::get("NCCL_P2P_LEVEL").and_then(|v| parse_p2p_level(&v));
+        let allowed = policy.allowed;
         let paths = peers
             .iter()
             .map(|p| {
-                let path = peer_path(&me, p, &my_dev_of, &can_access);
-                let allowed = match path {
-                    Path::NvLink { .. } | Path::Pcie => {
-                        !p2p_disabled && p2p_level.is_none_or(|l| path.level() <= l)
-                    }
-                    _ => true,
-                };
-                if allowed || p.rank == me.rank {
-                    path
+                let reachable = peer_path(&me, p, &my_dev_of, &can_access);
+                if p.rank == me.rank {
+                    reachable
                 } else {
-                    Path::Shm
+                    allowed.choose(reachable)
                 }
             })
             .collect();
@@ -217,6 +314,25 @@ impl Topology {
             my_rank,
             paths,
         })
+    }
+
+    /// The ranks on this rank's GPU (this rank included), in rank order.
+    pub fn gpu_ranks(&self) -> Vec<i32> {
+        let me = &self.peers[self.my_rank as usize];
+        self.peers
+            .iter()
+            .filter(|p| same_gpu(p, me))
+            .map(|p| p.rank)
+            .collect()
+    }
+
+    /// The most ranks any one GPU of the communicator carries (1 when no GPU is shared).
+    pub fn max_ranks_per_gpu(&self) -> usize {
+        self.peers
+            .iter()
+            .map(|a| self.peers.iter().filter(|b| same_gpu(a, b)).count())
+            .max()
+            .unwrap_or(1)
     }
 
     /// This rank's index among its host's ranks.
@@ -284,14 +400,100 @@ mod tests {
         assert!(PeerInfo::from_bytes(&[0u8; 3]).is_err());
     }
 
+    const ALL_ALLOWED: Allowed = Allowed {
+        p2p: true,
+        p2p_level: None,
+        shm: true,
+    };
+
+    fn policy(multi_rank_gpu: bool, allowed: Allowed) -> Policy {
+        Policy {
+            multi_rank_gpu,
+            allowed,
+        }
+    }
+
     #[test]
-    fn duplicate_gpu_is_invalid_usage() {
+    fn duplicate_gpu_is_invalid_usage_unless_enabled() {
         let peers = vec![peer(0, 1, 0, 0), peer(1, 1, 0, 0)];
-        let e = Topology::new(peers, 0, |_| Some(0), |_, _| true).unwrap_err();
+        let e = Topology::with_policy(
+            peers.clone(),
+            0,
+            |_| Some(0),
+            |_, _| true,
+            policy(false, ALL_ALLOWED),
+        )
+        .unwrap_err();
         assert_eq!(e.code, crate::abi::ncclResult_t::ncclInvalidUsage);
+        assert!(e.msg.contains("Duplicate GPU detected"), "{}", e.msg);
+        assert!(e.msg.contains("NCCL_MULTI_RANK_GPU_ENABLE"), "{}", e.msg);
         // Same device number on another host is fine.
-        let peers = vec![peer(0, 1, 0, 0), peer(1, 2, 0, 0)];
-        assert!(Topology::new(peers, 0, |_| Some(0), |_, _| true).is_ok());
+        let other_host = vec![peer(0, 1, 0, 0), peer(1, 2, 0, 0)];
+        let t = Topology::with_policy(
+            other_host,
+            0,
+            |_| Some(0),
+            |_, _| true,
+            policy(false, ALL_ALLOWED),
+        )
+        .unwrap();
+        assert_eq!(t.max_ranks_per_gpu(), 1);
+        // Enabled: the two ranks share the GPU over its own memory.
+        let t = Topology::with_policy(
+            peers,
+            0,
+            |_| Some(0),
+            |_, _| false,
+            policy(true, ALL_ALLOWED),
+        )
+        .unwrap();
+        assert_eq!(t.paths[1], Path::SameGpu);
+        assert_eq!(t.gpu_ranks(), vec![0, 1]);
+        assert_eq!(t.max_ranks_per_gpu(), 2);
+    }
+
+    #[test]
+    fn transports_fall_back_p2p_then_shm_then_net() {
+        // Ranks 0, 1, 2 on GPU 0, rank 3 on GPU 1 (NVLink), all on one host.
+        let peers = vec![
+            peer(0, 1, 0, 18),
+            peer(1, 1, 0, 18),
+            peer(2, 1, 0, 18),
+            peer(3, 1, 1, 18),
+        ];
+        let dev_of = |bus: &str| Some(i32::from_str_radix(&bus[5..7], 16).unwrap() - 1);
+        let topo = |allowed| {
+            Topology::with_policy(peers.clone(), 0, dev_of, |_, _| true, policy(true, allowed))
+                .unwrap()
+        };
+        let t = topo(ALL_ALLOWED);
+        assert_eq!(t.paths[1], Path::SameGpu);
+        assert_eq!(t.paths[3], Path::NvLink { links: 18 });
+        assert_eq!(t.gpu_ranks(), vec![0, 1, 2]);
+        assert_eq!(t.max_ranks_per_gpu(), 3);
+        let no_p2p = Allowed {
+            p2p: false,
+            ..ALL_ALLOWED
+        };
+        assert_eq!(topo(no_p2p).paths[1], Path::Shm);
+        assert_eq!(topo(no_p2p).paths[3], Path::Shm);
+        let loc_only = Allowed {
+            p2p_level: Some(0),
+            ..ALL_ALLOWED
+        };
+        assert_eq!(topo(loc_only).paths[1], Path::SameGpu);
+        assert_eq!(topo(loc_only).paths[3], Path::Shm);
+        let neither = Allowed {
+            p2p: false,
+            p2p_level: None,
+            shm: false,
+        };
+        assert_eq!(topo(neither).paths[1], Path::Net);
+        assert_eq!(
+            topo(neither).paths[0],
+            Path::SameGpu,
+            "a rank reaches itself"
+        );
     }
 
     #[test]
@@ -303,12 +505,20 @@ mod tests {
             peer(3, 1, 2, 0),
         ];
         let dev_of = |bus: &str| Some(i32::from_str_radix(&bus[5..7], 16).unwrap() - 1);
-        let t = Topology::new(peers, 0, dev_of, |_, _| true).unwrap();
+        let t = Topology::with_policy(peers, 0, dev_of, |_, _| true, policy(false, ALL_ALLOWED))
+            .unwrap();
         assert_eq!(t.local_ranks, vec![0, 1, 3]);
         assert_eq!(t.paths[1], Path::NvLink { links: 18 });
         assert_eq!(t.paths[2], Path::Net);
         assert_eq!(t.paths[3], Path::Pcie);
-        let t = Topology::new(t.peers.clone(), 0, dev_of, |_, _| false).unwrap();
+        let t = Topology::with_policy(
+            t.peers.clone(),
+            0,
+            dev_of,
+            |_, _| false,
+            policy(false, ALL_ALLOWED),
+        )
+        .unwrap();
         assert_eq!(t.paths[1], Path::Shm);
     }
 

@@ -5,8 +5,11 @@
 //! transport:
 //! - P2P, same process: plain device pointers (peer access enabled between the contexts);
 //! - P2P, other process: device memory exported with CUDA IPC handles;
+//! - P2P, same GPU (ranks sharing a GPU, `NCCL_MULTI_RANK_GPU_ENABLE=1`): the same two cases,
+//!   with no peer access to enable;
 //! - SHM: staging buffer and counters in host shared memory mapped into both GPUs, used when
-//!   peer access is impossible or disabled (`NCCL_P2P_DISABLE=1`, `NCCL_P2P_LEVEL`).
+//!   peer access is impossible or disabled (`NCCL_P2P_DISABLE=1`, `NCCL_P2P_LEVEL`);
+//! - NET (the topology's choice when neither is allowed, or between hosts): not built yet.
 //!
 //! Setup runs through the bootstrap: each side allocates its half, sends a description, then
 //! maps the peer's half.
@@ -152,22 +155,19 @@ impl Connections {
         };
         let path = setup.topo.paths[peer as usize];
         let same_process = setup.topo.same_process(peer);
-        if path == Path::Shm && crate::env::flag("NCCL_SHM_DISABLE", false) {
-            return Err(Error::invalid_usage(format!(
-                "no transport from rank {} to rank {peer}: peer-to-peer access is unavailable or disabled and NCCL_SHM_DISABLE=1",
-                setup.topo.my_rank
-            )));
-        }
         let (placement, base, res) = match path {
-            Path::NvLink { .. } | Path::Pcie => {
-                if same_process {
+            Path::SameGpu | Path::NvLink { .. } | Path::Pcie => {
+                if same_process && path != Path::SameGpu {
                     let peer_dev = setup.topo.peers[peer as usize].cuda_dev;
                     cuda::enable_peer_access(cuda::primary_ctx(peer_dev)?)?;
                 }
                 let buf = DeviceBuffer::zeroed(bytes)?;
                 let base = buf.ptr();
-                let placement =
-                    if same_process { Placement::Pointer(base) } else { Placement::Ipc(cuda::ipc_handle(base)?) };
+                let placement = if same_process {
+                    Placement::Pointer(base)
+                } else {
+                    Placement::Ipc(cuda::ipc_handle(base)?)
+                };
                 (placement, base, Resource::Device(buf))
             }
             Path::Shm if same_process => {
@@ -188,13 +188,16 @@ impl Connections {
                 );
                 let mem = SharedHostMem::open(&name, bytes, true)?;
                 let base = mem.dev();
-                (Placement::Shm { name, bytes: bytes as u64 }, base, Resource::Shared(mem))
+                (
+                    Placement::Shm {
+                        name,
+                        bytes: bytes as u64,
+                    },
+                    base,
+                    Resource::Shared(mem),
+                )
             }
-            Path::Net => {
-                return Err(Error::invalid_usage(format!(
-                    "rank {peer} is on another host: the network transport is not yet supported by oxccl"
-                )))
-            }
+            Path::Net => return Err(no_network(setup.topo, peer)),
         };
         Ok((
             Half {
@@ -204,6 +207,23 @@ impl Connections {
             vec![res],
         ))
     }
+}
+
+/// The error for a connection that needs the network transport, which is not built yet.
+fn no_network(topo: &Topology, peer: i32) -> Error {
+    let me = &topo.peers[topo.my_rank as usize];
+    let why = if topo.peers[peer as usize].host_hash != me.host_hash {
+        "it is on another host".to_string()
+    } else {
+        "peer-to-peer and shared memory are unavailable or disabled (NCCL_P2P_DISABLE, \
+         NCCL_P2P_LEVEL, NCCL_SHM_DISABLE)"
+            .to_string()
+    };
+    Error::invalid_usage(format!(
+        "rank {} needs the network transport to reach rank {peer} ({why}): the network \
+         transport is not yet supported by oxccl",
+        topo.my_rank
+    ))
 }
 
 /// Map the peer's half into this process; returns its base address here.

@@ -1,5 +1,6 @@
 //! Command-line options of `oxccl-bench`: the option table, the `--help` text, size parsing
-//! (`K`/`M`/`G` suffixes) and the collective, data type and reduction operator names.
+//! (`K`/`M`/`G` suffixes), the collective, data type and reduction operator names, and the
+//! placement of ranks on GPUs (`--devices`, `--ranks-per-gpu`).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -217,6 +218,57 @@ pub enum Layout {
     Processes(usize),
 }
 
+/// Which CUDA device each rank uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceMap {
+    /// Rank r on GPU r (the default).
+    OnePerGpu,
+    /// `--devices`: rank r on `list[r]`.
+    List(Vec<usize>),
+    /// `--ranks-per-gpu K`: rank r on GPU r / K.
+    RanksPerGpu(usize),
+}
+
+impl DeviceMap {
+    /// The device of `rank`.
+    pub fn device_of(&self, rank: usize) -> usize {
+        match self {
+            DeviceMap::OnePerGpu => rank,
+            DeviceMap::List(list) => list.get(rank).copied().unwrap_or(rank),
+            DeviceMap::RanksPerGpu(k) => rank / (*k).max(1),
+        }
+    }
+
+    /// The device of every rank of an `nranks`-rank run, in rank order.
+    pub fn devices(&self, nranks: usize) -> Vec<usize> {
+        (0..nranks).map(|rank| self.device_of(rank)).collect()
+    }
+
+    /// How many ranks a one-process run without `-g` has when `visible` GPUs are visible.
+    pub fn default_nranks(&self, visible: usize) -> usize {
+        match self {
+            DeviceMap::OnePerGpu => visible,
+            DeviceMap::List(list) => list.len(),
+            DeviceMap::RanksPerGpu(k) => visible.saturating_mul(*k),
+        }
+    }
+}
+
+/// Whether any two ranks of `devices` share a device.
+pub fn devices_shared(devices: &[usize]) -> bool {
+    let mut seen = std::collections::BTreeSet::new();
+    devices.iter().any(|d| !seen.insert(*d))
+}
+
+/// A device list as text: `0,0,1,1`.
+pub fn devices_text(devices: &[usize]) -> String {
+    devices
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Options that only the benchmark's own child processes receive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChildRole {
@@ -244,6 +296,11 @@ pub struct Options {
     pub check: bool,
     pub graph: bool,
     pub layout: Layout,
+    /// Which device each rank uses (`--devices`, `--ranks-per-gpu`).
+    pub devices: DeviceMap,
+    /// `--hostid-per-rank` (only with `-p`): rank r's process gets
+    /// `NCCL_HOSTID=oxccl-bench-host-<r>`.
+    pub hostid_per_rank: bool,
     pub timeout_s: f64,
     pub json: Option<PathBuf>,
     pub csv: Option<PathBuf>,
@@ -272,6 +329,8 @@ impl Default for Options {
             check: true,
             graph: false,
             layout: Layout::Threadless(None),
+            devices: DeviceMap::OnePerGpu,
+            hostid_per_rank: false,
             timeout_s: 60.0,
             json: None,
             csv: None,
@@ -320,8 +379,16 @@ Sizes (bytes; suffixes K M G are powers of 1024, e.g. 64K, 1G):
                       reduce_scatter/scatter send `size` bytes, size/nranks per rank.
 
 Ranks:
-  -g, --ngpus N       one process drives N GPUs (default: every visible GPU)
-  -p, --nprocs N      N processes with one GPU each (rank r uses GPU r); no MPI needed
+  -g, --ngpus N       one process drives N ranks (default: one per visible GPU)
+  -p, --nprocs N      N processes with one rank each; no MPI needed
+  By default rank r uses GPU r. Ranks may share a GPU (each keeps its own stream and buffers):
+  --devices LIST      CUDA device of each rank, e.g. 0,0,0,0 (4 ranks on GPU 0); alone it
+                      means one process with that many ranks (like -g); with -g N or -p N
+                      the list must have N entries
+  --ranks-per-gpu K   rank r uses GPU r / K (e.g. -g 8 --ranks-per-gpu 8: 8 ranks on GPU 0);
+                      without -g/-p: K ranks on every visible GPU. Not with --devices
+  --hostid-per-rank   with -p: rank r's process gets NCCL_HOSTID=oxccl-bench-host-<r>, so
+                      the library treats every rank as a separate host (network transport)
 
 Timing and checking:
   -w, --warmup N      warm-up iterations per size (default 5)
@@ -338,7 +405,9 @@ Output:
   -h, --help          this text
 
 Exit status: 0 all good; 1 some results were wrong; 2 bad command line; 3 an error (no GPU,
-missing library or symbol, CUDA or NCCL error); 4 a collective or init hung past --timeout.
+missing library or symbol, CUDA or NCCL error) or the library refused the configuration (a
+REFUSED line; with --vs a refusal of the --vs library B alone keeps status 0 when A passed);
+4 a collective or init hung past --timeout.
 ";
 
 /// A command-line mistake, reported with exit status 2.
@@ -399,6 +468,89 @@ fn parse_count(text: &str, option: &str) -> Result<usize, UsageError> {
     })
 }
 
+/// Parse `--devices`: a comma list of CUDA device ordinals, one per rank.
+pub fn parse_device_list(text: &str) -> Result<Vec<usize>, UsageError> {
+    text.split(',')
+        .map(|item| {
+            let item = item.trim();
+            if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(UsageError(format!(
+                    "--devices needs a comma list of CUDA device numbers (e.g. 0,0,1,1), got '{text}'"
+                )));
+            }
+            item.parse::<usize>().map_err(|_| {
+                UsageError(format!("--devices: device number '{item}' is too large"))
+            })
+        })
+        .collect()
+}
+
+/// Parse `--ranks-per-gpu`: a positive number of ranks per device.
+fn parse_ranks_per_gpu(text: &str) -> Result<usize, UsageError> {
+    match parse_count(text, "--ranks-per-gpu")? {
+        0 => Err(UsageError("--ranks-per-gpu needs at least 1".into())),
+        k => Ok(k),
+    }
+}
+
+/// Combine `-g`, `-p`, `--devices` and `--ranks-per-gpu` into the layout and device map,
+/// rejecting combinations that contradict each other.
+fn resolve_placement(
+    ngpus: Option<usize>,
+    nprocs: Option<usize>,
+    device_list: Option<Vec<usize>>,
+    ranks_per_gpu: Option<usize>,
+) -> Result<(Layout, DeviceMap), UsageError> {
+    let layout = match (ngpus, nprocs) {
+        (Some(_), Some(_)) => {
+            return Err(UsageError(
+                "give either -g (ranks in one process) or -p (processes), not both".into(),
+            ))
+        }
+        (Some(0), None) | (None, Some(0)) => {
+            return Err(UsageError("-g and -p need at least 1".into()))
+        }
+        (Some(n), None) => Layout::Threadless(Some(n)),
+        (None, Some(n)) => Layout::Processes(n),
+        (None, None) => Layout::Threadless(None),
+    };
+    let map = match (device_list, ranks_per_gpu) {
+        (Some(_), Some(_)) => {
+            return Err(UsageError(
+                "give either --devices or --ranks-per-gpu, not both".into(),
+            ))
+        }
+        (Some(list), None) => {
+            check_device_list_length(&list, layout)?;
+            DeviceMap::List(list)
+        }
+        (None, Some(k)) => DeviceMap::RanksPerGpu(k),
+        (None, None) => DeviceMap::OnePerGpu,
+    };
+    // --devices alone fixes the rank count of a one-process run.
+    let layout = match (&map, layout) {
+        (DeviceMap::List(list), Layout::Threadless(None)) => Layout::Threadless(Some(list.len())),
+        (_, layout) => layout,
+    };
+    Ok((layout, map))
+}
+
+fn check_device_list_length(list: &[usize], layout: Layout) -> Result<(), UsageError> {
+    let (flag, n) = match layout {
+        Layout::Threadless(Some(n)) => ("-g", n),
+        Layout::Processes(n) => ("-p", n),
+        Layout::Threadless(None) => return Ok(()),
+    };
+    if list.len() == n {
+        Ok(())
+    } else {
+        Err(UsageError(format!(
+            "--devices lists {} device(s) but {flag} {n} asks for {n} rank(s); give one device per rank",
+            list.len()
+        )))
+    }
+}
+
 /// The list of sizes one run sweeps, in order.
 pub fn sweep_sizes(opts: &Options) -> Vec<u64> {
     if let Some(list) = &opts.sizes {
@@ -431,6 +583,8 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
     let mut child_rank: Option<usize> = None;
     let mut child_nranks: Option<usize> = None;
     let mut child_id: Option<String> = None;
+    let mut device_list: Option<Vec<usize>> = None;
+    let mut ranks_per_gpu: Option<usize> = None;
     let mut index = 0;
     while index < args.len() {
         let arg = args[index].as_str();
@@ -439,7 +593,10 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
             Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
             _ => (arg, None),
         };
-        let takes_value = !matches!(name, "-h" | "--help" | "--graph" | "--emit");
+        let takes_value = !matches!(
+            name,
+            "-h" | "--help" | "--graph" | "--emit" | "--hostid-per-rank"
+        );
         let value = if takes_value {
             match inline_value {
                 Some(v) => v,
@@ -457,6 +614,9 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
             "-h" | "--help" => return Ok(Command::Help),
             "--graph" => opts.graph = true,
             "--emit" => opts.emit = true,
+            "--hostid-per-rank" => opts.hostid_per_rank = true,
+            "--devices" => device_list = Some(parse_device_list(&value)?),
+            "--ranks-per-gpu" => ranks_per_gpu = Some(parse_ranks_per_gpu(&value)?),
             "--lib" => opts.lib = Some(PathBuf::from(value)),
             "--vs" => opts.vs = Some(PathBuf::from(value)),
             "-c" | "--coll" => {
@@ -526,19 +686,12 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
         index += 1;
     }
 
-    opts.layout = match (ngpus, nprocs) {
-        (Some(_), Some(_)) => {
-            return Err(UsageError(
-                "give either -g (GPUs in one process) or -p (processes), not both".into(),
-            ))
-        }
-        (Some(0), None) | (None, Some(0)) => {
-            return Err(UsageError("-g and -p need at least 1".into()))
-        }
-        (Some(n), None) => Layout::Threadless(Some(n)),
-        (None, Some(n)) => Layout::Processes(n),
-        (None, None) => Layout::Threadless(None),
-    };
+    (opts.layout, opts.devices) = resolve_placement(ngpus, nprocs, device_list, ranks_per_gpu)?;
+    if opts.hostid_per_rank && !matches!(opts.layout, Layout::Processes(_)) {
+        return Err(UsageError(
+            "--hostid-per-rank needs -p (one process per rank)".into(),
+        ));
+    }
     if opts.sizes.is_none() {
         if opts.min_bytes > opts.max_bytes {
             return Err(UsageError(format!(
@@ -693,8 +846,94 @@ mod tests {
             "--timeout",
             "--json",
             "--csv",
+            "--devices",
+            "--ranks-per-gpu",
+            "--hostid-per-rank",
         ] {
             assert!(HELP.contains(option), "help lacks {option}");
+        }
+    }
+
+    #[test]
+    fn devices_list_sets_or_matches_the_rank_count() {
+        let opts = run(&["--devices", "0,0,0,0"]).unwrap();
+        assert_eq!(opts.layout, Layout::Threadless(Some(4)));
+        assert_eq!(opts.devices, DeviceMap::List(vec![0, 0, 0, 0]));
+        assert_eq!(opts.devices.devices(4), vec![0, 0, 0, 0]);
+        let opts = run(&["-g", "3", "--devices", "1, 0,1"]).unwrap();
+        assert_eq!(opts.layout, Layout::Threadless(Some(3)));
+        assert_eq!(opts.devices.devices(3), vec![1, 0, 1]);
+        let opts = run(&["--devices=0,1", "-p", "2"]).unwrap();
+        assert_eq!(opts.layout, Layout::Processes(2));
+        assert_eq!(opts.devices.device_of(1), 1);
+        for bad in [
+            &["-g", "4", "--devices", "0,0"][..],
+            &["-p", "1", "--devices", "0,0"][..],
+            &["--devices", ""][..],
+            &["--devices", "0,,1"][..],
+            &["--devices", "0,-1"][..],
+            &["--devices", "a"][..],
+            &["--devices", "99999999999999999999999"][..],
+            &["--devices"][..],
+        ] {
+            assert!(run(bad).is_err(), "{bad:?} should be rejected");
+        }
+        let message = run(&["-g", "4", "--devices", "0,0"]).unwrap_err().0;
+        assert!(
+            message.contains("2 device(s)") && message.contains("-g 4"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn ranks_per_gpu_divides_ranks_over_devices() {
+        let opts = run(&["-g", "8", "--ranks-per-gpu", "8"]).unwrap();
+        assert_eq!(opts.devices.devices(8), vec![0; 8]);
+        let opts = run(&["-p", "6", "--ranks-per-gpu", "4"]).unwrap();
+        assert_eq!(opts.devices.devices(6), vec![0, 0, 0, 0, 1, 1]);
+        let opts = run(&["--ranks-per-gpu", "2"]).unwrap();
+        assert_eq!(opts.layout, Layout::Threadless(None));
+        assert_eq!(opts.devices.default_nranks(3), 6);
+        assert_eq!(DeviceMap::OnePerGpu.default_nranks(3), 3);
+        assert_eq!(DeviceMap::OnePerGpu.devices(3), vec![0, 1, 2]);
+        for bad in [
+            &["--ranks-per-gpu", "0"][..],
+            &["--ranks-per-gpu", "x"][..],
+            &["--ranks-per-gpu", "2", "--devices", "0,0"][..],
+        ] {
+            assert!(run(bad).is_err(), "{bad:?} should be rejected");
+        }
+        let message = run(&["--ranks-per-gpu", "2", "--devices", "0,0"])
+            .unwrap_err()
+            .0;
+        assert!(message.contains("not both"), "{message}");
+    }
+
+    #[test]
+    fn placement_keeps_the_default_and_checks_the_root() {
+        let opts = run(&["-g", "2"]).unwrap();
+        assert_eq!(opts.devices, DeviceMap::OnePerGpu);
+        assert!(!opts.hostid_per_rank);
+        assert!(run(&["--devices", "0,0", "-r", "2"]).is_err());
+        assert!(run(&["--devices", "0,0", "-r", "1"]).is_ok());
+        assert!(devices_shared(&[0, 1, 0]));
+        assert!(!devices_shared(&[0, 1, 2]));
+        assert_eq!(devices_text(&[0, 0, 1]), "0,0,1");
+    }
+
+    #[test]
+    fn hostid_per_rank_needs_processes() {
+        let opts = run(&["-p", "2", "--hostid-per-rank"]).unwrap();
+        assert!(opts.hostid_per_rank);
+        let opts = run(&["--hostid-per-rank", "-p", "2", "--devices", "0,0"]).unwrap();
+        assert!(opts.hostid_per_rank);
+        for bad in [
+            &["--hostid-per-rank"][..],
+            &["-g", "2", "--hostid-per-rank"][..],
+            &["--devices", "0,0", "--hostid-per-rank"][..],
+        ] {
+            let message = run(bad).unwrap_err().0;
+            assert!(message.contains("needs -p"), "{bad:?}: {message}");
         }
     }
 

@@ -227,11 +227,11 @@ pub fn event_done(event: CUevent) -> Result<bool, String> {
 /// Poll `events` until all completed or the deadline passes: Ok(true) all done, Ok(false)
 /// timed out. `also` is called between polls and may fail the wait (e.g. on an NCCL async
 /// error).
-pub fn wait_events(
+pub fn wait_events<E: From<String>>(
     events: &[CUevent],
     deadline: Instant,
-    mut also: impl FnMut() -> Result<(), String>,
-) -> Result<bool, String> {
+    mut also: impl FnMut() -> Result<(), E>,
+) -> Result<bool, E> {
     let mut pause = Duration::from_micros(5);
     loop {
         let mut all = true;

@@ -13,7 +13,65 @@ pub type Stream = *mut c_void;
 pub type NcclResult = c_int;
 
 pub const NCCL_SUCCESS: NcclResult = 0;
+pub const NCCL_INVALID_ARGUMENT: NcclResult = 4;
+pub const NCCL_INVALID_USAGE: NcclResult = 5;
 pub const NCCL_IN_PROGRESS: NcclResult = 7;
+
+/// The `ncclResult_t` enumerator name of a result code.
+pub fn result_name(result: NcclResult) -> &'static str {
+    match result {
+        0 => "ncclSuccess",
+        1 => "ncclUnhandledCudaError",
+        2 => "ncclSystemError",
+        3 => "ncclInternalError",
+        4 => "ncclInvalidArgument",
+        5 => "ncclInvalidUsage",
+        6 => "ncclRemoteError",
+        7 => "ncclInProgress",
+        _ => "unknown ncclResult_t",
+    }
+}
+
+/// Whether a result code means that the library declined what it was asked to do
+/// (`ncclInvalidArgument`, `ncclInvalidUsage`), as opposed to failing while doing it.
+pub fn is_refusal(result: NcclResult) -> bool {
+    matches!(result, NCCL_INVALID_ARGUMENT | NCCL_INVALID_USAGE)
+}
+
+/// A failed NCCL call: which call, its result code and the library's two messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclError {
+    /// The call, with context (rank, step).
+    pub what: String,
+    pub result: NcclResult,
+    /// `ncclGetErrorString(result)`.
+    pub text: String,
+    /// `ncclGetLastError`, possibly empty.
+    pub last: String,
+}
+
+impl std::fmt::Display for NcclError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} failed: {} ({}, ncclResult {})",
+            self.what,
+            self.text,
+            result_name(self.result),
+            self.result
+        )?;
+        if !self.last.is_empty() {
+            write!(f, "; last error: {}", self.last)?;
+        }
+        Ok(())
+    }
+}
+
+impl From<NcclError> for String {
+    fn from(error: NcclError) -> String {
+        error.to_string()
+    }
+}
 /// `ncclScalarHostImmediate`.
 pub const SCALAR_HOST_IMMEDIATE: c_int = 1;
 
@@ -225,7 +283,7 @@ impl Nccl {
         version
     }
 
-    pub fn unique_id(&self) -> Result<UniqueId, String> {
+    pub fn unique_id(&self) -> Result<UniqueId, NcclError> {
         let mut id = UniqueId { internal: [0; 128] };
         // SAFETY: writes 128 bytes into id.
         let result = unsafe { (self.get_unique_id)(&mut id) };
@@ -261,22 +319,24 @@ impl Nccl {
         }
     }
 
+    /// The error for a failed call: the call, the code and both of the library's messages.
+    pub fn error(&self, result: NcclResult, what: &str, comm: Comm) -> NcclError {
+        NcclError {
+            what: what.to_string(),
+            result,
+            text: self.error_string(result),
+            last: self.last_error(comm).trim().to_string(),
+        }
+    }
+
     /// Turn a result code into an error naming the call and quoting both of the library's
     /// messages.
-    pub fn check(&self, result: NcclResult, what: &str, comm: Comm) -> Result<(), String> {
+    pub fn check(&self, result: NcclResult, what: &str, comm: Comm) -> Result<(), NcclError> {
         if result == NCCL_SUCCESS {
-            return Ok(());
-        }
-        let last = self.last_error(comm);
-        let last = if last.is_empty() {
-            String::new()
+            Ok(())
         } else {
-            format!("; last error: {last}")
-        };
-        Err(format!(
-            "{what} failed: {} (ncclResult {result}){last}",
-            self.error_string(result)
-        ))
+            Err(self.error(result, what, comm))
+        }
     }
 }
 
@@ -304,6 +364,25 @@ mod tests {
             .expect("must fail");
         assert!(error.contains("/nonexistent/libnccl.so.2"), "{error}");
         assert!(error.contains("does not exist"), "{error}");
+    }
+
+    #[test]
+    fn result_names_and_refusals() {
+        assert_eq!(result_name(5), "ncclInvalidUsage");
+        assert_eq!(result_name(4), "ncclInvalidArgument");
+        assert_eq!(result_name(42), "unknown ncclResult_t");
+        assert!(is_refusal(NCCL_INVALID_USAGE) && is_refusal(NCCL_INVALID_ARGUMENT));
+        assert!(!is_refusal(2) && !is_refusal(3) && !is_refusal(NCCL_SUCCESS));
+        let error = NcclError {
+            what: "ncclCommInitRank (rank 1 of 2)".into(),
+            result: 5,
+            text: "invalid usage".into(),
+            last: "Duplicate GPU detected".into(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "ncclCommInitRank (rank 1 of 2) failed: invalid usage (ncclInvalidUsage, ncclResult 5); last error: Duplicate GPU detected"
+        );
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! Child processes: turning options back into a command line, spawning copies of this
 //! executable (one per rank for `-p`, one per library for `--vs`), reading their event lines,
 //! passing their other output through, and stopping all of them when one fails or stalls.
+//! A child that reports a `refused` event makes the whole run a `Failure::Refused`, even when
+//! other children fail as a consequence (they lose their peer) before it exits.
 
-use crate::args::{Layout, Options};
-use crate::protocol::{parse_event, Event};
+use crate::args::{devices_text, DeviceMap, Layout, Options};
+use crate::protocol::{parse_event, Event, Refusal};
 use crate::run::{Failure, EXIT_HANG};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -57,7 +59,20 @@ pub fn child_args(opts: &Options) -> Vec<String> {
         Layout::Threadless(None) => {}
         Layout::Processes(n) => args.extend(["-p".to_string(), n.to_string()]),
     }
+    match &opts.devices {
+        DeviceMap::OnePerGpu => {}
+        DeviceMap::List(list) => args.extend(["--devices".to_string(), devices_text(list)]),
+        DeviceMap::RanksPerGpu(k) => args.extend(["--ranks-per-gpu".to_string(), k.to_string()]),
+    }
+    if opts.hostid_per_rank {
+        args.push("--hostid-per-rank".into());
+    }
     args
+}
+
+/// The `NCCL_HOSTID` that `--hostid-per-rank` gives rank `rank`'s process.
+pub fn host_id_for_rank(rank: usize) -> String {
+    format!("oxccl-bench-host-{rank}")
 }
 
 /// A copy of this executable with `args`.
@@ -76,6 +91,10 @@ enum Message {
     Line(usize, String),
     Closed,
 }
+
+/// How long the parent keeps listening after a child failed, so that a refusal reported by
+/// another child (the root cause) is not lost to its peers' consequent failures.
+const GRACE_AFTER_FAILURE: Duration = Duration::from_secs(2);
 
 fn kill_all(children: &mut [(String, Child, bool)]) {
     for (_, child, exited) in children.iter_mut() {
@@ -132,72 +151,40 @@ pub fn run_children(
     drop(sender);
     let mut open = children.len();
     let mut last_activity = Instant::now();
+    let mut refusal: Option<Refusal> = None;
     loop {
         match receiver.recv_timeout(Duration::from_millis(100)) {
             Ok(Message::Line(index, line)) => {
                 last_activity = Instant::now();
-                match parse_event(&line) {
-                    Some(Ok(event)) => on_event(index, event),
-                    Some(Err(message)) => {
-                        kill_all(&mut children);
-                        return Err(Failure::Error(message));
-                    }
-                    None => println!("[{}] {line}", children[index].0),
+                if let Err(message) = handle_line(index, &line, &children, &mut refusal, on_event) {
+                    kill_all(&mut children);
+                    return Err(Failure::Error(message));
                 }
             }
             Ok(Message::Closed) => open -= 1,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => open = 0,
         }
-        // Look for children that ended.
-        let mut failure = None;
-        for (label, child, exited) in children.iter_mut() {
-            if *exited {
-                continue;
-            }
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    *exited = true;
-                    if !status.success() {
-                        let message = match status.code() {
-                            Some(code) => {
-                                format!("child process {label} exited with status {code}")
-                            }
-                            None => {
-                                format!("child process {label} was killed by a signal ({status})")
-                            }
-                        };
-                        failure = Some(if status.code() == Some(EXIT_HANG) {
-                            Failure::Hang(message)
-                        } else {
-                            Failure::Error(message)
-                        });
-                        break;
+        if let Some(failure) = ended_child_failure(&mut children) {
+            // Keep listening a little: the others may still report the refusal that caused
+            // this failure, and what they printed is worth passing through. Then stop them.
+            let deadline = Instant::now() + GRACE_AFTER_FAILURE;
+            while Instant::now() < deadline && open > 0 {
+                match receiver.recv_timeout(Duration::from_millis(50)) {
+                    Ok(Message::Line(index, line)) => {
+                        let _ = handle_line(index, &line, &children, &mut refusal, on_event);
                     }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    failure = Some(Failure::Error(format!(
-                        "cannot wait for child {label}: {e}"
-                    )));
-                    break;
-                }
-            }
-        }
-        if let Some(failure) = failure {
-            // Drain what the others already printed, then stop them.
-            while let Ok(Message::Line(index, line)) =
-                receiver.recv_timeout(Duration::from_millis(50))
-            {
-                if parse_event(&line).is_none() {
-                    println!("[{}] {line}", children[index].0);
+                    Ok(Message::Closed) => open -= 1,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => open = 0,
                 }
             }
             kill_all(&mut children);
-            return Err(failure);
+            return Err(refusal.map_or(failure, Failure::Refused));
         }
         if open == 0 && children.iter().all(|(_, _, exited)| *exited) {
-            return Ok(());
+            // A child that reported a refusal also exits non-zero; this is a safety net.
+            return refusal.map_or(Ok(()), |r| Err(Failure::Refused(r)));
         }
         if open == 0 {
             // Output closed: the children are exiting; wait for their statuses.
@@ -211,6 +198,67 @@ pub fn run_children(
             )));
         }
     }
+}
+
+/// One stdout line of child `index`: an event goes to `on_event` (a refusal is kept, the
+/// first one wins), any other line is printed with the child's label. Malformed event lines
+/// are errors.
+fn handle_line(
+    index: usize,
+    line: &str,
+    children: &[(String, Child, bool)],
+    refusal: &mut Option<Refusal>,
+    on_event: &mut dyn FnMut(usize, Event),
+) -> Result<(), String> {
+    match parse_event(line) {
+        Some(Ok(Event::Refused(r))) => {
+            refusal.get_or_insert(r);
+            Ok(())
+        }
+        Some(Ok(event)) => {
+            on_event(index, event);
+            Ok(())
+        }
+        Some(Err(message)) => Err(message),
+        None => {
+            println!("[{}] {line}", children[index].0);
+            Ok(())
+        }
+    }
+}
+
+/// The failure of the first child found to have ended unsuccessfully, if any; marks every
+/// ended child as exited.
+fn ended_child_failure(children: &mut [(String, Child, bool)]) -> Option<Failure> {
+    for (label, child, exited) in children.iter_mut() {
+        if *exited {
+            continue;
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                *exited = true;
+                if status.success() {
+                    continue;
+                }
+                let message = match status.code() {
+                    Some(code) => format!("child process {label} exited with status {code}"),
+                    None => format!("child process {label} was killed by a signal ({status})"),
+                };
+                return Some(if status.code() == Some(EXIT_HANG) {
+                    Failure::Hang(message)
+                } else {
+                    Failure::Error(message)
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Some(Failure::Error(format!(
+                    "cannot wait for child {label}: {e}"
+                )))
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -280,12 +328,94 @@ mod tests {
         assert_eq!(again.timeout_s, 2.5);
     }
 
+    fn parsed(args: &[&str]) -> Options {
+        let owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let Cli::Run(opts) = parse(&owned).unwrap() else {
+            panic!("not a run")
+        };
+        *opts
+    }
+
+    #[test]
+    fn child_args_carry_the_placement() {
+        for args in [
+            &["-p", "4", "--devices", "0,0,1,1", "--hostid-per-rank"][..],
+            &["-g", "8", "--ranks-per-gpu", "8"][..],
+            &["--devices", "2,2"][..],
+            &["-p", "2"][..],
+        ] {
+            let opts = parsed(args);
+            let again = parsed(
+                &child_args(&opts)
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+            );
+            assert_eq!(again.devices, opts.devices, "{args:?}");
+            assert_eq!(again.layout, opts.layout, "{args:?}");
+            assert_eq!(again.hostid_per_rank, opts.hostid_per_rank, "{args:?}");
+        }
+        assert_eq!(host_id_for_rank(3), "oxccl-bench-host-3");
+    }
+
+    fn refusing_child() -> Command {
+        let refusal = Event::Refused(Refusal {
+            library: "/l/libnccl.so.2 (NCCL 2.28.9)".into(),
+            call: "ncclCommInitRank (rank 1 of 2, device 0)".into(),
+            result: 5,
+            text: "invalid usage".into(),
+            last_error: "Duplicate GPU detected".into(),
+        });
+        let mut sh = Command::new("sh");
+        sh.args([
+            "-c",
+            &format!(
+                "sleep 0.3; echo '{}'; exit 3",
+                crate::protocol::format_event(&refusal)
+            ),
+        ]);
+        sh
+    }
+
+    #[test]
+    fn a_refusal_wins_over_its_peers_failures() {
+        // The peer fails first (it lost its partner), the refusing child reports after it.
+        let mut peer = Command::new("sh");
+        peer.args(["-c", "exit 3"]);
+        let result = run_children(
+            vec![("rank 0".into(), peer), ("rank 1".into(), refusing_child())],
+            Duration::from_secs(60),
+            &mut |_, _| {},
+        );
+        match result {
+            Err(Failure::Refused(r)) => {
+                assert_eq!(r.result, 5);
+                assert_eq!(r.last_error, "Duplicate GPU detected");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        // A peer blocked forever is stopped after the refusal.
+        let mut blocked = Command::new("sleep");
+        blocked.arg("30");
+        let started = Instant::now();
+        let result = run_children(
+            vec![
+                ("rank 0".into(), blocked),
+                ("rank 1".into(), refusing_child()),
+            ],
+            Duration::from_secs(60),
+            &mut |_, _| {},
+        );
+        assert!(matches!(result, Err(Failure::Refused(_))), "{result:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
     #[test]
     fn children_events_and_failures() {
         let mut sh = Command::new("sh");
         sh.args([
             "-c",
-            "echo hello; echo '@@OXCCL mem rank=0 bytes=5'; exit 0",
+            "echo hello; echo '@@OXCCL mem rank=0 device=0 bytes=5'; exit 0",
         ]);
         let mut seen = Vec::new();
         run_children(
@@ -296,7 +426,14 @@ mod tests {
         .unwrap();
         assert_eq!(
             seen,
-            vec![(0, Event::FirstCollMemory { rank: 0, bytes: 5 })]
+            vec![(
+                0,
+                Event::FirstCollMemory {
+                    rank: 0,
+                    device: 0,
+                    bytes: 5
+                }
+            )]
         );
 
         let mut failing = Command::new("sh");

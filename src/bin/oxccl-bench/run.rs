@@ -1,13 +1,19 @@
 //! The measuring loop of one process: it owns some ranks (all of them with `-g`, one with
 //! `-p`), creates their communicators, and for every collective, type, operator, size and
 //! in-place mode runs a checked collective and then the timed iterations, reporting per-rank
-//! events to a sink. A watchdog makes sure no step waits forever.
+//! events to a sink. Several ranks may share a device: each keeps its own stream, events and
+//! buffers in the device's primary context, and device memory is measured once per device. A
+//! watchdog makes sure no step waits forever; a call the library refuses (`ncclInvalidUsage`,
+//! `ncclInvalidArgument`) ends the run as a `Failure::Refused`.
 
 use crate::args::{Coll, Dtype, Op, Options};
 use crate::check::{self, Pattern, Shape};
 use crate::cuda::{self, CUcontext, CUdeviceptr, CUevent, CUstream, DeviceBuffer};
-use crate::nccl::{Comm, Nccl, UniqueId, NCCL_IN_PROGRESS, NCCL_SUCCESS, SCALAR_HOST_IMMEDIATE};
-use crate::protocol::{Event, InitInfo, RankResult, ResultKey};
+use crate::nccl::{
+    is_refusal, Comm, Nccl, NcclError, UniqueId, NCCL_IN_PROGRESS, NCCL_SUCCESS,
+    SCALAR_HOST_IMMEDIATE,
+};
+use crate::protocol::{Event, InitInfo, RankResult, Refusal, ResultKey};
 use parking_lot::Mutex;
 use std::ffi::c_void;
 use std::sync::Once;
@@ -20,11 +26,36 @@ pub enum Failure {
     Error(String),
     /// A step that did not finish in time (exit status 4).
     Hang(String),
+    /// The library declined the configuration (exit status 3; a result, not a crash).
+    Refused(Refusal),
 }
 
 impl From<String> for Failure {
     fn from(message: String) -> Failure {
         Failure::Error(message)
+    }
+}
+
+impl From<NcclError> for Failure {
+    fn from(error: NcclError) -> Failure {
+        if is_refusal(error.result) {
+            Failure::Refused(Refusal::from_error(&error))
+        } else {
+            Failure::Error(error.to_string())
+        }
+    }
+}
+
+impl Failure {
+    /// Name the library in a refusal that does not name one yet.
+    pub fn with_library(self, library: &str) -> Failure {
+        match self {
+            Failure::Refused(mut refusal) if refusal.library.is_empty() => {
+                refusal.library = library.to_string();
+                Failure::Refused(refusal)
+            }
+            other => other,
+        }
     }
 }
 
@@ -65,7 +96,8 @@ fn watched<T>(what: &str, timeout: Duration, step: impl FnOnce() -> T) -> T {
     result
 }
 
-/// One rank driven by this process.
+/// One rank driven by this process. Ranks on the same device share its context but never a
+/// stream, an event or a buffer.
 struct LocalRank {
     rank: usize,
     device: usize,
@@ -76,9 +108,42 @@ struct LocalRank {
     recv: DeviceBuffer,
     starts: Vec<CUevent>,
     ends: Vec<CUevent>,
-    mem_after_alloc: usize,
     /// PreMulSum operator of this communicator for the current type.
     premulsum: Option<i32>,
+}
+
+/// One device used by this process: its primary context, retained once however many local
+/// ranks it holds, and the free-memory reading after the benchmark's own buffers.
+struct LocalDevice {
+    device: usize,
+    ctx: CUcontext,
+    mem_after_alloc: usize,
+}
+
+/// The distinct devices of `local` in order of first use, each primary context retained once.
+fn open_devices(local: &[(usize, usize)]) -> Result<Vec<LocalDevice>, Failure> {
+    let mut devices: Vec<LocalDevice> = Vec::new();
+    for &(_, device) in local {
+        if devices.iter().all(|d| d.device != device) {
+            devices.push(LocalDevice {
+                device,
+                ctx: cuda::primary_context(device)?,
+                mem_after_alloc: 0,
+            });
+        }
+    }
+    Ok(devices)
+}
+
+/// `rank(s) 0,1 on device(s) 0,0`, for messages about several local ranks.
+fn ranks_text(local: &[(usize, usize)]) -> String {
+    let ranks: Vec<usize> = local.iter().map(|&(r, _)| r).collect();
+    let devices: Vec<usize> = local.iter().map(|&(_, d)| d).collect();
+    format!(
+        "rank(s) {} on device(s) {}",
+        crate::args::devices_text(&ranks),
+        crate::args::devices_text(&devices)
+    )
 }
 
 /// Device pointers of one launch.
@@ -184,8 +249,12 @@ struct Worker<'a> {
     opts: &'a Options,
     nranks: usize,
     ranks: Vec<LocalRank>,
+    devices: Vec<LocalDevice>,
     timeout: Duration,
     first_coll_reported: bool,
+    /// Whether communicator init succeeded and every rank exists (only then are the
+    /// communicators aborted on a failure).
+    comms_ready: bool,
 }
 
 /// Run the whole sweep for the ranks of `placement`, sending events to `sink`.
@@ -199,8 +268,8 @@ pub fn run(
     for &(rank, device) in &placement.local {
         if device >= device_count {
             return Err(Failure::Error(format!(
-                "rank {rank} needs GPU {device} but only {device_count} GPU(s) are visible; {} rank(s) need {} GPUs",
-                placement.nranks, placement.nranks
+                "rank {rank} is placed on GPU {device} but only {device_count} GPU(s) are visible (GPUs 0..{})",
+                device_count.saturating_sub(1)
             )));
         }
     }
@@ -210,8 +279,10 @@ pub fn run(
         opts,
         nranks: placement.nranks,
         ranks: Vec::new(),
+        devices: Vec::new(),
         timeout,
         first_coll_reported: false,
+        comms_ready: false,
     };
     let outcome = worker
         .setup(placement, sink)
@@ -219,7 +290,13 @@ pub fn run(
     match outcome {
         Ok(()) => worker.teardown(),
         Err(failure) => {
-            worker.abort();
+            if worker.comms_ready {
+                worker.abort();
+            } else {
+                // After a failed or refused init the communicators may be half made, and an
+                // abort of them could block: leave them to process exit.
+                std::mem::forget(std::mem::take(&mut worker.ranks));
+            }
             Err(failure)
         }
     }
@@ -227,22 +304,66 @@ pub fn run(
 
 impl Worker<'_> {
     fn setup(&mut self, placement: &Placement, sink: &mut dyn FnMut(Event)) -> Result<(), Failure> {
-        let nccl = self.nccl;
-        let mut mem_before = Vec::new();
-        let mut contexts = Vec::new();
-        for &(_, device) in &placement.local {
-            let ctx = cuda::primary_context(device)?;
-            mem_before.push(cuda::free_memory()?);
-            contexts.push(ctx);
-        }
+        self.devices = open_devices(&placement.local)?;
+        let mem_before = self.free_memory_per_device()?;
         let unique_id = match placement.unique_id {
             Some(id) => id,
-            None => nccl.unique_id()?,
+            None => self.nccl.unique_id()?,
         };
         let mut comms: Vec<Comm> = vec![std::ptr::null_mut(); placement.local.len()];
         let started = Instant::now();
-        let init_result = watched("communicator init (ncclCommInitRank)", self.timeout, || {
-            let grouped = placement.local.len() > 1;
+        // A failed or refused init ends the run here; its communicators are not aborted (see
+        // `run`), the process exits soon after.
+        self.init_communicators(placement, unique_id, &mut comms)?;
+        let init_ms = started.elapsed().as_secs_f64() * 1e3;
+        // Free memory right after init, before the benchmark allocates anything of its own.
+        let mem_after_init = self.free_memory_per_device()?;
+        // From here on a failure aborts every communicator.
+        self.create_ranks(placement, &comms)?;
+        self.comms_ready = true;
+        for lr in &self.ranks {
+            let slot = self.device_slot(lr.device);
+            sink(Event::Init(InitInfo {
+                rank: lr.rank,
+                device: lr.device,
+                init_ms,
+                init_bytes: mem_before[slot] as i64 - mem_after_init[slot] as i64,
+            }));
+        }
+        self.allocate_buffers()
+    }
+
+    /// Index into `self.devices` of a device this process uses.
+    fn device_slot(&self, device: usize) -> usize {
+        self.devices
+            .iter()
+            .position(|d| d.device == device)
+            .unwrap_or(0)
+    }
+
+    /// Free memory of every local device, in `self.devices` order.
+    fn free_memory_per_device(&self) -> Result<Vec<usize>, Failure> {
+        let mut free = Vec::new();
+        for device in &self.devices {
+            cuda::set_current(device.ctx)?;
+            free.push(cuda::free_memory()?);
+        }
+        Ok(free)
+    }
+
+    /// `ncclCommInitRank` for every local rank with its device current, grouped when this
+    /// process has several ranks; bounded by the watchdog.
+    fn init_communicators(
+        &self,
+        placement: &Placement,
+        unique_id: UniqueId,
+        comms: &mut [Comm],
+    ) -> Result<(), Failure> {
+        let nccl = self.nccl;
+        let who = ranks_text(&placement.local);
+        let grouped = placement.local.len() > 1;
+        let what = format!("communicator init (ncclCommInitRank of {who})");
+        watched(&what, self.timeout, || {
             if grouped {
                 // SAFETY: plain NCCL call.
                 nccl.check(
@@ -251,76 +372,85 @@ impl Worker<'_> {
                     std::ptr::null_mut(),
                 )?;
             }
-            for (i, &(rank, _)) in placement.local.iter().enumerate() {
-                cuda::set_current(contexts[i])?;
+            for (i, &(rank, device)) in placement.local.iter().enumerate() {
+                cuda::set_current(self.devices[self.device_slot(device)].ctx)?;
                 // SAFETY: comms[i] receives the communicator; the id is passed by value as C does.
                 let result = unsafe {
                     (nccl.comm_init_rank)(&mut comms[i], self.nranks as i32, unique_id, rank as i32)
                 };
-                nccl.check(
-                    result,
-                    &format!("ncclCommInitRank (rank {rank} of {})", self.nranks),
-                    std::ptr::null_mut(),
-                )?;
+                if result != NCCL_SUCCESS {
+                    let error = nccl.error(
+                        result,
+                        &format!(
+                            "ncclCommInitRank (rank {rank} of {}, device {device})",
+                            self.nranks
+                        ),
+                        std::ptr::null_mut(),
+                    );
+                    if grouped {
+                        // Close the group so that the library drops the queued inits.
+                        // SAFETY: plain NCCL call.
+                        unsafe { (nccl.group_end)() };
+                    }
+                    return Err(error.into());
+                }
             }
             if grouped {
                 // SAFETY: plain NCCL call.
                 let result = unsafe { (nccl.group_end)() };
                 nccl.check(
                     result,
-                    "ncclGroupEnd after ncclCommInitRank",
+                    &format!("ncclGroupEnd after ncclCommInitRank ({who})"),
                     std::ptr::null_mut(),
                 )?;
             }
-            Ok::<(), String>(())
-        });
-        let init_ms = started.elapsed().as_secs_f64() * 1e3;
-        // Free memory right after init, before the benchmark allocates anything of its own.
-        let mut mem_after_init = Vec::new();
-        for ctx in &contexts {
-            cuda::set_current(*ctx)?;
-            mem_after_init.push(cuda::free_memory()?);
-        }
-        // Keep whatever communicators were created so that abort can clean them up.
+            Ok::<(), Failure>(())
+        })
+    }
+
+    /// Stream and events of every local rank, created in its device's primary context.
+    fn create_ranks(&mut self, placement: &Placement, comms: &[Comm]) -> Result<(), Failure> {
+        let events = |n: usize| {
+            (0..n)
+                .map(|_| cuda::create_event())
+                .collect::<Result<Vec<_>, _>>()
+        };
         for (i, &(rank, device)) in placement.local.iter().enumerate() {
-            cuda::set_current(contexts[i])?;
+            let ctx = self.devices[self.device_slot(device)].ctx;
+            cuda::set_current(ctx)?;
             let stream = cuda::create_stream()?;
-            let events = |n: usize| {
-                (0..n)
-                    .map(|_| cuda::create_event())
-                    .collect::<Result<Vec<_>, _>>()
-            };
             self.ranks.push(LocalRank {
                 rank,
                 device,
-                ctx: contexts[i],
+                ctx,
                 stream,
                 comm: comms[i],
                 send: DeviceBuffer::new(0)?,
                 recv: DeviceBuffer::new(0)?,
                 starts: events(self.opts.iters.max(3))?,
                 ends: events(self.opts.iters.max(3))?,
-                mem_after_alloc: 0,
                 premulsum: None,
             });
         }
-        init_result?;
+        Ok(())
+    }
+
+    /// Every rank's own send and receive buffers, then the free memory of each device once
+    /// all of them exist (the baseline of the first-collective figure).
+    fn allocate_buffers(&mut self) -> Result<(), Failure> {
         let max_bytes = crate::args::sweep_sizes(self.opts)
             .into_iter()
             .max()
             .unwrap_or(0) as usize;
-        for (i, lr) in self.ranks.iter_mut().enumerate() {
+        for lr in &mut self.ranks {
             cuda::set_current(lr.ctx)?;
-            sink(Event::Init(InitInfo {
-                rank: lr.rank,
-                device: lr.device,
-                init_ms,
-                init_bytes: mem_before[i] as i64 - mem_after_init[i] as i64,
-            }));
             // Buffers a little larger than the largest size, so that nothing rounds past them.
             lr.send = DeviceBuffer::new(max_bytes + 64)?;
             lr.recv = DeviceBuffer::new(max_bytes + 64)?;
-            lr.mem_after_alloc = cuda::free_memory()?;
+        }
+        let free = self.free_memory_per_device()?;
+        for (device, free) in self.devices.iter_mut().zip(free) {
+            device.mem_after_alloc = free;
         }
         Ok(())
     }
@@ -466,17 +596,26 @@ impl Worker<'_> {
                 }
             };
             if result != NCCL_SUCCESS {
+                let error = nccl.error(
+                    result,
+                    &format!("{what} (rank {}, device {}, {step})", lr.rank, lr.device),
+                    comm,
+                );
                 // Close the group so that the library is left in a sane state, then report.
-                // SAFETY: plain NCCL call.
-                unsafe { (nccl.group_end)() };
-                return Err(nccl
-                    .check(result, &format!("{what} (rank {}, {step})", lr.rank), comm)
-                    .unwrap_err()
-                    .into());
+                watched(
+                    &format!("ncclGroupEnd closing the group after {what} failed ({step})"),
+                    self.timeout,
+                    // SAFETY: plain NCCL call.
+                    || unsafe { (nccl.group_end)() },
+                );
+                return Err(error.into());
             }
         }
         let result = watched(
-            &format!("ncclGroupEnd after {what} ({step})"),
+            &format!(
+                "ncclGroupEnd after {what} ({step}) for {}",
+                self.ranks_text()
+            ),
             self.timeout,
             || {
                 // SAFETY: plain NCCL call.
@@ -486,6 +625,12 @@ impl Worker<'_> {
         let comm = self.ranks.first().map_or(std::ptr::null_mut(), |r| r.comm);
         nccl.check(result, &format!("ncclGroupEnd after {what} ({step})"), comm)?;
         Ok(())
+    }
+
+    /// The local ranks and their devices, for messages.
+    fn ranks_text(&self) -> String {
+        let local: Vec<(usize, usize)> = self.ranks.iter().map(|r| (r.rank, r.device)).collect();
+        ranks_text(&local)
     }
 
     /// Wait until `events[i]` (one per local rank) completed; a hang or an asynchronous NCCL
@@ -500,16 +645,14 @@ impl Worker<'_> {
                 let result = unsafe { (nccl.comm_get_async_error)(lr.comm, &mut state) };
                 nccl.check(result, "ncclCommGetAsyncError", lr.comm)?;
                 if state != NCCL_SUCCESS && state != NCCL_IN_PROGRESS {
-                    return Err(nccl
-                        .check(
-                            state,
-                            &format!(
-                                "asynchronous NCCL error during {phase} of {step} on rank {}",
-                                lr.rank
-                            ),
-                            lr.comm,
-                        )
-                        .unwrap_err());
+                    return Err(Failure::from(nccl.error(
+                        state,
+                        &format!(
+                            "asynchronous NCCL error during {phase} of {step} on rank {} (device {})",
+                            lr.rank, lr.device
+                        ),
+                        lr.comm,
+                    )));
                 }
             }
             Ok(())
@@ -517,18 +660,18 @@ impl Worker<'_> {
         if done {
             Ok(())
         } else {
-            let pending: Vec<String> = self
+            let pending: Vec<(usize, usize)> = self
                 .ranks
                 .iter()
                 .zip(events)
                 .filter(|(_, e)| !cuda::event_done(**e).unwrap_or(false))
-                .map(|(lr, _)| lr.rank.to_string())
+                .map(|(lr, _)| (lr.rank, lr.device))
                 .collect();
             Err(Failure::Hang(format!(
-                "{phase} of {step} ({}) did not complete within {} s on rank(s) {}",
+                "{phase} of {step} ({}) did not complete within {} s on {}",
                 nccl_call_name(step.coll),
                 self.opts.timeout_s,
-                pending.join(",")
+                ranks_text(&pending)
             )))
         }
     }
@@ -552,12 +695,13 @@ impl Worker<'_> {
             return Ok(());
         }
         self.first_coll_reported = true;
+        let free = self.free_memory_per_device()?;
         for lr in &self.ranks {
-            cuda::set_current(lr.ctx)?;
-            let free = cuda::free_memory()?;
+            let slot = self.device_slot(lr.device);
             sink(Event::FirstCollMemory {
                 rank: lr.rank,
-                bytes: lr.mem_after_alloc as i64 - free as i64,
+                device: lr.device,
+                bytes: self.devices[slot].mem_after_alloc as i64 - free[slot] as i64,
             });
         }
         Ok(())
@@ -764,7 +908,7 @@ impl Worker<'_> {
         for lr in &ranks {
             cuda::set_current(lr.ctx)?;
             let result = watched(
-                &format!("ncclCommDestroy (rank {})", lr.rank),
+                &format!("ncclCommDestroy (rank {}, device {})", lr.rank, lr.device),
                 self.timeout,
                 // SAFETY: destroys a live communicator once, after all its work completed.
                 || unsafe { (nccl.comm_destroy)(lr.comm) },
@@ -789,7 +933,7 @@ impl Worker<'_> {
             }
             let _ = cuda::set_current(lr.ctx);
             watched(
-                &format!("ncclCommAbort (rank {})", lr.rank),
+                &format!("ncclCommAbort (rank {}, device {})", lr.rank, lr.device),
                 Duration::from_secs(20),
                 // SAFETY: aborts a communicator once; nothing uses it afterwards.
                 || unsafe { (nccl.comm_abort)(lr.comm) },

@@ -1,6 +1,8 @@
 /* A CPU stand-in for libcuda.so.1, just enough of the driver API for oxccl-bench's own smoke
  * test on machines without a GPU (see run-mock.sh). Device memory is host memory, work runs
- * immediately, events hold wall-clock times. MOCK_GPUS sets the device count (default 2). */
+ * immediately, events hold wall-clock times. MOCK_GPUS sets the device count (default 2).
+ * Every device has one primary context (device + 1), shared by all ranks placed on it, and
+ * its own count of allocated bytes for cuMemGetInfo. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,8 @@ CUresult cuGetErrorString(CUresult r, const char **s) { (void)r; *s = "mock erro
 CUresult cuGetErrorName(CUresult r, const char **s) { (void)r; *s = "MOCK_ERROR"; return 0; }
 CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { *ctx = (void *)(long)(dev + 1); return 0; }
 CUresult cuCtxSetCurrent(void *ctx) { current_ctx = (long)ctx; return 0; }
+/* The device of the current context (contexts are device + 1); used by mock_nccl.c. */
+CUresult cuCtxGetDevice(int *dev) { if (current_ctx <= 0) return 201; /* INVALID_CONTEXT */ *dev = (int)current_ctx - 1; return 0; }
 CUresult cuCtxSynchronize(void) { return 0; }
 static size_t used[64];
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {

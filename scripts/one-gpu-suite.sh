@@ -1,0 +1,438 @@
+#!/usr/bin/env bash
+# The one-GPU device run: oxccl with ranks sharing GPU 0 (NCCL_MULTI_RANK_GPU_ENABLE=1), run
+# from the repository root on a machine with one GPU, with .device/ carried as staged by
+# scripts/stage-device (.device/lib/libnccl.so.2 = ours, .device/bin/oxccl-bench, and
+# .device/bin/<name> for every ffi-tests/gpu/<name>.c).
+#
+# usage: scripts/one-gpu-suite.sh [--only SECTIONS] [--budget SECONDS | SECONDS]
+#   SECTIONS  a comma list of: ffi matrix bench copy torch, run in the order given (default:
+#             all, in this order)
+#   SECONDS   the whole run's time budget (default 540): every step runs under `timeout`, a
+#             step that no longer fits is reported as SKIP (budget), and the run ends within
+#             the budget. With several sections each gets a share of what is left when it
+#             starts (weights ffi 3, matrix 5, bench 3, copy 1, torch 4); time a section
+#             does not use passes on to the next.
+# Sections:
+#   ffi     lifecycle -n 1 (ours); shared_gpu (ours); shared_gpu against NVIDIA's library as
+#           a reference (it refuses shared GPUs: those cases print SKIP)
+#   matrix  oxccl-bench correctness matrix, ours, NCCL_MULTI_RANK_GPU_ENABLE=1, ranks on GPU
+#           0: one process of 1, 2, 4, 8 ranks (--devices 0,..,0) and one process per rank for
+#           2 and 4 (-p R --ranks-per-gpu R); every collective, type and op, in and out of
+#           place, odd sizes 0 B .. 64 MiB+4 for 1 and 2 ranks in one process, to 16 MiB+4
+#           otherwise, then 64 MiB+4 for 4 and 8 ranks with float/bfloat16/int8 and
+#           sum/max/avg, all --check 1 -w 0 -n 1; then --graph and NCCL_P2P_DISABLE=1
+#           subsets, in that order (what no longer fits is skipped). The
+#           '#wrong' totals (JSON records) and WRONG lines are summed into the summary.
+#   bench   one rank, ours vs NVIDIA side by side (-g 1 -c all, 8 B .. 1 GiB x4, in and out of
+#           place), the same with --graph, and ours with 2, 4, 8 ranks on GPU 0
+#           (all_reduce, all_gather, 8 B .. 256 MiB) for the record
+#   copy    device-to-device cudaMemcpyAsync rate on GPU 0 (shared_gpu --copy-rate) at
+#           1 MiB, 16 MiB, 256 MiB, 1 GiB, beside one-rank all_reduce/broadcast/sendrecv
+#           times of ours and NVIDIA's at the same sizes
+#   torch   scripts/torch-all.sh --same-gpu --gpus 4 --ours .device/lib/libnccl.so.2
+#           --steps 50 (NVIDIA's refusal of shared GPUs is recorded as a reference line)
+# Output in ${OUT:-./out}, 7 files: summary.txt (also printed last), machine.log, ffi.log,
+# matrix.log, bench.log, copy.log, torch.log (each kept under 16 MiB).
+# Exit status: 0 when no step failed (reference runs and budget skips do not count), else 1.
+set -u -o pipefail
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+unset NCCL_MULTI_RANK_GPU_ENABLE LD_PRELOAD # set per step where it is meant
+
+BUDGET=540
+ONLY="ffi,matrix,bench,copy,torch"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --only) ONLY="${2:-}"; shift ;;
+    --budget) BUDGET="${2:-}"; shift ;;
+    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    [0-9]*) BUDGET="$1" ;;
+    *) echo "one-gpu-suite: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$BUDGET" in
+  "" | *[!0-9]*) echo "one-gpu-suite: the budget must be seconds, got '$BUDGET'" >&2; exit 2 ;;
+esac
+SECTIONS=()
+for s in ${ONLY//,/ }; do
+  case "$s" in
+    ffi | matrix | bench | copy | torch) SECTIONS+=("$s") ;;
+    *) echo "one-gpu-suite: unknown section '$s' (ffi matrix bench copy torch)" >&2; exit 2 ;;
+  esac
+done
+[ ${#SECTIONS[@]} -gt 0 ] || { echo "one-gpu-suite: no section selected" >&2; exit 2; }
+
+START=$SECONDS
+END=$((START + BUDGET))
+RESERVE=15 # kept back for the summary and a killed step's grace period
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+TMP=$(mktemp -d /tmp/one-gpu-suite.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+for s in ffi matrix bench copy torch; do
+  for x in "${SECTIONS[@]}"; do [ "$x" = "$s" ] && : >"$OUT/$s.log"; done
+done
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+DEV=$PWD/.device
+OURS=$DEV/lib/libnccl.so.2
+BENCH=$DEV/bin/oxccl-bench
+NVLIB=""
+nvdir=$(timeout 60 python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+[ -n "$nvdir" ] && [ -f "$nvdir/libnccl.so.2" ] && NVLIB=$nvdir/libnccl.so.2
+NVDIR=${NVLIB:+$(dirname "$NVLIB")}
+
+ROWS=()
+FAILED=0
+MATRIX_WRONG=0
+MATRIX_WRONG_LINES=0
+MATRIX_RUNS=0
+MATRIX_UNKNOWN=0
+
+elapsed() { echo $((SECONDS - START)); }
+say() { echo "[$(printf '%4d' "$(elapsed)") s] $*"; }
+# row SECTION NAME VERDICT WRONG SECONDS NOTE
+row() {
+  local line
+  line=$(printf '%-6s %-34s %-10s %9s %5s  %s' "$1" "$2" "$3" "$4" "$5" "${6:-}")
+  ROWS+=("$line")
+  say "$1 $2: $3${6:+ ($6)}"
+}
+
+# ---- time: each section gets a share of what is left; a step gets min(nominal, section, run)
+declare -A WEIGHT=([ffi]=3 [matrix]=5 [bench]=3 [copy]=1 [torch]=4)
+SEC_END=$END
+section_begin() { # NAME INDEX: the section's end time, from the weights of it and those after
+  local i rest=0 avail
+  for ((i = $2; i < ${#SECTIONS[@]}; i++)); do rest=$((rest + WEIGHT[${SECTIONS[$i]}])); done
+  avail=$((END - RESERVE - SECONDS))
+  SEC_END=$((SECONDS + avail * WEIGHT[$1] / rest))
+  # At least 45 s (or what is left), so that a light section is not starved by its weight.
+  [ $((SEC_END - SECONDS)) -lt 45 ] && SEC_END=$((SECONDS + (avail < 45 ? avail : 45)))
+  say "== section $1: about $((SEC_END - SECONDS)) s of $((END - SECONDS)) s left"
+  echo "######## section $1 (allowance $((SEC_END - SECONDS)) s, $((END - SECONDS)) s left in the run)" >>"$OUT/$1.log"
+}
+# plan SECTION NAME NOMINAL [LEAVE]: sets LIMIT (and CUT=1 when the budget shortened it);
+# returns 1, with a SKIP row, when less than 20 s would be left for the step. LEAVE: seconds
+# of the section kept for the steps after this one.
+plan() {
+  local leave=${4:-0} a g
+  LIMIT=$3
+  CUT=0
+  # What is kept for the later steps never takes more than half of what the section has
+  # left, and nothing when this step would get less than 20 s otherwise.
+  [ "$leave" -gt $(((SEC_END - SECONDS) / 2)) ] && leave=$(((SEC_END - SECONDS) / 2))
+  a=$((SEC_END - leave - SECONDS))
+  [ "$a" -lt 20 ] && a=$((SEC_END - SECONDS))
+  g=$((END - RESERVE - SECONDS))
+  if [ "$a" -lt "$LIMIT" ]; then LIMIT=$a; CUT=1; fi
+  if [ "$g" -lt "$LIMIT" ]; then LIMIT=$g; CUT=1; fi
+  if [ "$LIMIT" -lt 20 ]; then
+    row "$1" "$2" SKIP - 0 "time budget: $((SEC_END - SECONDS)) s left for the section, $((END - SECONDS)) s in the run"
+    return 1
+  fi
+  return 0
+}
+# runstep SECTION NAME CMD...: CMD under timeout LIMIT, its output appended to SECTION.log and
+# kept in $TMP/step.out; sets RC and ELAPSED.
+runstep() {
+  local log=$OUT/$1.log name=$2
+  shift 2
+  {
+    echo "=================================================================="
+    echo "== $name (limit ${LIMIT} s, at $(elapsed) s)"
+    echo "== $*"
+  } >>"$log"
+  local t0=$SECONDS
+  timeout -k 10 "$LIMIT" "$@" >"$TMP/step.out" 2>&1
+  RC=$?
+  ELAPSED=$((SECONDS - t0))
+  cat "$TMP/step.out" >>"$log"
+  echo "== $name: exit $RC after ${ELAPSED} s" >>"$log"
+}
+killed() { [ "$RC" = 124 ] || [ "$RC" = 137 ]; }
+
+# A test program with a 'N passed, M failed' line: ok iff exit 0.
+# test_step SECTION NAME NOMINAL REFERENCE(0|1) CMD...
+test_step() {
+  local sec=$1 name=$2 nominal=$3 ref=$4
+  shift 4
+  plan "$sec" "$name" "$nominal" "${LEAVE:-0}" || return 0
+  runstep "$sec" "$name" "$@"
+  local line verdict note
+  line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$TMP/step.out" | tail -1)
+  if [ "$RC" = 0 ]; then verdict=ok; elif killed; then verdict=KILLED; else verdict=FAIL; fi
+  note="${line:-no 'N passed' line; last: $(grep -v '^\s*$' "$TMP/step.out" | tail -1 | cut -c1-120)}"
+  killed && note="killed at ${LIMIT} s$([ "$CUT" = 1 ] && echo ' (budget)'); $note"
+  if [ "$ref" = 1 ]; then
+    row "$sec" "$name" "ref:$verdict" - "$ELAPSED" "reference, not counted: $note"
+  else
+    [ "$verdict" = ok ] || FAILED=1
+    row "$sec" "$name" "$verdict" - "$ELAPSED" "$note"
+  fi
+  grep -E '^(FAIL|SKIP|NOT RUN) ' "$TMP/step.out" | head -20 | sed 's/^/      /'
+}
+
+# One oxccl-bench run. bench_step SECTION NAME NOMINAL [env VAR=...] -- BENCH-ARGS...
+# Everything before "--" prefixes the command (e.g. env NCCL_MULTI_RANK_GPU_ENABLE=1).
+bench_step() {
+  local sec=$1 name=$2 nominal=$3
+  shift 3
+  local pre=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do pre+=("$1"); shift; done
+  shift
+  if [ ! -x "$BENCH" ]; then
+    row "$sec" "$name" SKIP - 0 "$BENCH missing (scripts/stage-device)"
+    return 0
+  fi
+  plan "$sec" "$name" "$nominal" "${LEAVE:-0}" || return 0
+  rm -f "$TMP/step.jsonl"
+  runstep "$sec" "$name" ${pre[@]+"${pre[@]}"} "$BENCH" "$@" --json "$TMP/step.jsonl"
+  local wrong wlines verdict note refused
+  if [ -s "$TMP/step.jsonl" ]; then
+    wrong=$(grep -o '"wrong":-\{0,1\}[0-9]*' "$TMP/step.jsonl" | awk -F: '$2 > 0 { s += $2 } END { print s + 0 }')
+  else
+    wrong="?"
+  fi
+  wlines=$(grep -c 'oxccl-bench: WRONG' "$TMP/step.out")
+  refused=$(grep -m1 'REFUSED' "$TMP/step.out" | cut -c1-160)
+  case $RC in
+    0) verdict=ok ;;
+    1) verdict=WRONG ;;
+    2) verdict=BADARGS ;;
+    3) verdict=ERROR; [ -n "$refused" ] && verdict=REFUSED ;;
+    4) verdict=HANG ;;
+    124 | 137) verdict=KILLED; [ "$CUT" = 1 ] && verdict=CUT ;;
+    *) verdict="FAIL($RC)" ;;
+  esac
+  local parts=() totals err
+  [ "$verdict" = CUT ] && parts+=("stopped at the budget (${LIMIT} s)")
+  [ -n "$refused" ] && parts+=("$refused")
+  [ "$wlines" -gt 0 ] && parts+=("$wlines WRONG lines")
+  totals=$(grep -E '# Wrong elements in total' "$TMP/step.out" | sed 's/^.*# Wrong elements in total/wrong in total/' | paste -sd ';' - | cut -c1-100)
+  [ -n "$totals" ] && parts+=("$totals")
+  if [ "$RC" != 0 ] && [ "$RC" != 1 ]; then
+    err=$(grep -E 'oxccl-bench: .*(error|HANG|hang|REFUSED)' "$TMP/step.out" | tail -1 | cut -c1-160)
+    [ -n "$err" ] && [ "$err" != "$refused" ] && parts+=("$err")
+  fi
+  note=$(printf '%s; ' ${parts[@]+"${parts[@]}"})
+  note=${note%; }
+  if [ "$sec" = matrix ]; then
+    MATRIX_RUNS=$((MATRIX_RUNS + 1))
+    MATRIX_WRONG_LINES=$((MATRIX_WRONG_LINES + wlines))
+    if [ "$wrong" = "?" ]; then MATRIX_UNKNOWN=$((MATRIX_UNKNOWN + 1)); else MATRIX_WRONG=$((MATRIX_WRONG + wrong)); fi
+  fi
+  # A run stopped by the budget is not a failure of the library (its rows so far are checked).
+  case $verdict in ok | CUT) ;; *) FAILED=1 ;; esac
+  [ "$verdict" = CUT ] && [ "$wrong" != "?" ] && [ "$wrong" -gt 0 ] && FAILED=1
+  row "$sec" "$name" "$verdict" "$wrong" "$ELAPSED" "$note"
+  grep -E 'oxccl-bench: (WRONG|.*error|.*HANG)' "$TMP/step.out" | head -3 | cut -c1-200 | sed 's/^/      /'
+}
+
+zeros() { local n=$1 s=0 i; for ((i = 1; i < n; i++)); do s="$s,0"; done; echo "$s"; }
+
+# ---- machine
+{
+  echo "one-gpu-suite: sections ${SECTIONS[*]}, budget ${BUDGET} s, out $OUT"
+  date -u
+  timeout 30 nvidia-smi -L
+  timeout 30 nvidia-smi
+  echo "ours: $OURS"; ls -la "$DEV/lib" "$DEV/bin" 2>&1
+  echo "NVIDIA's NCCL: ${NVLIB:-not found (python3 -c 'import nvidia.nccl')}"
+  timeout 60 python3 -m pip list 2>/dev/null | grep -iE '^(torch|nvidia-nccl)'
+  env | grep -E '^(NCCL_|CUDA_|TORCH_|NVSHMEM_)' | sort
+} >"$OUT/machine.log" 2>&1
+say "one-gpu-suite: sections ${SECTIONS[*]}; budget ${BUDGET} s; ours $OURS; NVIDIA ${NVLIB:-not found}"
+[ -f "$OURS" ] || say "WARNING: $OURS missing: run scripts/stage-device and carry .device"
+# A torch-all run killed before its trap ran leaves ours in NVIDIA's place; put NVIDIA's back.
+if [ -n "$NVLIB" ] && [ -f "$NVLIB.torch-all-backup" ]; then
+  if cp -p "$NVLIB.torch-all-backup" "$NVLIB.one-gpu-tmp" && mv -f "$NVLIB.one-gpu-tmp" "$NVLIB"; then
+    rm -f "$NVLIB.torch-all-backup"
+    say "restored NVIDIA's $NVLIB from an interrupted torch-all run"
+  fi
+fi
+
+# ---- sections
+sec_ffi() {
+  if [ ! -x "$DEV/bin/shared_gpu" ] || [ ! -x "$DEV/bin/lifecycle" ]; then
+    say "ffi: $DEV/bin/shared_gpu or lifecycle missing (scripts/stage-device)"
+  fi
+  if [ -x "$DEV/bin/lifecycle" ]; then
+    LEAVE=60 test_step ffi "lifecycle -n 1 (ours)" 120 0 env LD_LIBRARY_PATH="$DEV/lib" "$DEV/bin/lifecycle" -n 1
+  else
+    row ffi "lifecycle -n 1 (ours)" SKIP - 0 "$DEV/bin/lifecycle missing"
+  fi
+  [ -x "$DEV/bin/shared_gpu" ] || { row ffi shared_gpu SKIP - 0 "$DEV/bin/shared_gpu missing"; return 0; }
+  local leave=0
+  [ -n "$NVLIB" ] && leave=45
+  # shared_gpu's own -T stops it starting cases it has no time for (reported as not run).
+  if plan ffi "shared_gpu (ours)" 360 "$leave"; then
+    local lim=$LIMIT
+    LEAVE=$leave test_step ffi "shared_gpu (ours)" "$lim" 0 env LD_LIBRARY_PATH="$DEV/lib" \
+      "$DEV/bin/shared_gpu" -T $((lim - 12))
+  fi
+  if [ -z "$NVLIB" ]; then
+    row ffi "shared_gpu (NVIDIA reference)" SKIP - 0 "NVIDIA's libnccl.so.2 not found"
+  elif plan ffi "shared_gpu (NVIDIA reference)" 180; then
+    local lim=$LIMIT
+    test_step ffi "shared_gpu (NVIDIA reference)" "$lim" 1 env LD_LIBRARY_PATH="$NVDIR" \
+      "$DEV/bin/shared_gpu" -T $((lim - 12))
+  fi
+}
+
+sec_matrix() {
+  local common=(--lib "$OURS" -c all -d all -o all --inplace both --check 1 -w 0 -n 1 --timeout 30)
+  local full=0,1,12,1028,65540,1048580,16777220,67108868
+  local mid=0,1,12,1028,65540,1048580,16777220
+  local upto1m=0,1,12,1028,65540,1048580
+  local small=0,12,1028,65540,1048580
+  local multi=(env NCCL_MULTI_RANK_GPU_ENABLE=1)
+  # In order of importance: a step that no longer fits the budget is skipped (SKIP rows).
+  # MATRIX_PART=2 runs only the steps after the four largest (a second device call).
+  if [ "${MATRIX_PART:-1}" != 2 ]; then
+    bench_step matrix "R=1 one process (--devices 0)" 120 "${multi[@]}" -- "${common[@]}" --devices 0 --sizes "$full"
+    bench_step matrix "R=2 one process" 240 "${multi[@]}" -- "${common[@]}" --devices "$(zeros 2)" --sizes "$full"
+    bench_step matrix "R=2 processes" 200 "${multi[@]}" -- "${common[@]}" -p 2 --ranks-per-gpu 2 --sizes "$mid"
+    bench_step matrix "R=4 one process" 240 "${multi[@]}" -- "${common[@]}" --devices "$(zeros 4)" --sizes "$mid"
+  fi
+  bench_step matrix "R=8 one process" 120 "${multi[@]}" -- "${common[@]}" --devices "$(zeros 8)" --sizes "$upto1m"
+  bench_step matrix "R=4 processes" 120 "${multi[@]}" -- "${common[@]}" -p 4 --ranks-per-gpu 4 --sizes "$upto1m"
+  # shellcheck disable=SC2054 # commas inside the -d and -o values
+  bench_step matrix "R=8 processes subset" 90 "${multi[@]}" -- --lib "$OURS" -c all -d float,int8,bfloat16 \
+    -o sum,min,premulsum --inplace both --check 1 -w 0 -n 1 --timeout 30 -p 8 --ranks-per-gpu 8 --sizes "$small"
+  # shellcheck disable=SC2054 # commas inside the -c, -d and -o values
+  bench_step matrix "R=4 one process root=3" 60 "${multi[@]}" -- --lib "$OURS" -r 3 \
+    -c broadcast,reduce,gather,scatter -d int32,half,float -o sum,max --inplace both --check 1 -w 0 -n 1 \
+    --timeout 30 --devices "$(zeros 4)" --sizes 0,12,4100,1048588
+  # The largest sizes for 4 and 8 ranks with fewer types and ops.
+  # shellcheck disable=SC2054 # commas inside the -d and -o values
+  local large=(--lib "$OURS" -c all -d float,bfloat16,int8 -o sum,max,avg --inplace both --check 1 -w 0 -n 1
+    --timeout 60)
+  bench_step matrix "R=4 one process 64 MiB+4 subset" 90 "${multi[@]}" -- "${large[@]}" --devices "$(zeros 4)" \
+    --sizes 67108868
+  bench_step matrix "R=8 one process 16, 64 MiB+4 subset" 120 "${multi[@]}" -- "${large[@]}" --devices "$(zeros 8)" \
+    --sizes 16777220,67108868
+  # shellcheck disable=SC2054 # commas inside the -d and -o values
+  local sub=(--lib "$OURS" -c all -d float,int32,bfloat16 -o sum,premulsum,max --inplace both --check 1 --timeout 30)
+  bench_step matrix "R=4 one process --graph" 90 "${multi[@]}" -- "${sub[@]}" --devices "$(zeros 4)" --graph \
+    --sizes 0,12,1028,1048580 -w 1 -n 2
+  bench_step matrix "R=2 processes --graph" 90 "${multi[@]}" -- "${sub[@]}" -p 2 --ranks-per-gpu 2 --graph \
+    --sizes 0,12,1028,1048580 -w 1 -n 2
+  bench_step matrix "R=4 one process NCCL_P2P_DISABLE=1" 90 "${multi[@]}" NCCL_P2P_DISABLE=1 -- "${sub[@]}" \
+    --devices "$(zeros 4)" --sizes "$small" -w 0 -n 1
+  bench_step matrix "R=2 processes NCCL_P2P_DISABLE=1" 90 "${multi[@]}" NCCL_P2P_DISABLE=1 -- "${sub[@]}" \
+    -p 2 --ranks-per-gpu 2 --sizes "$small" -w 0 -n 1
+}
+
+sec_bench() {
+  local vs=()
+  [ -n "$NVLIB" ] && vs=(--vs "$NVLIB")
+  local one=(--lib "$OURS" ${vs[@]+"${vs[@]}"} -g 1 -c all -d float -o sum -b 8 -e 1G -f 4 --inplace both --timeout 60)
+  LEAVE=150 bench_step bench "1 rank ours vs NVIDIA" 300 -- "${one[@]}" -w 20 -n 100
+  if [ -s "$TMP/step.out" ] && grep -q '^# Side-by-side summary' "$TMP/step.out"; then
+    awk '/^# Side-by-side summary/{on=1} on' "$TMP/step.out" >"$TMP/vs-summary.txt"
+  fi
+  LEAVE=100 bench_step bench "1 rank ours vs NVIDIA --graph" 240 -- "${one[@]}" --graph -w 2 -n 10
+  local r
+  for r in 2 4 8; do
+    bench_step bench "R=$r on GPU 0 (ours, timing)" 150 env NCCL_MULTI_RANK_GPU_ENABLE=1 -- --lib "$OURS" \
+      --devices "$(zeros $r)" -c all_reduce,all_gather -d float -o sum -b 8 -e 256M -f 4 --inplace 0 \
+      --check 1 -w 3 -n 10 --timeout 60
+  done
+}
+
+sec_copy() {
+  if [ -x "$DEV/bin/shared_gpu" ] && plan copy "cudaMemcpyAsync D2D rate" 120 30; then
+    runstep copy "cudaMemcpyAsync D2D rate" env LD_LIBRARY_PATH="$DEV/lib" "$DEV/bin/shared_gpu" --copy-rate
+    local v=ok
+    [ "$RC" = 0 ] || v="FAIL($RC)"
+    [ "$RC" = 0 ] || FAILED=1
+    row copy "cudaMemcpyAsync D2D rate" "$v" - "$ELAPSED" \
+      "$(grep -E '^ +[0-9]+ ' "$TMP/step.out" | awk '{printf "%s%.0fMiB %.0f GB/s", sep, $1 / 1048576, $4; sep = ", "}')"
+    grep -E '^(#| +[0-9])' "$TMP/step.out" | sed 's/^/      /'
+  elif [ ! -x "$DEV/bin/shared_gpu" ]; then
+    row copy "cudaMemcpyAsync D2D rate" SKIP - 0 "$DEV/bin/shared_gpu missing"
+  fi
+  local vs=()
+  [ -n "$NVLIB" ] && vs=(--vs "$NVLIB")
+  bench_step copy "1 rank copies: ours${NVLIB:+ vs NVIDIA}" 150 -- --lib "$OURS" ${vs[@]+"${vs[@]}"} -g 1 \
+    -c all_reduce,broadcast,sendrecv -d float -o sum --sizes 1M,16M,256M,1G --inplace 0 --check 0 -w 5 -n 20 \
+    --timeout 60
+}
+
+sec_torch() {
+  if ! timeout 120 python3 -c 'import torch' >/dev/null 2>&1; then
+    row torch "torch-all --same-gpu" SKIP - 0 "python3 cannot import torch"
+    return 0
+  fi
+  plan torch "torch-all --same-gpu --gpus 4" 600 || return 0
+  local lim=$LIMIT
+  if [ "$lim" -lt 90 ]; then
+    row torch "torch-all --same-gpu --gpus 4" SKIP - 0 "time budget: ${lim} s (needs 90)"
+    return 0
+  fi
+  rm -rf "$TMP/torch"
+  runstep torch "torch-all --same-gpu --gpus 4" "$HERE/torch-all.sh" --same-gpu --gpus 4 --ours "$OURS" \
+    --steps 200 --budget $((lim - 30)) --out "$TMP/torch"
+  {
+    echo "######## torch-all.log"
+    cat "$TMP/torch/torch-all.log" 2>/dev/null
+    echo "######## torch-all summary.txt"
+    cat "$TMP/torch/summary.txt" 2>/dev/null
+  } >>"$OUT/torch.log"
+  local line ref verdict
+  line=$(grep -E '^torch-all: [0-9]+ passed' "$TMP/torch/summary.txt" 2>/dev/null | tail -1)
+  ref=$(grep -m1 '^reference suite-nvidia' "$TMP/torch/summary.txt" 2>/dev/null | cut -c1-160)
+  if [ "$RC" = 0 ]; then verdict=ok; elif killed; then verdict=KILLED; else verdict=FAIL; fi
+  [ "$verdict" = ok ] || FAILED=1
+  row torch "torch-all --same-gpu --gpus 4" "$verdict" - "$ELAPSED" "${line:-no summary line}${ref:+; $ref}"
+  grep -E '^(PASS|FAIL|SKIP|reference) ' "$TMP/torch/summary.txt" 2>/dev/null | cut -c1-200 | sed 's/^/      /'
+}
+
+for ((si = 0; si < ${#SECTIONS[@]}; si++)); do
+  sec=${SECTIONS[$si]}
+  if [ $((END - RESERVE - SECONDS)) -lt 20 ]; then
+    row "$sec" "(section)" SKIP - 0 "time budget"
+    continue
+  fi
+  section_begin "$sec" "$si"
+  "sec_$sec"
+done
+
+# ---- summary
+{
+  echo "one-gpu-suite: sections ${SECTIONS[*]}, budget ${BUDGET} s, ran $(elapsed) s"
+  echo "ours: $OURS; NVIDIA: ${NVLIB:-not found}"
+  if [[ " ${SECTIONS[*]} " == *" matrix "* ]]; then
+    unknown=""
+    [ "$MATRIX_UNKNOWN" -gt 0 ] && unknown=" (+ $MATRIX_UNKNOWN runs that wrote no records)"
+    echo "matrix: $MATRIX_RUNS runs, wrong elements in total: $MATRIX_WRONG$unknown, WRONG lines: $MATRIX_WRONG_LINES"
+  fi
+  if [ -s "$TMP/vs-summary.txt" ]; then
+    echo
+    echo "side by side, 1 rank (A = ours, B = NVIDIA):"
+    head -n 60 "$TMP/vs-summary.txt"
+  fi
+  echo
+  printf '%-6s %-34s %-10s %9s %5s  %s\n' section step verdict wrong s note
+  printf '%s\n' "${ROWS[@]}"
+  echo
+  if [ "$FAILED" = 0 ]; then echo "one-gpu-suite: no step failed"; else echo "one-gpu-suite: SOME STEPS FAILED (see the logs)"; fi
+} >"$SUMMARY"
+# Keep every file under 16 MiB: the head and the tail of a longer one.
+for f in "$OUT"/*; do
+  [ -f "$f" ] || continue
+  size=$(stat -c %s "$f" 2>/dev/null || echo 0)
+  if [ "$size" -gt 16000000 ]; then
+    { head -c 2000000 "$f"; printf '\n\n######## [cut: %s bytes in all]\n\n' "$size"; tail -c 13000000 "$f"; } >"$TMP/cut" && mv -f "$TMP/cut" "$f"
+  fi
+done
+echo
+echo "==== summary"
+cat "$SUMMARY"
+[ "$FAILED" = 0 ]
