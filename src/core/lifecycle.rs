@@ -305,11 +305,16 @@ fn shared_gpu_channels(
     let resident = cuda::module::resident_ctas(dev, super::runtime::block_threads())?;
     let mine = resident / sharing.len() as u32;
     let all = bootstrap.allgather(&mine.to_le_bytes())?;
-    let share = all
-        .iter()
-        .map(|b| u32::from_le_bytes(b[..4].try_into().unwrap_or_default()))
-        .min()
-        .unwrap_or(0);
+    let mut share = u32::MAX;
+    for (rank, bytes) in all.iter().enumerate() {
+        let theirs: [u8; 4] = bytes.as_slice().try_into().map_err(|_| {
+            Error::internal(format!(
+                "rank {rank} sent {} bytes for its CTA share, expected 4",
+                bytes.len()
+            ))
+        })?;
+        share = share.min(u32::from_le_bytes(theirs));
+    }
     if share == 0 {
         return Err(Error::invalid_usage(format!(
             "{} ranks share one GPU but it holds only {resident} CTAs of this library's kernel at \

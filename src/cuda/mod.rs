@@ -237,28 +237,7 @@ pub fn stream_is_capturing(stream: CUstream) -> Result<bool> {
 
 /// The graph that `stream`, which must be capturing, records into.
 pub fn capturing_graph(stream: CUstream) -> Result<sys::CUgraph> {
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id: sys::cuuint64_t = 0;
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: writes the status, id and graph; the dependency outputs are not asked for.
-    check(
-        unsafe {
-            sys::cuStreamGetCaptureInfo_v3(
-                stream,
-                &mut status,
-                &mut id,
-                &mut graph,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        },
-        "cuStreamGetCaptureInfo",
-    )?;
-    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || graph.is_null() {
-        return Err(Error::internal("the stream is not capturing a graph"));
-    }
-    Ok(graph)
+    capture_dependencies(stream).map(|(graph, _)| graph)
 }
 
 /// A stream the library owns, for work beside the user's stream (copy-engine copies).
@@ -297,10 +276,8 @@ impl Drop for Stream {
 pub fn stream_syncs_with_legacy(stream: CUstream) -> Result<bool> {
     const LEGACY: usize = 0x1; // CU_STREAM_LEGACY
     const PER_THREAD: usize = 0x2; // CU_STREAM_PER_THREAD
-    match stream as usize {
-        0 | LEGACY => return Ok(true),
-        PER_THREAD => return Ok(true),
-        _ => {}
+    if matches!(stream as usize, 0 | LEGACY | PER_THREAD) {
+        return Ok(true);
     }
     let mut flags = 0u32;
     // SAFETY: stream is a live stream handle of the caller's; writes one word.
@@ -421,8 +398,9 @@ pub fn capture_join(stream: CUstream, nodes: &mut [sys::CUgraphNode]) -> Result<
     if nodes.is_empty() {
         return Ok(());
     }
-    const ADD: u32 = 0; // CU_STREAM_ADD_CAPTURE_DEPENDENCIES
-                        // SAFETY: nodes are nodes of the graph `stream` captures into; no edge data.
+    // CU_STREAM_ADD_CAPTURE_DEPENDENCIES
+    const ADD: u32 = 0;
+    // SAFETY: nodes are nodes of the graph `stream` captures into; no edge data.
     check(
         unsafe {
             sys::cuStreamUpdateCaptureDependencies_v2(
