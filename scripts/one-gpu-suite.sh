@@ -21,7 +21,8 @@
 #           place, odd sizes 0 B .. 64 MiB+4 for 1 and 2 ranks in one process, to 16 MiB+4
 #           otherwise, then 64 MiB+4 for 4 and 8 ranks with float/bfloat16/int8 and
 #           sum/max/avg, all --check 1 -w 0 -n 1; then --graph and NCCL_P2P_DISABLE=1
-#           subsets, in that order (what no longer fits is skipped). The
+#           subsets, in that order (what no longer fits is skipped). MATRIX_PART=2 skips the
+#           first four steps; MATRIX_ONLY=REGEX runs only the steps whose names match. The
 #           '#wrong' totals (JSON records) and WRONG lines are summed into the summary.
 #   bench   one rank, ours vs NVIDIA side by side (-g 1 -c all, 8 B .. 1 GiB x4, in and out of
 #           place), the same with --graph, and ours with 2, 4, 8 ranks on GPU 0
@@ -186,6 +187,10 @@ bench_step() {
   local pre=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do pre+=("$1"); shift; done
   shift
+  # MATRIX_ONLY=REGEX: run only the matrix steps whose names match it (a re-run of a few).
+  if [ "$sec" = matrix ] && [ -n "${MATRIX_ONLY:-}" ] && ! [[ $name =~ $MATRIX_ONLY ]]; then
+    return 0
+  fi
   if [ ! -x "$BENCH" ]; then
     row "$sec" "$name" SKIP - 0 "$BENCH missing (scripts/stage-device)"
     return 0
@@ -315,7 +320,7 @@ sec_matrix() {
     --timeout 60)
   bench_step matrix "R=4 one process 64 MiB+4 subset" 90 "${multi[@]}" -- "${large[@]}" --devices "$(zeros 4)" \
     --sizes 67108868
-  bench_step matrix "R=8 one process 16, 64 MiB+4 subset" 120 "${multi[@]}" -- "${large[@]}" --devices "$(zeros 8)" \
+  bench_step matrix "R=8 one process 16, 64 MiB+4 subset" 200 "${multi[@]}" -- "${large[@]}" --devices "$(zeros 8)" \
     --sizes 16777220,67108868
   # shellcheck disable=SC2054 # commas inside the -d and -o values
   local sub=(--lib "$OURS" -c all -d float,int32,bfloat16 -o sum,premulsum,max --inplace both --check 1 --timeout 30)

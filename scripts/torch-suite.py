@@ -12,7 +12,8 @@ curve is written to --out (compare two runs, NVIDIA's library and ours, with com
 `torch-suite.py --compare A.json B.json`).
 
 Also: a MemPool through NCCL's allocator (ncclMemAlloc) registered with register_mem_pool
-(ncclCommRegister) and all-reduced; with --symm, symmetric memory (torch's NCCL
+(ncclCommRegister) and all-reduced (skipped on a GPU without multicast, where torch refuses
+its NCCL allocator whatever the library); with --symm, symmetric memory (torch's NCCL
 symmetric-memory backend and register_mem_pool(symm=True), i.e. ncclCommWindowRegister) in a
 child process pair, which passes if it works or raises a Python exception, and the process
 group works afterwards; with --nonblocking, whether torch really chose non-blocking
@@ -173,6 +174,23 @@ def symm_child(path, rank, world, local):
     print(f"SYMM-RESULT {'ok' if all_ok else 'fail'}", flush=True)
     dist.destroy_process_group()
     return 0 if all_ok else 1
+
+
+def device_multicast(ordinal):
+    """CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED of a device from the driver: 1, 0, or None when
+    the driver cannot be asked."""
+    import ctypes
+
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        dev, value = ctypes.c_int(), ctypes.c_int()
+        if cu.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
+            return None
+        if cu.cuDeviceGetAttribute(ctypes.byref(value), 132, dev) != 0:
+            return None
+        return value.value
+    except OSError:
+        return None
 
 
 def main():
@@ -443,7 +461,18 @@ def main():
         del pool
         return ok
 
-    check("MemPool(ncclMemAlloc) + register_mem_pool (ncclCommRegister), all_reduce", mempool)
+    mempool_name = "MemPool(ncclMemAlloc) + register_mem_pool (ncclCommRegister), all_reduce"
+    multicast = device_multicast(dev.index if dev.index is not None else 0)
+    if multicast == 0:
+        # torch's ProcessGroupNCCL::supportsTensorAlloc is deviceSupportsMulticast: without
+        # NVLink multicast (a lone GPU, no fabric) torch refuses with "NCCL mem allocator is
+        # not supported in this NCCL version" whatever the library.
+        if rank == 0:
+            print(f"SKIP {mempool_name}: this GPU reports no multicast support "
+                  "(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0), and torch offers its NCCL "
+                  "allocator only on such devices", flush=True)
+    else:
+        check(mempool_name, mempool)
 
     def symm():
         # In a child process pair, so that an abort inside torch or the library cannot take

@@ -266,14 +266,20 @@ pub fn begin_capture(stream: CUstream) -> Result<(), String> {
     )
 }
 
-/// End a capture and instantiate the graph.
-pub fn end_capture(stream: CUstream) -> Result<CUgraphExec, String> {
+/// End a capture; the captured graph (instantiate it with [`instantiate`] once every capture
+/// of this thread has ended: instantiating is not allowed while another capture is open).
+pub fn end_capture(stream: CUstream) -> Result<sys::CUgraph, String> {
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: writes one graph handle for a stream that is capturing.
     check(
         unsafe { sys::cuStreamEndCapture(stream, &mut graph) },
         "cuStreamEndCapture",
     )?;
+    Ok(graph)
+}
+
+/// Instantiate a captured graph and free the template.
+pub fn instantiate(graph: sys::CUgraph) -> Result<CUgraphExec, String> {
     let mut exec: CUgraphExec = std::ptr::null_mut();
     // SAFETY: instantiates a valid graph; flags 0.
     let res = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
@@ -286,6 +292,12 @@ pub fn end_capture(stream: CUstream) -> Result<CUgraphExec, String> {
 pub fn launch_graph(exec: CUgraphExec, stream: CUstream) -> Result<(), String> {
     // SAFETY: launches an instantiated graph on a live stream.
     check(unsafe { sys::cuGraphLaunch(exec, stream) }, "cuGraphLaunch")
+}
+
+/// Free a captured graph that will not be instantiated.
+pub fn destroy_template(graph: sys::CUgraph) {
+    // SAFETY: destroys a captured graph once.
+    unsafe { sys::cuGraphDestroy(graph) };
 }
 
 pub fn destroy_graph(exec: CUgraphExec) {

@@ -881,14 +881,27 @@ impl Worker<'_> {
                 break;
             }
         }
-        // End every capture even after a failure so that the streams are usable (or abortable).
-        let mut graphs = Vec::new();
+        // End every capture even after a failure so that the streams are usable (or abortable);
+        // instantiate only once all have ended (not allowed while one is still open).
+        let mut captured = Vec::new();
         let mut ended = Ok(());
         for lr in &self.ranks {
             cuda::set_current(lr.ctx)?;
             match cuda::end_capture(lr.stream) {
-                Ok(graph) => graphs.push(graph),
+                Ok(graph) => captured.push((lr.ctx, graph)),
                 Err(e) => ended = Err(Failure::Error(format!("graph capture of {step}: {e}"))),
+            }
+        }
+        let mut graphs = Vec::new();
+        for (ctx, graph) in captured {
+            cuda::set_current(ctx)?;
+            if launched.is_err() || ended.is_err() {
+                cuda::destroy_template(graph);
+                continue;
+            }
+            match cuda::instantiate(graph) {
+                Ok(exec) => graphs.push(exec),
+                Err(e) => ended = Err(Failure::Error(format!("graph of {step}: {e}"))),
             }
         }
         if launched.is_err() || ended.is_err() {
