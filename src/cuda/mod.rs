@@ -723,96 +723,36 @@ pub fn primary_ctx(dev: i32) -> Result<CUcontext> {
     Ok(ctx)
 }
 
-/// Host memory shared between processes through a file in /dev/shm, pinned and mapped into
-/// the device address space. The creator unlinks the file when dropped.
-pub struct SharedHostMem {
-    host: *mut u8,
-    dev: CUdeviceptr,
-    bytes: usize,
-    name: String,
-    owner: bool,
+/// Pin `bytes` of host memory at `host` (another process may map the same pages) and map them
+/// into the device address space; returns their device address.
+///
+/// # Safety
+/// `host..host + bytes` must stay mapped until [`host_unregister`] is called for `host`.
+pub unsafe fn host_register(host: *mut u8, bytes: usize) -> Result<CUdeviceptr> {
+    const PORTABLE: u32 = 0x01; // CU_MEMHOSTREGISTER_PORTABLE
+    const DEVICEMAP: u32 = 0x02; // CU_MEMHOSTREGISTER_DEVICEMAP
+    let host = host as *mut std::ffi::c_void;
+    // SAFETY: the caller keeps host..host+bytes mapped while registered.
+    check(
+        unsafe { sys::cuMemHostRegister_v2(host, bytes, PORTABLE | DEVICEMAP) },
+        "cuMemHostRegister",
+    )?;
+    let mut dev: CUdeviceptr = 0;
+    // SAFETY: host was registered with DEVICEMAP; writes one pointer.
+    let res = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
+    if let Err(e) = check(res, "cuMemHostGetDevicePointer") {
+        // SAFETY: undoes the registration just made.
+        unsafe { sys::cuMemHostUnregister(host) };
+        return Err(e);
+    }
+    Ok(dev)
 }
 
-// SAFETY: plain shared memory owned by this value; access is coordinated by the protocol.
-unsafe impl Send for SharedHostMem {}
-// SAFETY: as above.
-unsafe impl Sync for SharedHostMem {}
-
-impl SharedHostMem {
-    /// Create (`create`) or open the named segment of `bytes` bytes and map it for the GPU.
-    pub fn open(name: &str, bytes: usize, create: bool) -> Result<SharedHostMem> {
-        let path = format!("/dev/shm/{name}");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| Error::system(format!("shared memory {path}: {e}")))?;
-        if create {
-            file.set_len(bytes as u64)
-                .map_err(|e| Error::system(format!("shared memory {path}: {e}")))?;
-        }
-        use std::os::fd::AsRawFd;
-        // SAFETY: maps `bytes` of a file at least that long, shared, read-write.
-        let host = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if host == libc::MAP_FAILED {
-            return Err(Error::system(format!(
-                "mmap of {path}: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        let mut mem = SharedHostMem {
-            host: host as *mut u8,
-            dev: 0,
-            bytes,
-            name: name.to_string(),
-            owner: create,
-        };
-        const PORTABLE: u32 = 0x01; // CU_MEMHOSTREGISTER_PORTABLE
-        const DEVICEMAP: u32 = 0x02; // CU_MEMHOSTREGISTER_DEVICEMAP
-                                     // SAFETY: host..host+bytes is a live mapping owned by `mem`.
-        check(
-            unsafe { sys::cuMemHostRegister_v2(host, bytes, PORTABLE | DEVICEMAP) },
-            "cuMemHostRegister",
-        )?;
-        let mut dev: CUdeviceptr = 0;
-        // SAFETY: host was registered with DEVICEMAP; writes one pointer.
-        check(
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) },
-            "cuMemHostGetDevicePointer",
-        )?;
-        mem.dev = dev;
-        Ok(mem)
-    }
-    pub fn dev(&self) -> CUdeviceptr {
-        self.dev
-    }
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl Drop for SharedHostMem {
-    fn drop(&mut self) {
-        // SAFETY: unregister (harmless if registration failed), unmap and unlink exactly once.
-        unsafe {
-            if self.dev != 0 {
-                sys::cuMemHostUnregister(self.host as *mut std::ffi::c_void);
-            }
-            libc::munmap(self.host as *mut std::ffi::c_void, self.bytes);
-        }
-        if self.owner {
-            let _ = std::fs::remove_file(format!("/dev/shm/{}", self.name));
-        }
-    }
+/// Undo [`host_register`].
+///
+/// # Safety
+/// `host` must have been registered by [`host_register`] and not yet unregistered.
+pub unsafe fn host_unregister(host: *mut u8) {
+    // SAFETY: per the contract, host is a live registration.
+    unsafe { sys::cuMemHostUnregister(host as *mut std::ffi::c_void) };
 }

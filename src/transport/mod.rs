@@ -1,50 +1,43 @@
-//! Connections between ranks. A connection carries data one way, sender to receiver, through
-//! `nslots` slots in the receiver's staging buffer, with two counters: `tail` (slots filled,
-//! in the receiver's memory) and `head` (slots consumed, in the sender's memory). Both sides
-//! end up with an `OxConn` of pointers valid on their own GPU, so one kernel serves every
-//! transport:
-//! - P2P, same process: plain device pointers (peer access enabled between the contexts);
-//! - P2P, other process: device memory exported with CUDA IPC handles;
-//! - P2P, same GPU (ranks sharing a GPU, `NCCL_MULTI_RANK_GPU_ENABLE=1`): the same two cases,
-//!   with no peer access to enable;
-//! - SHM: staging buffer and counters in host shared memory mapped into both GPUs, used when
-//!   peer access is impossible or disabled (`NCCL_P2P_DISABLE=1`, `NCCL_P2P_LEVEL`);
-//! - NET (the topology's choice when neither is allowed, or between hosts): not built yet.
+//! Connections between ranks, behind one interface. A connection carries data one way,
+//! sender to receiver, through `nslots` slots in the receiver's staging buffer, with two
+//! counters: `tail` (slots filled, in the receiver's memory) and `head` (slots consumed, in
+//! the sender's memory). Both sides end up with an `OxConn` of pointers valid on their own GPU,
+//! so one kernel serves every transport.
 //!
-//! Setup runs through the bootstrap: each side allocates its half, sends a description, then
-//! maps the peer's half.
+//! This file owns what every transport shares: the layout of a side's block (counters, step,
+//! staging buffer), the setup exchange through the bootstrap, and the table of connections of
+//! a communicator. Each transport lives in its own file and owns its memory, its description
+//! for the peer, the peer's mapping and the teardown:
+//! - [`p2p`]: device memory — plain pointers in one process (peer access enabled between the
+//!   GPUs; none needed for ranks sharing a GPU), CUDA IPC handles across processes;
+//! - [`shm`]: host shared memory mapped into both GPUs (`NCCL_P2P_DISABLE=1`, `NCCL_P2P_LEVEL`);
+//! - [`net`]: between hosts, or when neither of the others is allowed — not built yet.
+//!
+//! Adding a transport: a file with `local_half` (allocate this side's block and describe it
+//! as a [`Placement`]) and, for a new placement, its `map_remote`; a [`Transport`] variant;
+//! and the topology rule that picks it (`topo::Allowed::choose`).
 
+mod net;
+mod p2p;
+mod shm;
 mod wire;
 
 use crate::bootstrap::Bootstrap;
-use crate::cuda::{self, DeviceBuffer, HostMapped, SharedHostMem};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sched::{Dir, OxConn};
 use crate::topo::{Path, Topology};
+use std::any::Any;
 use std::collections::HashMap;
 use wire::{Half, Placement};
 
-/// Memory a connection side keeps alive: held only so that dropping the side frees it.
-#[allow(dead_code)]
-enum Resource {
-    Device(DeviceBuffer),
-    Host(HostMapped),
-    Shared(SharedHostMem),
-    Ipc(u64),
-}
-
-impl Drop for Resource {
-    fn drop(&mut self) {
-        if let Resource::Ipc(p) = self {
-            let _ = cuda::ipc_close(*p);
-        }
-    }
-}
+/// Memory a connection side keeps alive (its own block, its mapping of the peer's): held only
+/// so that dropping the side frees it, each kind freeing itself on drop.
+type Keep = Box<dyn Any + Send + Sync>;
 
 /// One side of one connection.
 pub struct Side {
     pub conn: OxConn,
-    _keep: Vec<Resource>,
+    _keep: Vec<Keep>,
 }
 
 /// Every connection of one communicator, by (channel, peer).
@@ -64,6 +57,50 @@ pub struct Setup<'a> {
     pub comm_hash: u64,
 }
 
+/// The transport of one connection, from the topology's path to the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    P2p,
+    Shm,
+    Net,
+}
+
+impl Transport {
+    pub fn for_path(path: Path) -> Transport {
+        match path {
+            Path::SameGpu | Path::NvLink { .. } | Path::Pcie => Transport::P2p,
+            Path::Shm => Transport::Shm,
+            Path::Net => Transport::Net,
+        }
+    }
+
+    /// Allocate this rank's block of `bytes` for (channel, peer, dir) and describe it for the
+    /// peer.
+    fn local_half(
+        self,
+        setup: &Setup<'_>,
+        ch: u32,
+        peer: i32,
+        dir: Dir,
+        bytes: usize,
+    ) -> Result<(Half, Keep)> {
+        match self {
+            Transport::P2p => p2p::local_half(setup.topo, peer, bytes),
+            Transport::Shm => shm::local_half(setup, ch, peer, dir, bytes),
+            Transport::Net => Err(net::unavailable(setup.topo, peer)),
+        }
+    }
+}
+
+/// Map the peer's block into this process; returns its base address here.
+fn map_remote(h: &Half) -> Result<(u64, Option<Keep>)> {
+    match &h.placement {
+        Placement::Pointer(p) => Ok((*p, None)),
+        Placement::Ipc(handle) => p2p::map_remote(handle),
+        Placement::Shm { name, bytes } => shm::map_remote(name, *bytes as usize),
+    }
+}
+
 const TAG_BASE: u64 = 0x4f58_0000_0000_0000;
 
 /// Bootstrap tag of a setup message for (channel, dir as seen by the *receiver* of the message).
@@ -76,6 +113,32 @@ fn tag(channel: u32, from_sender_side: bool) -> u64 {
 const COUNTER_OFFSET: u64 = 0;
 const STEP_OFFSET: u64 = 64;
 const BUF_OFFSET: u64 = 4096;
+
+/// Bytes of one side's block: counters only for a sender, counters and staging for a receiver.
+fn block_bytes(dir: Dir, slot_bytes: u32, nslots: u32) -> usize {
+    match dir {
+        Dir::Send => BUF_OFFSET as usize,
+        Dir::Recv => BUF_OFFSET as usize + slot_bytes as usize * nslots as usize,
+    }
+}
+
+/// The kernel's view of one side, from this side's block and the peer's (both as addresses
+/// valid here).
+fn side_conn(dir: Dir, mine: u64, theirs: u64, slot_bytes: u32, nslots: u32) -> OxConn {
+    let (receiver, sender) = match dir {
+        // I send: the buffer and tail are the peer's; head and step are mine.
+        Dir::Send => (theirs, mine),
+        Dir::Recv => (mine, theirs),
+    };
+    OxConn {
+        buf: receiver + BUF_OFFSET,
+        tail: receiver + COUNTER_OFFSET,
+        head: sender + COUNTER_OFFSET,
+        step: mine + STEP_OFFSET,
+        slot_bytes,
+        nslots,
+    }
+}
 
 impl Connections {
     /// Whether (channel, peer, dir) is connected.
@@ -96,43 +159,35 @@ impl Connections {
             .collect();
         let mut halves = Vec::with_capacity(todo.len());
         for &(ch, peer, dir) in &todo {
-            let (half, keep) = self.local_half(setup, ch, peer, dir)?;
+            let transport = Transport::for_path(setup.topo.paths[peer as usize]);
+            let bytes = block_bytes(dir, setup.slot_bytes, setup.nslots);
+            let (half, keep) = transport.local_half(setup, ch, peer, dir, bytes)?;
             setup
                 .bootstrap
                 .send(peer, tag(ch, dir == Dir::Send), &half.encode())?;
             halves.push((half, keep));
         }
-        for (&(ch, peer, dir), (mine, mut keep)) in todo.iter().zip(halves) {
+        for (&(ch, peer, dir), (mine, keep)) in todo.iter().zip(halves) {
             let bytes = setup.bootstrap.recv(peer, tag(ch, dir == Dir::Recv))?;
             let theirs = Half::decode(&bytes)?;
             let (remote_base, mapping) = map_remote(&theirs)?;
-            keep.extend(mapping);
-            let conn = match dir {
-                // I send: the buffer and tail are the peer's; head and step are mine.
-                Dir::Send => OxConn {
-                    buf: remote_base + BUF_OFFSET,
-                    tail: remote_base + COUNTER_OFFSET,
-                    head: mine.local_base + COUNTER_OFFSET,
-                    step: mine.local_base + STEP_OFFSET,
-                    slot_bytes: setup.slot_bytes,
-                    nslots: setup.nslots,
-                },
-                Dir::Recv => OxConn {
-                    buf: mine.local_base + BUF_OFFSET,
-                    tail: mine.local_base + COUNTER_OFFSET,
-                    head: remote_base + COUNTER_OFFSET,
-                    step: mine.local_base + STEP_OFFSET,
-                    slot_bytes: setup.slot_bytes,
-                    nslots: setup.nslots,
-                },
-            };
+            let conn = side_conn(
+                dir,
+                mine.local_base,
+                remote_base,
+                setup.slot_bytes,
+                setup.nslots,
+            );
             crate::trace!(
                 P2P,
                 "Channel {ch:02} : {:?} peer {peer} via {:?}",
                 dir,
                 theirs.placement
             );
-            let side = Side { conn, _keep: keep };
+            let side = Side {
+                conn,
+                _keep: std::iter::once(keep).chain(mapping).collect(),
+            };
             match dir {
                 Dir::Send => self.send.insert((ch, peer), side),
                 Dir::Recv => self.recv.insert((ch, peer), side),
@@ -140,103 +195,33 @@ impl Connections {
         }
         Ok(())
     }
+}
 
-    /// Allocate this rank's half of a connection and describe it for the peer.
-    fn local_half(
-        &self,
-        setup: &Setup<'_>,
-        ch: u32,
-        peer: i32,
-        dir: Dir,
-    ) -> Result<(Half, Vec<Resource>)> {
-        let bytes = match dir {
-            Dir::Send => BUF_OFFSET as usize,
-            Dir::Recv => BUF_OFFSET as usize + setup.slot_bytes as usize * setup.nslots as usize,
-        };
-        let path = setup.topo.paths[peer as usize];
-        let same_process = setup.topo.same_process(peer);
-        let (placement, base, res) = match path {
-            Path::SameGpu | Path::NvLink { .. } | Path::Pcie => {
-                if same_process && path != Path::SameGpu {
-                    let peer_dev = setup.topo.peers[peer as usize].cuda_dev;
-                    cuda::enable_peer_access(cuda::primary_ctx(peer_dev)?)?;
-                }
-                let buf = DeviceBuffer::zeroed(bytes)?;
-                let base = buf.ptr();
-                let placement = if same_process {
-                    Placement::Pointer(base)
-                } else {
-                    Placement::Ipc(cuda::ipc_handle(base)?)
-                };
-                (placement, base, Resource::Device(buf))
-            }
-            Path::Shm if same_process => {
-                let mem = HostMapped::new(bytes)?;
-                let base = mem.dev();
-                (Placement::Pointer(base), base, Resource::Host(mem))
-            }
-            Path::Shm => {
-                let me = setup.topo.my_rank;
-                let name = format!(
-                    "oxccl-{:x}-{}-{}-{}-{}-{}",
-                    setup.comm_hash,
-                    std::process::id(),
-                    me,
-                    peer,
-                    ch,
-                    if dir == Dir::Send { "s" } else { "r" }
-                );
-                let mem = SharedHostMem::open(&name, bytes, true)?;
-                let base = mem.dev();
-                (
-                    Placement::Shm {
-                        name,
-                        bytes: bytes as u64,
-                    },
-                    base,
-                    Resource::Shared(mem),
-                )
-            }
-            Path::Net => return Err(no_network(setup.topo, peer)),
-        };
-        Ok((
-            Half {
-                local_base: base,
-                placement,
-            },
-            vec![res],
-        ))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_sides_agree_on_the_receivers_buffer_and_counters() {
+        let (sender, receiver) = (0x1000_0000u64, 0x2000_0000u64);
+        let s = side_conn(Dir::Send, sender, receiver, 65536, 8);
+        let r = side_conn(Dir::Recv, receiver, sender, 65536, 8);
+        assert_eq!(s.buf, r.buf);
+        assert_eq!(s.buf, receiver + BUF_OFFSET);
+        assert_eq!(s.tail, r.tail);
+        assert_eq!(s.head, r.head);
+        assert_eq!(s.head, sender + COUNTER_OFFSET);
+        assert_eq!(s.step, sender + STEP_OFFSET);
+        assert_eq!(r.step, receiver + STEP_OFFSET);
+        assert_eq!(block_bytes(Dir::Recv, 65536, 8), 4096 + 8 * 65536);
+        assert_eq!(block_bytes(Dir::Send, 65536, 8), 4096);
     }
-}
 
-/// The error for a connection that needs the network transport, which is not built yet.
-fn no_network(topo: &Topology, peer: i32) -> Error {
-    let me = &topo.peers[topo.my_rank as usize];
-    let why = if topo.peers[peer as usize].host_hash != me.host_hash {
-        "it is on another host".to_string()
-    } else {
-        "peer-to-peer and shared memory are unavailable or disabled (NCCL_P2P_DISABLE, \
-         NCCL_P2P_LEVEL, NCCL_SHM_DISABLE)"
-            .to_string()
-    };
-    Error::invalid_usage(format!(
-        "rank {} needs the network transport to reach rank {peer} ({why}): the network \
-         transport is not yet supported by oxccl",
-        topo.my_rank
-    ))
-}
-
-/// Map the peer's half into this process; returns its base address here.
-fn map_remote(h: &Half) -> Result<(u64, Option<Resource>)> {
-    Ok(match &h.placement {
-        Placement::Pointer(p) => (*p, None),
-        Placement::Ipc(handle) => {
-            let p = cuda::ipc_open(handle)?;
-            (p, Some(Resource::Ipc(p)))
-        }
-        Placement::Shm { name, bytes } => {
-            let mem = SharedHostMem::open(name, *bytes as usize, false)?;
-            (mem.dev(), Some(Resource::Shared(mem)))
-        }
-    })
+    #[test]
+    fn every_path_has_one_transport() {
+        assert_eq!(Transport::for_path(Path::SameGpu), Transport::P2p);
+        assert_eq!(Transport::for_path(Path::Pcie), Transport::P2p);
+        assert_eq!(Transport::for_path(Path::Shm), Transport::Shm);
+        assert_eq!(Transport::for_path(Path::Net), Transport::Net);
+    }
 }
