@@ -162,7 +162,7 @@ pub fn spawn_root(
                 pending: Vec::new(),
                 joined: BTreeMap::new(),
                 neighbour: None,
-                geometry: None,
+                layout: None,
                 failed: None,
                 answered: 0,
             };
@@ -186,9 +186,10 @@ struct Joined {
     reg: Registration,
 }
 
-/// (nranks, root index, nroots) fixed by the first registration.
+/// How the ranks are split among the roots (nranks, this root's index, nroots, its block),
+/// fixed by the first registration.
 #[derive(Clone, Copy)]
-struct Geometry {
+struct RootLayout {
     nranks: i32,
     root: i32,
     nroots: i32,
@@ -197,7 +198,7 @@ struct Geometry {
     first_reporter: i32,
 }
 
-impl Geometry {
+impl RootLayout {
     fn neighbour_rank(&self) -> Option<i32> {
         (self.nroots > 1)
             .then(|| first_rank_of((self.root + 1) % self.nroots, self.nranks, self.nroots))
@@ -215,7 +216,7 @@ struct Root {
     pending: Vec<Pending>,
     joined: BTreeMap<i32, Joined>,
     neighbour: Option<Joined>,
-    geometry: Option<Geometry>,
+    layout: Option<RootLayout>,
     failed: Option<Error>,
     answered: usize,
 }
@@ -231,7 +232,7 @@ impl Root {
         let mut deadline = start + idle;
         let mut first_arrival = None;
         loop {
-            if self.geometry.is_some() && first_arrival.is_none() {
+            if self.layout.is_some() && first_arrival.is_none() {
                 let now = Instant::now();
                 first_arrival = Some(now);
                 deadline = now + self.timeout;
@@ -279,7 +280,7 @@ impl Root {
             }
             if let Some(rank) = closed.first() {
                 if self.failed.is_none() {
-                    let g = self.geometry.unwrap();
+                    let g = self.layout.unwrap();
                     self.fail(Error::remote(format!(
                         "bootstrap: rank {rank} of {} closed its connection to the bootstrap root before \
                          the rendezvous completed (process exited or aborted?)",
@@ -303,7 +304,7 @@ impl Root {
                 self.accept_all();
             }
             if self.failed.is_some() {
-                let expected = self.geometry.map_or(usize::MAX, |g| g.expected());
+                let expected = self.layout.map_or(usize::MAX, |g| g.expected());
                 if self.answered >= expected {
                     return;
                 }
@@ -388,7 +389,7 @@ impl Root {
         if let Err(e) = self.check(&reg) {
             crate::warn!("{}", e.msg);
             reply(&stream, &encode_err(&e), self.timeout);
-            // A rank with the wrong geometry dooms the whole rendezvous.
+            // A rank with the wrong layout dooms the whole rendezvous.
             if self.failed.is_none() {
                 self.fail(e);
             }
@@ -410,7 +411,7 @@ impl Root {
         } else {
             self.joined.insert(reg.rank, Joined { stream, reg });
         }
-        let g = self.geometry.unwrap();
+        let g = self.layout.unwrap();
         if self.joined.len() == g.block as usize && (self.neighbour.is_some() || g.nroots == 1) {
             self.complete(g);
             return Step::Done;
@@ -418,7 +419,7 @@ impl Root {
         Step::Continue
     }
 
-    /// Validate a registration against the geometry of the first one (which it sets).
+    /// Validate a registration against the layout of the first one (which it sets).
     fn check(&mut self, reg: &Registration) -> Result<()> {
         if reg.nranks < 1
             || reg.nroots < 1
@@ -431,7 +432,7 @@ impl Root {
                 reg.rank, reg.nranks, reg.root, reg.nroots
             )));
         }
-        let g = *self.geometry.get_or_insert_with(|| Geometry {
+        let g = *self.layout.get_or_insert_with(|| RootLayout {
             nranks: reg.nranks,
             root: reg.root,
             nroots: reg.nroots,
@@ -482,7 +483,7 @@ impl Root {
         Ok(())
     }
 
-    fn complete(&mut self, g: Geometry) {
+    fn complete(&mut self, g: RootLayout) {
         let table: Vec<SocketAddr> = self.joined.values().map(|j| j.reg.addr).collect();
         let addr_of = |rank: i32| -> SocketAddr {
             if rank >= g.first_rank && rank < g.first_rank + g.block {
@@ -536,7 +537,7 @@ impl Root {
         if self.failed.is_some() {
             return;
         }
-        let Some(g) = self.geometry else {
+        let Some(g) = self.layout else {
             crate::warn!("bootstrap root: no rank joined within the time limit; the root exits");
             return;
         };
