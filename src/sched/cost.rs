@@ -450,8 +450,18 @@ pub fn parse_algorithms(spec: &str) -> (Algorithms, bool) {
     (Algorithms { one_shot: false }, !ring_allowed)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests force the algorithm choice per thread (the plan fingerprints cover both).
+    pub static TEST_ALGORITHMS: std::cell::Cell<Option<Algorithms>> = const { std::cell::Cell::new(None) };
+}
+
 /// `NCCL_ALGO`, read once.
 pub fn algorithms() -> Algorithms {
+    #[cfg(test)]
+    if let Some(a) = TEST_ALGORITHMS.with(|t| t.get()) {
+        return a;
+    }
     static A: once_cell::sync::Lazy<Algorithms> = once_cell::sync::Lazy::new(|| {
         let spec = crate::env::string("NCCL_ALGO", "");
         let (algos, no_ring) = parse_algorithms(&spec);

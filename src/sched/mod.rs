@@ -53,6 +53,8 @@ pub struct Task {
 
 pub mod cost;
 pub mod device;
+#[cfg(test)]
+mod fingerprint;
 pub mod plan;
 #[cfg(test)]
 mod sim;
