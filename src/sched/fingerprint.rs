@@ -12,9 +12,9 @@
 use super::cost::{self, Algorithms, Protocols};
 use super::device::OxConn;
 use super::plan::{conn_channels, connections_needed, is_direct_row, plan, Dir, Geometry};
+use super::redop::{RedOp, Scalar};
 use super::{CollKind, Task};
 use crate::abi::ncclDataType_t;
-use crate::core::redop::{RedOp, Scalar};
 use std::fmt::Write as _;
 
 const TABLE: &str = concat!(
