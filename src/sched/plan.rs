@@ -20,9 +20,12 @@
 //! engine (`cuMemcpyAsync`) beside the kernel — all of a one-rank plan's, and those of at
 //! least `cost::COPY_ENGINE_MIN_BYTES` otherwise; smaller ones stay kernel work.
 //!
-//! Protocol: each item is Simple or LL (`FLAG_LL`), chosen from the task's byte count by the
-//! cost model, so both ends of every connection choose alike; `chunk` is then the step
-//! payload of that protocol (see `device::simple_step_bytes` / `ll_step_bytes`).
+//! Protocol: each item is a `Proto` (Simple or LL, encoded as `FLAG_LL`), chosen from the
+//! task's byte count by the cost model, so both ends of every connection choose alike;
+//! `chunk` is then the step payload of that protocol (`Proto::step_bytes`).
+//!
+//! Tasks become items in `lower` (one module per family of tasks); this module assigns the
+//! items to CTAs and resolves their connections.
 
 use super::cost::{self, BLOCK_THREADS, MAX_CTAS};
 use super::device::{OxConn, OxWork, WorkKind};

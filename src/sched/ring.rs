@@ -126,7 +126,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn all_reduce_visits_every_block_twice_but_the_first() {
+    fn all_reduce_hands_each_block_on_to_the_next_rank() {
         for n in 2..=8 {
             for r in 0..n {
                 let steps = all_reduce_steps(r, n);
