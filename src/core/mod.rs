@@ -5,9 +5,11 @@ pub mod config;
 pub mod enqueue;
 pub mod group;
 pub mod lifecycle;
-pub mod redop;
 pub mod registry;
 pub mod runtime;
+
+/// Reduction operators live with the scheduler (which must import nothing above it).
+pub use crate::sched::redop;
 
 use crate::abi::{ncclComm, ncclComm_t, ncclResult_t};
 use crate::error::{Error, LastError, Result};

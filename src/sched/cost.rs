@@ -28,6 +28,7 @@
 //! P2P operations take LL up to `P2P_LL_MAX_BYTES`. Every input of the choice is the same on
 //! every rank. `NCCL_PROTO` (read once, here) can exclude either protocol.
 
+use super::proto::Proto;
 use super::CollKind;
 
 /// Recommended bytes per slot of every connection (the transports allocate these).
@@ -208,14 +209,22 @@ pub fn ring_time_ll_us(kind: CollKind, bytes: u64, nranks: i32, nch: u32) -> f64
     LAUNCH_US + hops * LL_HOP_US + wire / bw + steps * LL_STEP_US + nch * LL_CHANNEL_US
 }
 
-/// Protocol (true = LL) and channels for a ring collective under the protocols `allowed`.
+/// Modelled time in µs of a ring collective on `nch` channels with protocol `proto`.
+pub fn ring_time_proto_us(proto: Proto, kind: CollKind, bytes: u64, nranks: i32, nch: u32) -> f64 {
+    match proto {
+        Proto::Simple => ring_time_us(kind, bytes, nranks, nch),
+        Proto::Ll => ring_time_ll_us(kind, bytes, nranks, nch),
+    }
+}
+
+/// Protocol and channels for a ring collective under the protocols `allowed`.
 pub fn ring_plan_with(
     kind: CollKind,
     bytes: u64,
     nranks: i32,
     max_channels: u32,
     allowed: Protocols,
-) -> (bool, u32) {
+) -> (Proto, u32) {
     let floor = min_channels_setting().min(max_channels.max(1));
     let best_by = |f: &dyn Fn(u32) -> f64| {
         let best = (1..=max_channels.max(1))
@@ -226,30 +235,34 @@ pub fn ring_plan_with(
     };
     let (simple_nch, simple_t) = best_by(&|c| ring_time_us(kind, bytes, nranks, c));
     if !allowed.ll {
-        return (false, simple_nch);
+        return (Proto::Simple, simple_nch);
     }
     let (ll_nch, ll_t) = best_by(&|c| ring_time_ll_us(kind, bytes, nranks, c));
     if !allowed.simple || (bytes <= LL_MAX_BYTES && ll_t < simple_t) {
-        (true, ll_nch)
+        (Proto::Ll, ll_nch)
     } else {
-        (false, simple_nch)
+        (Proto::Simple, simple_nch)
     }
 }
 
-/// Protocol (true = LL) and channels for a ring collective, under `NCCL_PROTO`.
-pub fn ring_plan(kind: CollKind, bytes: u64, nranks: i32, max_channels: u32) -> (bool, u32) {
+/// Protocol and channels for a ring collective, under `NCCL_PROTO`.
+pub fn ring_plan(kind: CollKind, bytes: u64, nranks: i32, max_channels: u32) -> (Proto, u32) {
     ring_plan_with(kind, bytes, nranks, max_channels, protocols())
 }
 
-/// Whether a P2P operation of `bytes` takes LL under the protocols `allowed` (a function of
-/// the bytes only, so sender and receiver agree).
-pub fn p2p_ll_with(bytes: u64, allowed: Protocols) -> bool {
-    allowed.ll && (!allowed.simple || bytes <= P2P_LL_MAX_BYTES)
+/// The protocol of a P2P operation of `bytes` under the protocols `allowed` (a function of
+/// the bytes only, so sender and receiver agree): LL when allowed and small enough.
+pub fn p2p_proto_with(bytes: u64, allowed: Protocols) -> Proto {
+    if allowed.ll && (!allowed.simple || bytes <= P2P_LL_MAX_BYTES) {
+        Proto::Ll
+    } else {
+        Proto::Simple
+    }
 }
 
-/// Whether a P2P operation of `bytes` takes LL, under `NCCL_PROTO`.
-pub fn p2p_ll(bytes: u64) -> bool {
-    p2p_ll_with(bytes, protocols())
+/// The protocol of a P2P operation of `bytes`, under `NCCL_PROTO`.
+pub fn p2p_proto(bytes: u64) -> Proto {
+    p2p_proto_with(bytes, protocols())
 }
 
 /// Bytes per slot and slots of the connections of the one-shot all-reduce's rows: it only uses
@@ -278,8 +291,8 @@ pub fn direct_time_us(bytes: u64, nranks: i32, nch: u32) -> f64 {
 pub enum AllReducePlan {
     /// One-shot on `nch` channels (LL).
     Direct { nch: u32 },
-    /// Ring with LL (`ll`) or Simple on `nch` channels.
-    Ring { ll: bool, nch: u32 },
+    /// Ring with protocol `proto` on `nch` channels.
+    Ring { proto: Proto, nch: u32 },
 }
 
 /// The all-reduce plan under the protocols and algorithms `allowed`: the one-shot path when
@@ -292,19 +305,15 @@ pub fn allreduce_plan_with(
     allowed: Protocols,
     algos: Algorithms,
 ) -> AllReducePlan {
-    let (ll, nch) = ring_plan_with(CollKind::AllReduce, bytes, nranks, max_channels, allowed);
+    let (proto, nch) = ring_plan_with(CollKind::AllReduce, bytes, nranks, max_channels, allowed);
     let direct_ok = allowed.ll
         && algos.one_shot
         && (2..=super::device::DIRECT_MAX_PEERS as i32 + 1).contains(&nranks)
         && bytes <= DIRECT_MAX_BYTES;
     if !direct_ok {
-        return AllReducePlan::Ring { ll, nch };
+        return AllReducePlan::Ring { proto, nch };
     }
-    let ring_t = if ll {
-        ring_time_ll_us(CollKind::AllReduce, bytes, nranks, nch)
-    } else {
-        ring_time_us(CollKind::AllReduce, bytes, nranks, nch)
-    };
+    let ring_t = ring_time_proto_us(proto, CollKind::AllReduce, bytes, nranks, nch);
     let floor = min_channels_setting().min(DIRECT_MAX_CHANNELS.min(max_channels).max(1));
     let dnch = (1..=DIRECT_MAX_CHANNELS.min(max_channels).max(1))
         .min_by(|&a, &b| {
@@ -315,7 +324,7 @@ pub fn allreduce_plan_with(
     if direct_time_us(bytes, nranks, dnch) < ring_t {
         AllReducePlan::Direct { nch: dnch }
     } else {
-        AllReducePlan::Ring { ll, nch }
+        AllReducePlan::Ring { proto, nch }
     }
 }
 
@@ -327,21 +336,16 @@ pub fn allreduce_plan(bytes: u64, nranks: i32, max_channels: u32) -> AllReducePl
 /// Modelled time in µs of a collective of `bytes` on `nranks` ranks, with the algorithm,
 /// protocol and channels the planner picks for it (`ncclGroupSimulateEnd`).
 pub fn planned_time_us(kind: CollKind, bytes: u64, nranks: i32, max_channels: u32) -> f64 {
-    let ring = |ll: bool, nch: u32| {
-        if ll {
-            ring_time_ll_us(kind, bytes, nranks, nch)
-        } else {
-            ring_time_us(kind, bytes, nranks, nch)
-        }
-    };
     if kind == CollKind::AllReduce {
         return match allreduce_plan(bytes, nranks, max_channels) {
             AllReducePlan::Direct { nch } => direct_time_us(bytes, nranks, nch),
-            AllReducePlan::Ring { ll, nch } => ring(ll, nch),
+            AllReducePlan::Ring { proto, nch } => {
+                ring_time_proto_us(proto, kind, bytes, nranks, nch)
+            }
         };
     }
-    let (ll, nch) = ring_plan(kind, bytes, nranks, max_channels);
-    ring(ll, nch)
+    let (proto, nch) = ring_plan(kind, bytes, nranks, max_channels);
+    ring_time_proto_us(proto, kind, bytes, nranks, nch)
 }
 
 /// The user's channel floor, read once (1 when unset).
@@ -450,8 +454,18 @@ pub fn parse_algorithms(spec: &str) -> (Algorithms, bool) {
     (Algorithms { one_shot: false }, !ring_allowed)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests force the algorithm choice per thread (the plan fingerprints cover both).
+    pub static TEST_ALGORITHMS: std::cell::Cell<Option<Algorithms>> = const { std::cell::Cell::new(None) };
+}
+
 /// `NCCL_ALGO`, read once.
 pub fn algorithms() -> Algorithms {
+    #[cfg(test)]
+    if let Some(a) = TEST_ALGORITHMS.with(|t| t.get()) {
+        return a;
+    }
     static A: once_cell::sync::Lazy<Algorithms> = once_cell::sync::Lazy::new(|| {
         let spec = crate::env::string("NCCL_ALGO", "");
         let (algos, no_ring) = parse_algorithms(&spec);
@@ -542,28 +556,36 @@ mod tests {
                 CollKind::Broadcast,
                 CollKind::Reduce,
             ] {
-                assert!(
+                assert_eq!(
                     ring_plan_with(kind, 8, n, NCHANNELS, both).0,
+                    Proto::Ll,
                     "{kind:?} n={n}"
                 );
-                assert!(!ring_plan_with(kind, 64 << 20, n, NCHANNELS, both).0);
+                assert_eq!(
+                    ring_plan_with(kind, 64 << 20, n, NCHANNELS, both).0,
+                    Proto::Simple
+                );
                 // Excluding LL is exactly the Simple choice.
                 assert_eq!(
                     ring_plan_with(kind, 4096, n, NCHANNELS, parse_protocols("^LL")),
-                    (false, ring_channels(kind, 4096, n, NCHANNELS))
+                    (Proto::Simple, ring_channels(kind, 4096, n, NCHANNELS))
                 );
                 // LL only: LL at every size.
-                assert!(ring_plan_with(kind, 1 << 30, n, NCHANNELS, parse_protocols("LL")).0);
+                assert_eq!(
+                    ring_plan_with(kind, 1 << 30, n, NCHANNELS, parse_protocols("LL")).0,
+                    Proto::Ll
+                );
             }
         }
         assert!(
             ring_time_ll_us(CollKind::AllReduce, 8, 2, 1)
                 < ring_time_us(CollKind::AllReduce, 8, 2, 1)
         );
-        assert!(p2p_ll_with(8, both) && p2p_ll_with(64 << 10, both));
-        assert!(!p2p_ll_with((64 << 10) + 1, both));
-        assert!(!p2p_ll_with(8, parse_protocols("Simple")));
-        assert!(p2p_ll_with(1 << 30, parse_protocols("LL")));
+        assert_eq!(p2p_proto_with(8, both), Proto::Ll);
+        assert_eq!(p2p_proto_with(64 << 10, both), Proto::Ll);
+        assert_eq!(p2p_proto_with((64 << 10) + 1, both), Proto::Simple);
+        assert_eq!(p2p_proto_with(8, parse_protocols("Simple")), Proto::Simple);
+        assert_eq!(p2p_proto_with(1 << 30, parse_protocols("LL")), Proto::Ll);
     }
 
     #[test]
@@ -590,7 +612,10 @@ mod tests {
             );
             assert!(matches!(
                 allreduce_plan_with(64 << 20, n, NCHANNELS, both, on),
-                AllReducePlan::Ring { ll: false, .. }
+                AllReducePlan::Ring {
+                    proto: Proto::Simple,
+                    ..
+                }
             ));
             // NCCL_ALGO set, or LL excluded: never one-shot.
             assert!(matches!(
@@ -599,7 +624,10 @@ mod tests {
             ));
             assert!(matches!(
                 allreduce_plan_with(8, n, NCHANNELS, parse_protocols("Simple"), on),
-                AllReducePlan::Ring { ll: false, .. }
+                AllReducePlan::Ring {
+                    proto: Proto::Simple,
+                    ..
+                }
             ));
         }
         // Nine ranks and more, or more than DIRECT_MAX_BYTES: ring.
@@ -611,10 +639,10 @@ mod tests {
             allreduce_plan_with(DIRECT_MAX_BYTES + 4, 2, NCHANNELS, both, on),
             AllReducePlan::Ring { .. }
         ));
-        if let AllReducePlan::Direct { nch } =
-            allreduce_plan_with(256 << 10, 2, NCHANNELS, both, on)
-        {
-            assert!(nch > 1 && nch <= DIRECT_MAX_CHANNELS);
+        // The largest one-shot message is one-shot, on more than one channel.
+        match allreduce_plan_with(DIRECT_MAX_BYTES, 2, NCHANNELS, both, on) {
+            AllReducePlan::Direct { nch } => assert!(nch > 1 && nch <= DIRECT_MAX_CHANNELS),
+            ring => panic!("{DIRECT_MAX_BYTES} bytes on 2 ranks: {ring:?}, not one-shot"),
         }
     }
 

@@ -2,7 +2,7 @@
 //! Pure, safe Rust: what runs where is decided here and unit-tested without a GPU.
 
 use crate::abi::ncclDataType_t;
-use crate::core::redop::RedOp;
+use redop::RedOp;
 
 /// Which operation a task performs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,7 +53,13 @@ pub struct Task {
 
 pub mod cost;
 pub mod device;
+#[cfg(test)]
+mod fingerprint;
+mod lower;
 pub mod plan;
+pub mod proto;
+pub mod redop;
+pub mod ring;
 #[cfg(test)]
 mod sim;
 

@@ -1,0 +1,106 @@
+//! Local copies: the collectives of a one-rank communicator (a copy-engine copy, nothing in
+//! place, or kernel items when a PreMulSum scales the data), and the sends to self of a group
+//! paired in order with its receives from self (a copy-engine copy when large or on one
+//! rank, kernel copy items otherwise).
+
+use super::{collective_key, is_reduction, Group, Lowering, Piece};
+use crate::error::{Error, Result};
+use crate::sched::cost;
+use crate::sched::device::{OxWork, WorkKind};
+use crate::sched::plan::{split, LocalCopy};
+use crate::sched::redop::RedOp;
+use crate::sched::Task;
+
+/// Whether a one-rank task changes its data (PreMulSum scales it); every other op of one rank
+/// (sum, prod, min, max, avg) returns the input unchanged, so a copy, or nothing in place.
+pub fn one_rank_transform(task: &Task) -> bool {
+    is_reduction(task.kind) && matches!(task.op, RedOp::PreMulSum(_))
+}
+
+/// A kernel copy item on ring channel `c` (no connections).
+fn copy_piece(c: usize, key: (u8, u64, u64, u64, u64), work: OxWork) -> Piece {
+    Piece {
+        group: Group::Chan(c as u32),
+        key,
+        work,
+        send: None,
+        recv: None,
+    }
+}
+
+impl Lowering {
+    /// A collective of a one-rank communicator, the `seq`-th of the group.
+    pub(super) fn one_rank(&mut self, task: &Task, seq: u64) {
+        let es = task.dtype.size() as u64;
+        let count = task.count as u64;
+        let bytes = count * es;
+        let transform = one_rank_transform(task);
+        if count == 0 || (task.sendbuff == task.recvbuff && !transform) {
+            return;
+        }
+        if !transform {
+            self.copies.push(LocalCopy {
+                dst: task.recvbuff,
+                src: task.sendbuff,
+                bytes,
+            });
+            return;
+        }
+        let nch = cost::copy_channels(bytes, self.nchannels);
+        for (c, (start, len)) in split(count, nch, 16).into_iter().enumerate() {
+            if len == 0 {
+                continue;
+            }
+            let mut w = self.task_work(task, WorkKind::Copy);
+            w.src = task.sendbuff + start * es;
+            w.dst = task.recvbuff + start * es;
+            w.count = len;
+            self.pieces.push(copy_piece(c, collective_key(seq), w));
+        }
+    }
+
+    /// Pair the group's sends to self with its receives from self, in order, into copies.
+    pub(super) fn pair_self_copies(&mut self) -> Result<()> {
+        let rank = self.rank;
+        if self.self_sends.len() != self.self_recvs.len() {
+            return Err(Error::invalid_usage(format!(
+                "rank {rank}: {} send(s) to itself but {} receive(s) from itself in one group",
+                self.self_sends.len(),
+                self.self_recvs.len()
+            )));
+        }
+        let sends = std::mem::take(&mut self.self_sends);
+        let recvs = std::mem::take(&mut self.self_recvs);
+        for (seq, ((src, sbytes), (dst, rbytes))) in sends.into_iter().zip(recvs).enumerate() {
+            if sbytes != rbytes {
+                return Err(Error::invalid_usage(format!(
+                    "rank {rank}: send to itself of {sbytes} bytes matched with a receive of {rbytes} bytes"
+                )));
+            }
+            if sbytes != 0 && src != dst {
+                self.self_copy(seq as u64, src, dst, sbytes);
+            }
+        }
+        Ok(())
+    }
+
+    /// The `seq`-th copy to self of a group: `bytes` from `src` to `dst`.
+    fn self_copy(&mut self, seq: u64, src: u64, dst: u64, bytes: u64) {
+        if self.nranks == 1 || bytes >= cost::COPY_ENGINE_MIN_BYTES {
+            self.copies.push(LocalCopy { dst, src, bytes });
+            return;
+        }
+        let nch = cost::copy_channels(bytes, self.nchannels);
+        for (c, (start, len)) in split(bytes, nch, 512).into_iter().enumerate() {
+            if len == 0 {
+                continue;
+            }
+            let mut w = self.byte_work(WorkKind::Copy);
+            w.src = src + start;
+            w.dst = dst + start;
+            w.count = len;
+            let key = (1, 0, self.rank as u64, seq, c as u64);
+            self.pieces.push(copy_piece(c, key, w));
+        }
+    }
+}

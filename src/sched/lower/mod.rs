@@ -1,0 +1,176 @@
+//! Lowering: turns the tasks of a group into work items (`Piece`s: an `OxWork` with its CTA
+//! group, its ordering key and the connections it needs, not yet resolved) and copy-engine
+//! copies. One module per family of tasks:
+//!
+//! - `ring`: ring collectives (all-reduce, all-gather, reduce-scatter, broadcast, reduce);
+//! - `one_shot`: the one-shot all-reduce the cost model may pick instead of the ring;
+//! - `to_p2p`: send/recv, alltoall, gather and scatter as point-to-point operations;
+//! - `p2p`: point-to-point operations as items over the P2P channels;
+//! - `copy`: one-rank collectives, and sends to self paired with receives from self.
+//!
+//! `plan` then assigns CTAs and resolves connections.
+
+mod copy;
+mod one_shot;
+mod p2p;
+mod ring;
+mod to_p2p;
+
+pub use copy::one_rank_transform;
+
+use super::cost::{self, Algo, MAX_CTAS};
+use super::device::{OxWork, WorkKind, FLAG_OPS, FLAG_SCALAR_DEVICE};
+use super::plan::{Dir, LocalCopy};
+use super::redop::{RedOp, Scalar};
+use super::{CollKind, Task};
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+
+/// Which CTA group an item belongs to: all items that share a connection share a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Group {
+    Chan(u32),
+    P2p(u32, i32, Dir),
+}
+
+/// An item before connections and CTAs are resolved.
+#[derive(Clone, Debug)]
+pub struct Piece {
+    pub group: Group,
+    pub key: (u8, u64, u64, u64, u64),
+    pub work: OxWork,
+    /// (connection row, peer) of the item's send and receive connections.
+    pub send: Option<(u32, i32)>,
+    pub recv: Option<(u32, i32)>,
+}
+
+/// The ordering key of every item of the collective with sequence number `seq`.
+fn collective_key(seq: u64) -> (u8, u64, u64, u64, u64) {
+    (0, seq, 0, 0, 0)
+}
+
+/// What lowering accumulates over the tasks of a group on one rank.
+struct Lowering {
+    rank: i32,
+    nranks: i32,
+    nchannels: u32,
+    pieces: Vec<Piece>,
+    copies: Vec<LocalCopy>,
+    /// Sequence number of the next collective of the group.
+    coll_seq: u64,
+    /// Sequence number of the next operation towards (peer, direction).
+    p2p_seq: BTreeMap<(i32, Dir), u64>,
+    /// (address, bytes) of every send to self and every receive from self, in order.
+    self_sends: Vec<(u64, u64)>,
+    self_recvs: Vec<(u64, u64)>,
+}
+
+impl Lowering {
+    fn new(rank: i32, nranks: i32, nchannels: u32) -> Result<Lowering> {
+        if nranks < 1 || rank < 0 || rank >= nranks {
+            return Err(Error::internal(format!(
+                "plan: rank {rank} of {nranks} ranks"
+            )));
+        }
+        if nchannels == 0 || nchannels > MAX_CTAS {
+            return Err(Error::internal(format!(
+                "plan: nchannels {nchannels} must be in 1..={MAX_CTAS}"
+            )));
+        }
+        Ok(Lowering {
+            rank,
+            nranks,
+            nchannels,
+            pieces: Vec::new(),
+            copies: Vec::new(),
+            coll_seq: 0,
+            p2p_seq: BTreeMap::new(),
+            self_sends: Vec::new(),
+            self_recvs: Vec::new(),
+        })
+    }
+
+    /// Take the next collective sequence number.
+    fn next_collective(&mut self) -> u64 {
+        self.coll_seq += 1;
+        self.coll_seq - 1
+    }
+
+    /// Lower one task with the algorithm the cost model picks for it.
+    fn task(&mut self, task: &Task) -> Result<()> {
+        if task.dtype.size() == 0 {
+            return Err(Error::invalid_argument("invalid data type"));
+        }
+        match cost::algorithm(task.kind, self.nranks) {
+            Algo::Copy => {
+                let seq = self.next_collective();
+                self.one_rank(task, seq);
+                Ok(())
+            }
+            Algo::Ring => {
+                let seq = self.next_collective();
+                self.ring(task, seq)
+            }
+            Algo::P2p => {
+                let ops = to_p2p::ops_of(task, self.rank, self.nranks)?;
+                self.p2p_ops(task.kind, ops);
+                Ok(())
+            }
+        }
+    }
+
+    /// An item of `kind` with the task-wide fields of `task` (dtype, op, scalar, ranks, root).
+    fn task_work(&self, task: &Task, kind: WorkKind) -> OxWork {
+        let (scalar, scalar_flags) = scalar_of(task.op);
+        let mut w = OxWork::new(kind);
+        w.dtype = task.dtype as u32;
+        w.op = task.op.code();
+        w.flags = scalar_flags | if is_reduction(task.kind) { FLAG_OPS } else { 0 };
+        w.scalar = scalar;
+        w.rank = self.rank;
+        w.nranks = self.nranks;
+        w.root = task.root;
+        w
+    }
+
+    /// An item of `kind` on bytes (no op), as P2P operations and local copies use.
+    fn byte_work(&self, kind: WorkKind) -> OxWork {
+        let mut w = OxWork::new(kind);
+        w.dtype = crate::abi::ncclDataType_t::ncclUint8 as u32;
+        w.rank = self.rank;
+        w.nranks = self.nranks;
+        w
+    }
+}
+
+/// The PreMulSum scalar of `op` and its flag: bytes of a host value, or a device pointer.
+fn scalar_of(op: RedOp) -> (u64, u32) {
+    match op {
+        RedOp::PreMulSum(Scalar::Host(bytes)) => (u64::from_le_bytes(bytes), 0),
+        RedOp::PreMulSum(Scalar::Device(ptr)) => (ptr, FLAG_SCALAR_DEVICE),
+        _ => (0, 0),
+    }
+}
+
+/// Whether `kind` reduces (and so applies the op's transforms).
+pub fn is_reduction(kind: CollKind) -> bool {
+    matches!(
+        kind,
+        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+    )
+}
+
+/// The items of `tasks` on `rank`, without connections resolved, and the local copies.
+pub fn decompose(
+    rank: i32,
+    nranks: i32,
+    nchannels: u32,
+    tasks: &[Task],
+) -> Result<(Vec<Piece>, Vec<LocalCopy>)> {
+    let mut lowering = Lowering::new(rank, nranks, nchannels)?;
+    for task in tasks {
+        lowering.task(task)?;
+    }
+    lowering.pair_self_copies()?;
+    Ok((lowering.pieces, lowering.copies))
+}

@@ -1,0 +1,104 @@
+//! Ring collectives (all-reduce, all-gather, reduce-scatter, and the broadcast and reduce
+//! chains along the ring): one item per ring channel, each on a contiguous range of the
+//! task's elements, sending to the next rank and receiving from the previous one. The cost
+//! model picks the protocol and the channels (or the one-shot path for a small all-reduce).
+
+use super::{collective_key, Group, Lowering, Piece};
+use crate::error::{Error, Result};
+use crate::sched::cost::{self, AllReducePlan};
+use crate::sched::device::{WorkKind, FLAG_OWN_BLOCK};
+use crate::sched::plan::{split, LocalCopy};
+use crate::sched::proto::Proto;
+use crate::sched::{ring, CollKind, Task};
+
+/// The work item kind of a ring collective.
+fn ring_kind(kind: CollKind) -> WorkKind {
+    match kind {
+        CollKind::AllReduce => WorkKind::RingAllReduce,
+        CollKind::AllGather => WorkKind::RingAllGather,
+        CollKind::ReduceScatter => WorkKind::RingReduceScatter,
+        CollKind::Broadcast => WorkKind::RingBroadcast,
+        _ => WorkKind::RingReduce,
+    }
+}
+
+impl Lowering {
+    /// A ring collective, the `seq`-th collective of the group.
+    pub(super) fn ring(&mut self, task: &Task, seq: u64) -> Result<()> {
+        if task.count == 0 {
+            return Ok(());
+        }
+        let rooted = matches!(task.kind, CollKind::Broadcast | CollKind::Reduce);
+        if rooted && !(0..self.nranks).contains(&task.root) {
+            return Err(Error::invalid_argument(format!(
+                "root {} out of range",
+                task.root
+            )));
+        }
+        let own_flag = self.own_all_gather_block(task);
+        let bytes = task.count as u64 * task.dtype.size() as u64;
+        let (proto, nch) = if task.kind == CollKind::AllReduce {
+            match cost::allreduce_plan(bytes, self.nranks, self.nchannels) {
+                AllReducePlan::Ring { proto, nch } => (proto, nch),
+                AllReducePlan::Direct { nch } => {
+                    self.one_shot_all_reduce(task, seq, nch);
+                    return Ok(());
+                }
+            }
+        } else {
+            cost::ring_plan(task.kind, bytes, self.nranks, self.nchannels)
+        };
+        self.ring_items(task, seq, proto, nch, own_flag);
+        Ok(())
+    }
+
+    /// This rank's own all-gather block: in place already, or a copy-engine copy beside the
+    /// ring when large, or written by the ring's first step (the returned flag).
+    fn own_all_gather_block(&mut self, task: &Task) -> u32 {
+        if task.kind != CollKind::AllGather {
+            return 0;
+        }
+        let bytes = task.count as u64 * task.dtype.size() as u64;
+        let own = task.recvbuff + self.rank as u64 * bytes;
+        if task.sendbuff == own {
+            return 0;
+        }
+        if bytes < cost::COPY_ENGINE_MIN_BYTES {
+            return FLAG_OWN_BLOCK;
+        }
+        self.copies.push(LocalCopy {
+            dst: own,
+            src: task.sendbuff,
+            bytes,
+        });
+        0
+    }
+
+    /// One item per ring channel `c < nch`, each on its range of the task's elements.
+    fn ring_items(&mut self, task: &Task, seq: u64, proto: Proto, nch: u32, extra_flags: u32) {
+        let count = task.count as u64;
+        let gran = ring::element_granularity(task.dtype.size() as u64);
+        // The chain of Broadcast/Reduce needs the next rank to be rank + 1, as it is here.
+        let next = ring::next(self.rank, self.nranks);
+        let prev = ring::prev(self.rank, self.nranks);
+        for (c, (start, len)) in split(count, nch, gran).into_iter().enumerate() {
+            if len == 0 {
+                continue;
+            }
+            let mut w = self.task_work(task, ring_kind(task.kind));
+            w.flags |= extra_flags | proto.flag();
+            w.src = task.sendbuff;
+            w.dst = task.recvbuff;
+            w.offset = start;
+            w.count = len;
+            w.block = count;
+            self.pieces.push(Piece {
+                group: Group::Chan(c as u32),
+                key: collective_key(seq),
+                work: w,
+                send: Some((c as u32, next)),
+                recv: Some((c as u32, prev)),
+            });
+        }
+    }
+}
