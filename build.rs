@@ -3,12 +3,14 @@
 //! `OXCCL_CUDA_ARCHS`, e.g. "90" or "80,90", restricts it) that `src/cuda/module.rs` embeds.
 //! nvcc comes from env `NVCC`, else `$CUDA_HOME/bin/nvcc`, else `nvcc` on PATH, else the
 //! toolchain that `scripts/setup` installs under `.toolchain/py/nvidia/cu13/bin/nvcc`.
+//! It also keeps the `pncclX` aliases exported (see `export!` in `src/api/mod.rs`).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl.so.2");
     println!("cargo:rerun-if-changed=build.rs");
+    export_aliases();
     println!("cargo:rerun-if-changed=kernels");
     for var in ["NVCC", "CUDA_HOME", "OXCCL_CUDA_ARCHS"] {
         println!("cargo:rerun-if-env-changed={var}");
@@ -71,6 +73,19 @@ fn main() {
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         println!("cargo:warning=nvcc: {line}");
     }
+}
+
+/// The `pncclX` aliases are assembler symbols that rustc does not know about, so its version
+/// script (`local: *`) would hide them; a second version script keeps every `pnccl*` global.
+/// GNU ld merges the two.
+fn export_aliases() {
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let script = out.join("pnccl_aliases.map");
+    std::fs::write(&script, "{ global: pnccl*; };\n").expect("write pnccl_aliases.map");
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        script.display()
+    );
 }
 
 /// The SASS architectures to build: OXCCL_CUDA_ARCHS ("90", "80,90", "sm_90") or all three.
