@@ -99,7 +99,6 @@ impl<T: Copy> Out<T> {
         // passes a writable `T` (NCCL's contract); an unaligned write assumes no alignment.
         unsafe { self.0.write_unaligned(value) }
     }
-
 }
 
 impl<T> Out<T> {
