@@ -37,6 +37,7 @@ macro_rules! export {
             let _ = $f;
         };
         mod alias {
+            //! The profiling alias `pncclX` of the enclosing entry point `ncclX`.
             ::core::arch::global_asm!(concat!(
                 ".globl p",
                 stringify!($f),
