@@ -17,6 +17,8 @@
 //! `<key>.fatbin` plus `<key>.log` (nvcc's warnings, re-emitted on every hit); a miss compiles
 //! under `<key>.lock` into a temporary file and renames it into place, so concurrent builds
 //! never see a partial fatbin. Only the newest few entries are kept.
+//!
+//! It also keeps the `pncclX` aliases exported (see `export!` in `src/api/mod.rs`).
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -42,6 +44,7 @@ const NVCC_ENV: [&str; 3] = ["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CC
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl.so.2");
     println!("cargo:rerun-if-changed=build.rs");
+    export_aliases();
     println!("cargo:rerun-if-changed=kernels");
     for var in BUILD_ENV.iter().chain(&NVCC_ENV) {
         println!("cargo:rerun-if-env-changed={var}");
@@ -134,6 +137,19 @@ fn emit_warnings(log: &str, cached: bool) {
     for line in log.lines().filter(|l| !l.trim().is_empty()) {
         println!("cargo:warning={tag}: {line}");
     }
+}
+
+/// The `pncclX` aliases are assembler symbols that rustc does not know about, so its version
+/// script (`local: *`) would hide them; a second version script keeps every `pnccl*` global.
+/// GNU ld merges the two.
+fn export_aliases() {
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let script = out.join("pnccl_aliases.map");
+    std::fs::write(&script, "{ global: pnccl*; };\n").expect("write pnccl_aliases.map");
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        script.display()
+    );
 }
 
 /// The SASS architectures to build: OXCCL_CUDA_ARCHS ("90", "80,90", "sm_90") or all three.

@@ -1,14 +1,18 @@
 //! Every `NCCL_*` setting, read in one place: the process environment first, then the
 //! configuration file (`NCCL_CONF_FILE`, else `~/.nccl.conf`), then `/etc/nccl.conf`, as
-//! NVIDIA's library does. Values are read once and cached; `reload` re-reads them (used by
-//! `ncclResetDebugInit`). Typed getters log the value under `NCCL_DEBUG_SUBSYS=ENV`.
+//! NVIDIA's library does. The files are read once and cached; `reload` re-reads them (used by
+//! `ncclResetDebugInit`) and starts a new [`generation`], so that a value derived from the
+//! settings and cached elsewhere is recomputed at its next use. Typed getters log the value
+//! under `NCCL_DEBUG_SUBSYS=ENV`.
 
 use once_cell::sync::Lazy;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 static CONF: Lazy<RwLock<HashMap<String, String>>> = Lazy::new(|| RwLock::new(load_conf_files()));
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// Parse one `NAME=value` file (comments start with `#`; blank lines ignored).
 pub fn parse_conf(text: &str) -> Vec<(String, String)> {
@@ -55,6 +59,13 @@ fn load_conf_files() -> HashMap<String, String> {
 /// Re-read the configuration files (the environment is always read live).
 pub fn reload() {
     *CONF.write() = load_conf_files();
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// How many times the settings were reloaded: a cache of a value computed from them keeps
+/// the generation it was computed in and recomputes when this has moved on.
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
 }
 
 /// The raw value of a variable: environment first, then the configuration files.
@@ -118,6 +129,13 @@ mod tests {
                 ("NCCL_X".to_string(), "3".to_string())
             ]
         );
+    }
+
+    #[test]
+    fn reload_starts_a_generation() {
+        let before = generation();
+        reload();
+        assert!(generation() > before);
     }
 
     #[test]

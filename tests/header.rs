@@ -1,6 +1,10 @@
 //! Keeps `include/nccl.h` in step with the Rust definitions: generates the header with
 //! cbindgen (configured by `cbindgen.toml`) and fails when the committed file differs.
 //! Regenerate with `OXCCL_BLESS=1 cargo test --test header`.
+//!
+//! The sources write each entry point once, as `ncclX`; its profiling alias `pncclX` is an
+//! assembler symbol (`export!` in src/api/mod.rs) that cbindgen cannot see, so the generator
+//! adds each alias's prototype right after its function's, as NVIDIA's header has them.
 
 use std::path::{Path, PathBuf};
 
@@ -14,15 +18,36 @@ fn generate_header(root: &Path) -> String {
         .unwrap_or_else(|e| panic!("cannot read cbindgen.toml: {e}"));
     // Only the C ABI's sources: the type definitions and the entry points (src/api/mod.rs
     // pulls in every file of src/api/). Constants elsewhere in the crate stay out.
-    let bindings = cbindgen::Builder::new()
+    let mut bindings = cbindgen::Builder::new()
         .with_config(config)
         .with_src(root.join("src").join("abi.rs"))
         .with_src(root.join("src").join("api").join("mod.rs"))
         .generate()
         .unwrap_or_else(|e| panic!("cbindgen failed to generate nccl.h: {e}"));
+    add_profiling_aliases(&mut bindings);
     let mut out = Vec::new();
     bindings.write(&mut out);
     String::from_utf8(out).expect("cbindgen wrote non-UTF-8 output")
+}
+
+/// Follow every function `ncclX` with its alias `pncclX`: the same prototype under the other
+/// name, and a deprecation note (if any) that names the alias.
+fn add_profiling_aliases(bindings: &mut cbindgen::Bindings) {
+    for f in std::mem::take(&mut bindings.functions) {
+        let name = f.path.name().to_string();
+        assert!(
+            name.starts_with("nccl"),
+            "{name} in nccl.h is not an ncclX function"
+        );
+        let alias_name = format!("p{name}");
+        let mut alias = f.clone();
+        alias.path = cbindgen::bindgen::ir::Path::new(alias_name.clone());
+        if let Some(note) = &mut alias.annotations.deprecated {
+            *note = note.replacen(&name, &alias_name, 1);
+        }
+        bindings.functions.push(f);
+        bindings.functions.push(alias);
+    }
 }
 
 /// First line where two texts differ, with a little context, for the failure message.
@@ -98,4 +123,45 @@ fn header_keeps_nvidia_names() {
     ] {
         assert!(header.contains(needed), "nccl.h lacks `{needed}`");
     }
+}
+
+/// Every C entry point of src/api/ starts with `export!(<its own name>`, so that each function
+/// of nccl.h (which gets a `pncclX` prototype above) has the alias in the library too.
+#[test]
+fn every_entry_point_exports_its_alias() {
+    // Exported by NVIDIA's library without a profiling alias; not in nccl.h.
+    const WITHOUT_ALIAS: &[&str] = &["ncclResetDebugInitInternal"];
+    let dir = repo_root().join("src").join("api");
+    let mut seen = 0;
+    for file in std::fs::read_dir(&dir).unwrap() {
+        let path = file.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut rest = text.as_str();
+        // Items start a line; the same words inside a comment do not.
+        const ITEM: &str = "\npub extern \"C\" fn ";
+        while let Some(at) = rest.find(ITEM) {
+            rest = &rest[at + ITEM.len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            seen += 1;
+            if WITHOUT_ALIAS.contains(&name.as_str()) {
+                continue;
+            }
+            let body = &rest[rest.find('{').unwrap() + 1..];
+            let first = body.trim_start();
+            assert!(
+                first.starts_with(&format!("export!({name})"))
+                    || first.starts_with(&format!("export!({name},")),
+                "{}: {name} does not start with export!({name}...)",
+                path.display()
+            );
+        }
+    }
+    assert!(
+        seen > 50,
+        "found only {seen} entry points under {}",
+        dir.display()
+    );
 }

@@ -1,6 +1,6 @@
 //! Collectives: argument checks shared by all of them, then a task for the group machinery.
 
-use super::{comm, entry};
+use super::{entry, export, find_comm};
 use crate::abi::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclResult_t, RawDataType, RawRedOp};
 use crate::core::redop::RedOp;
 use crate::error::{Error, Result};
@@ -37,7 +37,7 @@ fn has_root(kind: CollKind) -> bool {
 /// Validate a call as NVIDIA's library does and hand it to the communicator.
 pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
     entry(name, call.comm, || {
-        let c = comm(call.comm)?;
+        let c = find_comm(call.comm)?;
         c.check_usable()?;
         let dtype = ncclDataType_t::from_raw(call.dtype).ok_or_else(|| {
             Error::invalid_argument(format!(
@@ -99,32 +99,6 @@ fn check_buffers(call: &Call, rank: i32, _nranks: i32) -> Result<()> {
     Ok(())
 }
 
-fn all_reduce(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    op: RawRedOp,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    let kind = CollKind::AllReduce;
-    submit(
-        "ncclAllReduce",
-        Call {
-            kind,
-            sendbuff,
-            recvbuff,
-            count,
-            dtype: datatype,
-            op: Some(op),
-            root: 0,
-            comm,
-            stream,
-        },
-    )
-}
-
 #[no_mangle]
 pub extern "C" fn ncclAllReduce(
     sendbuff: *const c_void,
@@ -135,43 +109,17 @@ pub extern "C" fn ncclAllReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
-}
-#[no_mangle]
-pub extern "C" fn pncclAllReduce(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    op: RawRedOp,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn reduce(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    op: RawRedOp,
-    root: c_int,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    let kind = CollKind::Reduce;
+    export!(ncclAllReduce, name);
     submit(
-        "ncclReduce",
+        name,
         Call {
-            kind,
+            kind: CollKind::AllReduce,
             sendbuff,
             recvbuff,
             count,
             dtype: datatype,
             op: Some(op),
-            root,
+            root: 0,
             comm,
             stream,
         },
@@ -190,45 +138,16 @@ pub extern "C" fn ncclReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
-}
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn pncclReduce(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    op: RawRedOp,
-    root: c_int,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
-}
-
-/// Broadcast, Gather and Scatter: data movement with a root and no reduction.
-#[allow(clippy::too_many_arguments)]
-fn rooted(
-    name: &str,
-    kind: CollKind,
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    root: c_int,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
+    export!(ncclReduce, name);
     submit(
         name,
         Call {
-            kind,
+            kind: CollKind::Reduce,
             sendbuff,
             recvbuff,
             count,
             dtype: datatype,
-            op: None,
+            op: Some(op),
             root,
             comm,
             stream,
@@ -236,6 +155,7 @@ fn rooted(
     )
 }
 
+// The in-place broadcast of NCCL 1: one buffer, both sent (at the root) and received.
 #[no_mangle]
 pub extern "C" fn ncclBcast(
     buff: *mut c_void,
@@ -245,37 +165,20 @@ pub extern "C" fn ncclBcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    rooted(
-        "ncclBcast",
-        CollKind::Broadcast,
-        buff,
-        buff,
-        count,
-        datatype,
-        root,
-        comm,
-        stream,
-    )
-}
-#[no_mangle]
-pub extern "C" fn pncclBcast(
-    buff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    root: c_int,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    rooted(
-        "ncclBcast",
-        CollKind::Broadcast,
-        buff,
-        buff,
-        count,
-        datatype,
-        root,
-        comm,
-        stream,
+    export!(ncclBcast, name);
+    submit(
+        name,
+        Call {
+            kind: CollKind::Broadcast,
+            sendbuff: buff,
+            recvbuff: buff,
+            count,
+            dtype: datatype,
+            op: None,
+            root,
+            comm,
+            stream,
+        },
     )
 }
 
@@ -289,38 +192,20 @@ pub extern "C" fn ncclBroadcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    rooted(
-        "ncclBroadcast",
-        CollKind::Broadcast,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        root,
-        comm,
-        stream,
-    )
-}
-#[no_mangle]
-pub extern "C" fn pncclBroadcast(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    root: c_int,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    rooted(
-        "ncclBroadcast",
-        CollKind::Broadcast,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        root,
-        comm,
-        stream,
+    export!(ncclBroadcast, name);
+    submit(
+        name,
+        Call {
+            kind: CollKind::Broadcast,
+            sendbuff,
+            recvbuff,
+            count,
+            dtype: datatype,
+            op: None,
+            root,
+            comm,
+            stream,
+        },
     )
 }
 
@@ -334,38 +219,20 @@ pub extern "C" fn ncclGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    rooted(
-        "ncclGather",
-        CollKind::Gather,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        root,
-        comm,
-        stream,
-    )
-}
-#[no_mangle]
-pub extern "C" fn pncclGather(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    root: c_int,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    rooted(
-        "ncclGather",
-        CollKind::Gather,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        root,
-        comm,
-        stream,
+    export!(ncclGather, name);
+    submit(
+        name,
+        Call {
+            kind: CollKind::Gather,
+            sendbuff,
+            recvbuff,
+            count,
+            dtype: datatype,
+            op: None,
+            root,
+            comm,
+            stream,
+        },
     )
 }
 
@@ -379,62 +246,17 @@ pub extern "C" fn ncclScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    rooted(
-        "ncclScatter",
-        CollKind::Scatter,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        root,
-        comm,
-        stream,
-    )
-}
-#[no_mangle]
-pub extern "C" fn pncclScatter(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    root: c_int,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    rooted(
-        "ncclScatter",
-        CollKind::Scatter,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        root,
-        comm,
-        stream,
-    )
-}
-
-fn reduce_scatter(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcount: usize,
-    datatype: RawDataType,
-    op: RawRedOp,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    let kind = CollKind::ReduceScatter;
-    let count = recvcount;
+    export!(ncclScatter, name);
     submit(
-        "ncclReduceScatter",
+        name,
         Call {
-            kind,
+            kind: CollKind::Scatter,
             sendbuff,
             recvbuff,
             count,
             dtype: datatype,
-            op: Some(op),
-            root: 0,
+            op: None,
+            root,
             comm,
             stream,
         },
@@ -451,42 +273,16 @@ pub extern "C" fn ncclReduceScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
-}
-#[no_mangle]
-pub extern "C" fn pncclReduceScatter(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcount: usize,
-    datatype: RawDataType,
-    op: RawRedOp,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
-}
-
-/// AllGather and AlltoAll: per-rank counts, no root, no reduction.
-#[allow(clippy::too_many_arguments)]
-fn unrooted(
-    name: &str,
-    kind: CollKind,
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
+    export!(ncclReduceScatter, name);
     submit(
         name,
         Call {
-            kind,
+            kind: CollKind::ReduceScatter,
             sendbuff,
             recvbuff,
-            count,
+            count: recvcount,
             dtype: datatype,
-            op: None,
+            op: Some(op),
             root: 0,
             comm,
             stream,
@@ -503,35 +299,20 @@ pub extern "C" fn ncclAllGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    unrooted(
-        "ncclAllGather",
-        CollKind::AllGather,
-        sendbuff,
-        recvbuff,
-        sendcount,
-        datatype,
-        comm,
-        stream,
-    )
-}
-#[no_mangle]
-pub extern "C" fn pncclAllGather(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    sendcount: usize,
-    datatype: RawDataType,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    unrooted(
-        "ncclAllGather",
-        CollKind::AllGather,
-        sendbuff,
-        recvbuff,
-        sendcount,
-        datatype,
-        comm,
-        stream,
+    export!(ncclAllGather, name);
+    submit(
+        name,
+        Call {
+            kind: CollKind::AllGather,
+            sendbuff,
+            recvbuff,
+            count: sendcount,
+            dtype: datatype,
+            op: None,
+            root: 0,
+            comm,
+            stream,
+        },
     )
 }
 
@@ -544,34 +325,19 @@ pub extern "C" fn ncclAlltoAll(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    unrooted(
-        "ncclAlltoAll",
-        CollKind::AlltoAll,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        comm,
-        stream,
-    )
-}
-#[no_mangle]
-pub extern "C" fn pncclAlltoAll(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: RawDataType,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    unrooted(
-        "ncclAlltoAll",
-        CollKind::AlltoAll,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        comm,
-        stream,
+    export!(ncclAlltoAll, name);
+    submit(
+        name,
+        Call {
+            kind: CollKind::AlltoAll,
+            sendbuff,
+            recvbuff,
+            count,
+            dtype: datatype,
+            op: None,
+            root: 0,
+            comm,
+            stream,
+        },
     )
 }

@@ -2,7 +2,7 @@
 //! the communicator and work now; device communicators, barriers and the LL all-to-all need
 //! symmetric memory windows, which oxccl has not built: those return `ncclInvalidUsage`.
 
-use super::{comm, entry, out_ptr};
+use super::{entry, export, find_comm, out};
 use crate::abi::{
     ncclComm_t, ncclDevComm, ncclDevCommRequirements, ncclDevResourceRequirements,
     ncclGinBarrierHandle, ncclLLA2AHandle, ncclLsaBarrierHandle, ncclResult_t, ncclTeam_t,
@@ -11,19 +11,9 @@ use crate::error::Error;
 use std::os::raw::c_int;
 use std::sync::atomic::Ordering::Relaxed;
 
-fn dev_comm_create(
-    c: ncclComm_t,
-    reqs: *const ncclDevCommRequirements,
-    out: *mut ncclDevComm,
-) -> ncclResult_t {
-    entry("ncclDevCommCreate", c, || {
-        comm(c)?;
-        if reqs.is_null() {
-            return Err(Error::invalid_argument("reqs argument is NULL"));
-        }
-        out_ptr(out, "outDevComm")?;
-        Err(Error::unsupported("ncclDevCommCreate (the device API)"))
-    })
+/// `name (the device API) is not yet supported`, for the functions that need windows.
+fn device_api(name: &str) -> Error {
+    Error::unsupported(&format!("{name} (the device API)"))
 }
 
 #[no_mangle]
@@ -32,24 +22,14 @@ pub extern "C" fn ncclDevCommCreate(
     reqs: *const ncclDevCommRequirements,
     outDevComm: *mut ncclDevComm,
 ) -> ncclResult_t {
-    dev_comm_create(comm, reqs, outDevComm)
-}
-#[no_mangle]
-pub extern "C" fn pncclDevCommCreate(
-    comm: ncclComm_t,
-    reqs: *const ncclDevCommRequirements,
-    outDevComm: *mut ncclDevComm,
-) -> ncclResult_t {
-    dev_comm_create(comm, reqs, outDevComm)
-}
-
-fn dev_comm_destroy(c: ncclComm_t, dev_comm: *const ncclDevComm) -> ncclResult_t {
-    entry("ncclDevCommDestroy", c, || {
-        comm(c)?;
-        if dev_comm.is_null() {
-            return Err(Error::invalid_argument("devComm argument is NULL"));
+    export!(ncclDevCommCreate, name);
+    entry(name, comm, || {
+        find_comm(comm)?;
+        if reqs.is_null() {
+            return Err(Error::invalid_argument("reqs argument is NULL"));
         }
-        Err(Error::unsupported("ncclDevCommDestroy (the device API)"))
+        out(outDevComm, "outDevComm")?;
+        Err(device_api(name))
     })
 }
 
@@ -58,14 +38,14 @@ pub extern "C" fn ncclDevCommDestroy(
     comm: ncclComm_t,
     devComm: *const ncclDevComm,
 ) -> ncclResult_t {
-    dev_comm_destroy(comm, devComm)
-}
-#[no_mangle]
-pub extern "C" fn pncclDevCommDestroy(
-    comm: ncclComm_t,
-    devComm: *const ncclDevComm,
-) -> ncclResult_t {
-    dev_comm_destroy(comm, devComm)
+    export!(ncclDevCommDestroy, name);
+    entry(name, comm, || {
+        find_comm(comm)?;
+        if devComm.is_null() {
+            return Err(Error::invalid_argument("devComm argument is NULL"));
+        }
+        Err(device_api(name))
+    })
 }
 
 /// A team computed from a communicator; an invalid handle yields the empty team and leaves
@@ -77,124 +57,70 @@ fn team(name: &str, c: ncclComm_t, make: fn(&crate::core::Comm) -> ncclTeam_t) -
         stride: 0,
     };
     entry(name, c, || {
-        out = make(&*comm(c)?);
+        out = make(&*find_comm(c)?);
         Ok(())
     });
     out
-}
-
-fn world(c: &crate::core::Comm) -> ncclTeam_t {
-    ncclTeam_t {
-        nRanks: c.nranks(),
-        rank: c.rank(),
-        stride: 1,
-    }
-}
-
-fn lsa(c: &crate::core::Comm) -> ncclTeam_t {
-    ncclTeam_t {
-        nRanks: c.local_nranks.load(Relaxed),
-        rank: c.local_rank.load(Relaxed),
-        stride: 1,
-    }
-}
-
-fn rail(c: &crate::core::Comm) -> ncclTeam_t {
-    let local = c.local_nranks.load(Relaxed).max(1);
-    ncclTeam_t {
-        nRanks: c.nranks() / local,
-        rank: c.rank() / local,
-        stride: local,
-    }
 }
 
 #[no_mangle]
 pub extern "C" fn ncclTeamWorld(comm: ncclComm_t) -> ncclTeam_t {
-    team("ncclTeamWorld", comm, world)
+    export!(ncclTeamWorld, name);
+    team(name, comm, |c| ncclTeam_t {
+        nRanks: c.nranks(),
+        rank: c.rank(),
+        stride: 1,
+    })
 }
-#[no_mangle]
-pub extern "C" fn pncclTeamWorld(comm: ncclComm_t) -> ncclTeam_t {
-    team("ncclTeamWorld", comm, world)
-}
+
 #[no_mangle]
 pub extern "C" fn ncclTeamLsa(comm: ncclComm_t) -> ncclTeam_t {
-    team("ncclTeamLsa", comm, lsa)
+    export!(ncclTeamLsa, name);
+    team(name, comm, |c| ncclTeam_t {
+        nRanks: c.local_nranks.load(Relaxed),
+        rank: c.local_rank.load(Relaxed),
+        stride: 1,
+    })
 }
-#[no_mangle]
-pub extern "C" fn pncclTeamLsa(comm: ncclComm_t) -> ncclTeam_t {
-    team("ncclTeamLsa", comm, lsa)
-}
+
 #[no_mangle]
 pub extern "C" fn ncclTeamRail(comm: ncclComm_t) -> ncclTeam_t {
-    team("ncclTeamRail", comm, rail)
-}
-#[no_mangle]
-pub extern "C" fn pncclTeamRail(comm: ncclComm_t) -> ncclTeam_t {
-    team("ncclTeamRail", comm, rail)
+    export!(ncclTeamRail, name);
+    team(name, comm, |c| {
+        let local = c.local_nranks.load(Relaxed).max(1);
+        ncclTeam_t {
+            nRanks: c.nranks() / local,
+            rank: c.rank() / local,
+            stride: local,
+        }
+    })
 }
 
-/// World rank of `rank` of team `tm`, whose member this communicator's rank is.
-fn team_rank_to_world(c: ncclComm_t, tm: ncclTeam_t, rank: c_int) -> c_int {
+/// A rank computed from a communicator and a team member's rank; -1 (and a message for
+/// `ncclGetLastError`) for an invalid handle.
+fn team_rank(name: &str, c: ncclComm_t, make: impl FnOnce(&crate::core::Comm) -> c_int) -> c_int {
     let mut out = -1;
-    entry("ncclTeamRankToWorld", c, || {
-        let c = comm(c)?;
-        out = c.rank() + (rank - tm.rank) * tm.stride;
+    entry(name, c, || {
+        out = make(&*find_comm(c)?);
         Ok(())
     });
     out
 }
 
+// World rank of `rank` of team `tm`, whose member this communicator's rank is.
 #[no_mangle]
 pub extern "C" fn ncclTeamRankToWorld(comm: ncclComm_t, tm: ncclTeam_t, rank: c_int) -> c_int {
-    team_rank_to_world(comm, tm, rank)
-}
-#[no_mangle]
-pub extern "C" fn pncclTeamRankToWorld(comm: ncclComm_t, tm: ncclTeam_t, rank: c_int) -> c_int {
-    team_rank_to_world(comm, tm, rank)
+    export!(ncclTeamRankToWorld, name);
+    team_rank(name, comm, |c| c.rank() + (rank - tm.rank) * tm.stride)
 }
 
-/// LSA-team rank of `rank` of team `tm`.
-fn team_rank_to_lsa(c: ncclComm_t, tm: ncclTeam_t, rank: c_int) -> c_int {
-    let mut out = -1;
-    entry("ncclTeamRankToLsa", c, || {
-        let c = comm(c)?;
-        out = c.local_rank.load(Relaxed) + (rank - tm.rank) * tm.stride;
-        Ok(())
-    });
-    out
-}
-
+// LSA-team rank of `rank` of team `tm`.
 #[no_mangle]
 pub extern "C" fn ncclTeamRankToLsa(comm: ncclComm_t, tm: ncclTeam_t, rank: c_int) -> c_int {
-    team_rank_to_lsa(comm, tm, rank)
-}
-#[no_mangle]
-pub extern "C" fn pncclTeamRankToLsa(comm: ncclComm_t, tm: ncclTeam_t, rank: c_int) -> c_int {
-    team_rank_to_lsa(comm, tm, rank)
-}
-
-fn lsa_barrier_req(
-    _tm: ncclTeam_t,
-    n: c_int,
-    handle: *mut ncclLsaBarrierHandle,
-    req: *mut ncclDevResourceRequirements,
-) -> ncclResult_t {
-    entry(
-        "ncclLsaBarrierCreateRequirement",
-        std::ptr::null_mut(),
-        || {
-            out_ptr(handle, "outHandle")?;
-            out_ptr(req, "outReq")?;
-            if n < 0 {
-                return Err(Error::invalid_argument(format!(
-                    "nBarriers {n} is negative"
-                )));
-            }
-            Err(Error::unsupported(
-                "ncclLsaBarrierCreateRequirement (the device API)",
-            ))
-        },
-    )
+    export!(ncclTeamRankToLsa, name);
+    team_rank(name, comm, |c| {
+        c.local_rank.load(Relaxed) + (rank - tm.rank) * tm.stride
+    })
 }
 
 #[no_mangle]
@@ -204,37 +130,17 @@ pub extern "C" fn ncclLsaBarrierCreateRequirement(
     outHandle: *mut ncclLsaBarrierHandle,
     outReq: *mut ncclDevResourceRequirements,
 ) -> ncclResult_t {
-    lsa_barrier_req(team, nBarriers, outHandle, outReq)
-}
-#[no_mangle]
-pub extern "C" fn pncclLsaBarrierCreateRequirement(
-    team: ncclTeam_t,
-    nBarriers: c_int,
-    outHandle: *mut ncclLsaBarrierHandle,
-    outReq: *mut ncclDevResourceRequirements,
-) -> ncclResult_t {
-    lsa_barrier_req(team, nBarriers, outHandle, outReq)
-}
-
-fn gin_barrier_req(
-    c: ncclComm_t,
-    _tm: ncclTeam_t,
-    n: c_int,
-    handle: *mut ncclGinBarrierHandle,
-    req: *mut ncclDevResourceRequirements,
-) -> ncclResult_t {
-    entry("ncclGinBarrierCreateRequirement", c, || {
-        comm(c)?;
-        out_ptr(handle, "outHandle")?;
-        out_ptr(req, "outReq")?;
-        if n < 0 {
+    export!(ncclLsaBarrierCreateRequirement, name);
+    let _ = team;
+    entry(name, std::ptr::null_mut(), || {
+        out(outHandle, "outHandle")?;
+        out(outReq, "outReq")?;
+        if nBarriers < 0 {
             return Err(Error::invalid_argument(format!(
-                "nBarriers {n} is negative"
+                "nBarriers {nBarriers} is negative"
             )));
         }
-        Err(Error::unsupported(
-            "ncclGinBarrierCreateRequirement (the device API)",
-        ))
+        Err(device_api(name))
     })
 }
 
@@ -246,36 +152,18 @@ pub extern "C" fn ncclGinBarrierCreateRequirement(
     outHandle: *mut ncclGinBarrierHandle,
     outReq: *mut ncclDevResourceRequirements,
 ) -> ncclResult_t {
-    gin_barrier_req(comm, team, nBarriers, outHandle, outReq)
-}
-#[no_mangle]
-pub extern "C" fn pncclGinBarrierCreateRequirement(
-    comm: ncclComm_t,
-    team: ncclTeam_t,
-    nBarriers: c_int,
-    outHandle: *mut ncclGinBarrierHandle,
-    outReq: *mut ncclDevResourceRequirements,
-) -> ncclResult_t {
-    gin_barrier_req(comm, team, nBarriers, outHandle, outReq)
-}
-
-fn lla2a_req(
-    blocks: c_int,
-    slots: c_int,
-    handle: *mut ncclLLA2AHandle,
-    req: *mut ncclDevResourceRequirements,
-) -> ncclResult_t {
-    entry("ncclLLA2ACreateRequirement", std::ptr::null_mut(), || {
-        out_ptr(handle, "outHandle")?;
-        out_ptr(req, "outReq")?;
-        if blocks < 1 || slots < 1 {
+    export!(ncclGinBarrierCreateRequirement, name);
+    let _ = team;
+    entry(name, comm, || {
+        find_comm(comm)?;
+        out(outHandle, "outHandle")?;
+        out(outReq, "outReq")?;
+        if nBarriers < 0 {
             return Err(Error::invalid_argument(format!(
-                "nBlocks {blocks} and nSlots {slots} must be positive"
+                "nBarriers {nBarriers} is negative"
             )));
         }
-        Err(Error::unsupported(
-            "ncclLLA2ACreateRequirement (the device API)",
-        ))
+        Err(device_api(name))
     })
 }
 
@@ -286,32 +174,26 @@ pub extern "C" fn ncclLLA2ACreateRequirement(
     outHandle: *mut ncclLLA2AHandle,
     outReq: *mut ncclDevResourceRequirements,
 ) -> ncclResult_t {
-    lla2a_req(nBlocks, nSlots, outHandle, outReq)
-}
-#[no_mangle]
-pub extern "C" fn pncclLLA2ACreateRequirement(
-    nBlocks: c_int,
-    nSlots: c_int,
-    outHandle: *mut ncclLLA2AHandle,
-    outReq: *mut ncclDevResourceRequirements,
-) -> ncclResult_t {
-    lla2a_req(nBlocks, nSlots, outHandle, outReq)
-}
-
-/// Slots an LL all-to-all needs: one 16-byte LL packet carries 8 bytes of payload, so each
-/// element takes `ceil(maxEltSize / 8)` slots. Negative inputs give 0.
-fn lla2a_calc_slots(max_elts: c_int, max_elt_size: c_int) -> c_int {
-    if max_elts <= 0 || max_elt_size <= 0 {
-        return 0;
-    }
-    max_elts.saturating_mul((max_elt_size + 7) / 8)
+    export!(ncclLLA2ACreateRequirement, name);
+    entry(name, std::ptr::null_mut(), || {
+        out(outHandle, "outHandle")?;
+        out(outReq, "outReq")?;
+        if nBlocks < 1 || nSlots < 1 {
+            return Err(Error::invalid_argument(format!(
+                "nBlocks {nBlocks} and nSlots {nSlots} must be positive"
+            )));
+        }
+        Err(device_api(name))
+    })
 }
 
+// Slots an LL all-to-all needs: one 16-byte LL packet carries 8 bytes of payload, so each
+// element takes `ceil(maxEltSize / 8)` slots. Negative inputs give 0.
 #[no_mangle]
 pub extern "C" fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int {
-    lla2a_calc_slots(maxElts, maxEltSize)
-}
-#[no_mangle]
-pub extern "C" fn pncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int {
-    lla2a_calc_slots(maxElts, maxEltSize)
+    export!(ncclLLA2ACalcSlots);
+    if maxElts <= 0 || maxEltSize <= 0 {
+        return 0;
+    }
+    maxElts.saturating_mul((maxEltSize + 7) / 8)
 }

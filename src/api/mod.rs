@@ -1,7 +1,9 @@
 //! The `extern "C"` entry points, one file per family. Each one validates its arguments,
 //! catches panics, maps errors to `ncclResult_t` and records the message for
-//! `ncclGetLastError`; the work itself is done by `core`. Every function is exported twice,
-//! as `ncclX` and as its profiling alias `pncclX`, both calling the same implementation.
+//! `ncclGetLastError`; the work itself is done by `core`. Every function is written once, as
+//! `#[no_mangle] pub extern "C" fn ncclX` (which cbindgen reads for `include/nccl.h`), and
+//! starts with `export!(ncclX)`: that exports the profiling alias `pncclX` as a second name of
+//! the same code and gives the body its name for messages.
 #![allow(non_snake_case)]
 // C entry points receive raw pointers by definition; each one checks them before use.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -19,6 +21,39 @@ use crate::core::Comm;
 use crate::error::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+
+/// Export the C entry point `$f` (an `ncclX` function of the enclosing body) a second time, as
+/// the profiling alias `p$f` at the same address, and, in the form `export!($f, name)`, bind
+/// `name` to `"$f"` for messages. Used as the first statement of the entry point itself.
+///
+/// The alias is an assembler-level symbol (`.set pncclX, ncclX`): it copies the function's type
+/// and size, and `build.rs` adds a version script that keeps every `pnccl*` symbol global (rustc
+/// exports only the Rust-level `#[no_mangle]` items). tests/header.rs writes the alias's
+/// prototype next to each entry point's in `include/nccl.h`.
+macro_rules! export {
+    ($f:ident) => {
+        // `$f` must name an existing function (a typo fails here, not at link time).
+        const _: () = {
+            let _ = $f;
+        };
+        mod alias {
+            //! The profiling alias `pncclX` of the enclosing entry point `ncclX`.
+            ::core::arch::global_asm!(concat!(
+                ".globl p",
+                stringify!($f),
+                "\n.set p",
+                stringify!($f),
+                ", ",
+                stringify!($f)
+            ));
+        }
+    };
+    ($f:ident, $name:ident) => {
+        export!($f);
+        let $name: &'static str = stringify!($f);
+    };
+}
+pub(crate) use export;
 
 /// Run one entry point's body: catch panics, log and record errors, map to a result code.
 /// `comm` (when the call has one) also records the error as that communicator's last error.
@@ -51,14 +86,40 @@ pub(crate) fn entry(
 }
 
 /// The communicator behind a handle, or `ncclInvalidArgument` for NULL or unknown handles.
-pub(crate) fn comm(handle: ncclComm_t) -> Result<Arc<Comm>> {
+pub(crate) fn find_comm(handle: ncclComm_t) -> Result<Arc<Comm>> {
     Comm::from_handle(handle)
 }
 
-/// Check that an out-pointer is not NULL.
-pub(crate) fn out_ptr<T>(p: *mut T, what: &str) -> Result<()> {
-    if p.is_null() {
-        return Err(Error::invalid_argument(format!("{what} argument is NULL")));
+/// A caller's out-pointer, checked non-NULL when it was made (by [`out`] or [`out_or`]).
+pub(crate) struct Out<T>(*mut T);
+
+impl<T: Copy> Out<T> {
+    /// Store `value` for the caller (plain data only: nothing is dropped in the slot).
+    pub(crate) fn write(&self, value: T) {
+        // SAFETY: the pointer was checked non-NULL when `self` was made, and the C caller
+        // passes a writable `T` (NCCL's contract); an unaligned write assumes no alignment.
+        unsafe { self.0.write_unaligned(value) }
     }
-    Ok(())
+}
+
+impl<T> Out<T> {
+    /// The checked pointer, for `core` functions that store into it themselves.
+    pub(crate) fn as_ptr(&self) -> *mut T {
+        self.0
+    }
+}
+
+/// Check an out-pointer: NULL is `ncclInvalidArgument` with "`what` argument is NULL".
+pub(crate) fn out<T>(p: *mut T, what: &str) -> Result<Out<T>> {
+    out_or(p, || {
+        Error::invalid_argument(format!("{what} argument is NULL"))
+    })
+}
+
+/// Check an out-pointer, with the error `null` for NULL (where NVIDIA's is not the usual one).
+pub(crate) fn out_or<T>(p: *mut T, null: impl FnOnce() -> Error) -> Result<Out<T>> {
+    if p.is_null() {
+        return Err(null());
+    }
+    Ok(Out(p))
 }

@@ -4,7 +4,7 @@
 //! (`connect`, `write_all`, `read_exact`, `poll`).
 
 use crate::error::{Error, Result};
-use once_cell::sync::OnceCell;
+use parking_lot::Mutex;
 use std::ffi::CStr;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener, TcpStream};
@@ -384,34 +384,40 @@ pub fn choose_interface(
     }
 }
 
-static BOOTSTRAP_IF: OnceCell<NetIf> = OnceCell::new();
+/// The chosen interface and the settings' generation (`crate::env::generation`) it was
+/// chosen in: `ncclResetDebugInit` (which reloads the settings) makes the next use choose again.
+static BOOTSTRAP_IF: Mutex<Option<(u64, NetIf)>> = Mutex::new(None);
 
-/// The process's bootstrap interface, chosen once and logged.
+/// The process's bootstrap interface, chosen once per generation of the settings and logged.
 pub fn bootstrap_interface() -> Result<NetIf> {
-    BOOTSTRAP_IF
-        .get_or_try_init(|| {
-            let spec = crate::env::get("NCCL_SOCKET_IFNAME");
-            let family = parse_family(crate::env::get("NCCL_SOCKET_FAMILY").as_deref());
-            let ifaces = list_interfaces()?;
-            let chosen = choose_interface(&ifaces, spec.as_deref(), family).ok_or_else(|| {
-                let msg = match &spec {
-                    Some(s) => format!(
-                        "Bootstrap: no socket interface found matching NCCL_SOCKET_IFNAME={s}"
-                    ),
-                    None => "Bootstrap: no socket interface found".to_string(),
-                };
-                crate::warn!("{msg}");
-                Error::system(msg)
-            })?;
-            crate::info!(
-                BOOTSTRAP,
-                "Bootstrap: Using {}:{}<0>",
-                chosen.name,
-                chosen.ip
-            );
-            Ok(chosen)
-        })
-        .cloned()
+    let generation = crate::env::generation();
+    let mut cached = BOOTSTRAP_IF.lock();
+    if let Some((chosen_in, netif)) = cached.as_ref() {
+        if *chosen_in == generation {
+            return Ok(netif.clone());
+        }
+    }
+    let spec = crate::env::get("NCCL_SOCKET_IFNAME");
+    let family = parse_family(crate::env::get("NCCL_SOCKET_FAMILY").as_deref());
+    let ifaces = list_interfaces()?;
+    let chosen = choose_interface(&ifaces, spec.as_deref(), family).ok_or_else(|| {
+        let msg = match &spec {
+            Some(s) => {
+                format!("Bootstrap: no socket interface found matching NCCL_SOCKET_IFNAME={s}")
+            }
+            None => "Bootstrap: no socket interface found".to_string(),
+        };
+        crate::warn!("{msg}");
+        Error::system(msg)
+    })?;
+    crate::info!(
+        BOOTSTRAP,
+        "Bootstrap: Using {}:{}<0>",
+        chosen.name,
+        chosen.ip
+    );
+    *cached = Some((generation, chosen.clone()));
+    Ok(chosen)
 }
 
 /// A listener on `ip` with a kernel-chosen port.

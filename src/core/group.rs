@@ -3,7 +3,6 @@
 //! (concurrently, one thread each) and then each communicator's operations as one launch
 //! (concurrently across communicators, since connection setup waits on peers).
 
-use super::lifecycle::{run_job, InitJob};
 use super::Comm;
 use crate::abi::ncclResult_t;
 use crate::error::{Error, Result};
@@ -12,6 +11,15 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 /// One collected operation: the communicator, the task and the user's stream.
+/// A communicator creation to run, as `lifecycle` hands it over (the group machinery knows
+/// nothing of how a communicator is built).
+pub struct InitWork {
+    /// Whether the caller waits for it (false for non-blocking communicators).
+    pub blocking: bool,
+    /// The rendezvous and setup; it settles the new communicator's state itself.
+    pub run: Box<dyn FnOnce() -> Result<()> + Send>,
+}
+
 struct Op {
     comm: Arc<Comm>,
     task: Task,
@@ -21,7 +29,7 @@ struct Op {
 #[derive(Default)]
 struct Pending {
     depth: usize,
-    inits: Vec<InitJob>,
+    inits: Vec<InitWork>,
     ops: Vec<Op>,
 }
 
@@ -79,19 +87,18 @@ pub fn simulate_end() -> Result<f32> {
 
 /// A communicator creation: now (outside a group), at the group's end, or in the background
 /// for non-blocking communicators (returning `ncclInProgress`).
-pub fn submit_init(job: InitJob) -> Result<()> {
+pub fn submit_init(job: InitWork) -> Result<()> {
     if depth() > 0 {
         GROUP.with(|g| g.borrow_mut().inits.push(job));
         return Ok(());
     }
-    let blocking = job.child.as_ref().is_none_or(|c| c.config.blocking);
-    if blocking {
-        run_job(&job)
+    if job.blocking {
+        (job.run)()
     } else {
         std::thread::Builder::new()
             .name("oxccl-init".into())
             .spawn(move || {
-                let _ = run_job(&job);
+                let _ = (job.run)();
             })
             .map_err(|e| Error::system(format!("cannot start the init thread: {e}")))?;
         Err(Error::new(
@@ -115,16 +122,14 @@ pub fn submit_op(comm: &Arc<Comm>, task: Task, stream: usize) -> Result<()> {
     execute(Vec::new(), vec![op])
 }
 
-fn execute(inits: Vec<InitJob>, ops: Vec<Op>) -> Result<()> {
+fn execute(inits: Vec<InitWork>, ops: Vec<Op>) -> Result<()> {
     if !inits.is_empty() {
-        let nonblocking = inits
-            .iter()
-            .any(|j| j.child.as_ref().is_some_and(|c| !c.config.blocking));
+        let nonblocking = inits.iter().any(|j| !j.blocking);
         if nonblocking && ops.is_empty() {
             std::thread::Builder::new()
                 .name("oxccl-init".into())
                 .spawn(move || {
-                    let _ = run_inits(&inits);
+                    let _ = run_inits(inits);
                 })
                 .map_err(|e| Error::system(format!("cannot start the init thread: {e}")))?;
             return Err(Error::new(
@@ -132,7 +137,7 @@ fn execute(inits: Vec<InitJob>, ops: Vec<Op>) -> Result<()> {
                 "initialisation continues in the background",
             ));
         }
-        run_inits(&inits)?;
+        run_inits(inits)?;
     }
     if ops.is_empty() {
         return Ok(());
@@ -252,12 +257,12 @@ fn check_legacy_stream(a: &Comm, sa: &[usize], b: &Comm, sb: &[usize]) -> Result
     Ok(())
 }
 
-fn run_inits(inits: &[InitJob]) -> Result<()> {
+fn run_inits(mut inits: Vec<InitWork>) -> Result<()> {
     if inits.len() == 1 {
-        return run_job(&inits[0]);
+        return (inits.remove(0).run)();
     }
     let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = inits.iter().map(|j| s.spawn(move || run_job(j))).collect();
+        let handles: Vec<_> = inits.into_iter().map(|j| s.spawn(j.run)).collect();
         handles
             .into_iter()
             .map(|h| {

@@ -54,7 +54,11 @@ fn start(out: *mut ncclComm_t, job: InitJob) -> Result<()> {
         // SAFETY: as above.
         None => unsafe { *out = std::ptr::null_mut() },
     }
-    group::submit_init(job)
+    // A NOCOLOR rank (no child) takes part in the parent's exchange as a blocking one does.
+    group::submit_init(group::InitWork {
+        blocking: job.child.as_ref().is_none_or(|c| c.config.blocking),
+        run: Box::new(move || run_job(&job)),
+    })
 }
 
 /// `ncclCommInitRank[Config|Scalable]`: join the communicator described by `ids`.
@@ -123,7 +127,7 @@ pub fn init_all(devs: &[i32]) -> Result<Vec<ncclComm_t>> {
 
 /// Complete a job: run `init_comm` and settle the child's async state. NOCOLOR ranks take part
 /// in the parent's exchange and get no communicator.
-pub fn run_job(job: &InitJob) -> Result<()> {
+fn run_job(job: &InitJob) -> Result<()> {
     let result = match &job.child {
         Some(c) => init_comm(c, &job.origin),
         // A NOCOLOR rank still counts the split, so that every parent rank numbers the
