@@ -14,7 +14,7 @@ __device__ __forceinline__ uint32_t ox_run_item(OxShared& s, const OxWork* __res
     ((uint64_t*)&s.w)[threadIdx.x] = ((const uint64_t*)&items[i])[threadIdx.x];
   }
   __syncthreads();
-  if (s.w.kind == OX_KIND_DIRECT_ALLREDUCE) {
+  if (s.w.kind == OX_KIND_DIRECT_ALL_REDUCE) {
     // The one-shot all-reduce opens and closes its own connections, its DIRECT_PEER items'
     // too (they follow it on this CTA), and those items are then done.
     const uint32_t npeers = s.w.nranks - 1;
@@ -29,9 +29,9 @@ __device__ __forceinline__ uint32_t ox_run_item(OxShared& s, const OxWork* __res
   switch (s.w.kind) {
     case OX_KIND_DIRECT_PEER: break;  // consumed by the DIRECT_ALLREDUCE item before it
     case OX_KIND_COPY: ox_local_copy(s); break;
-    case OX_KIND_RING_ALLREDUCE: ok = ox_ring_allreduce(s); break;
-    case OX_KIND_RING_ALLGATHER: ok = ox_ring_allgather(s); break;
-    case OX_KIND_RING_REDUCESCATTER: ok = ox_ring_reducescatter(s); break;
+    case OX_KIND_RING_ALL_REDUCE: ok = ox_ring_allreduce(s); break;
+    case OX_KIND_RING_ALL_GATHER: ok = ox_ring_allgather(s); break;
+    case OX_KIND_RING_REDUCE_SCATTER: ok = ox_ring_reducescatter(s); break;
     case OX_KIND_RING_BROADCAST: ok = ox_ring_broadcast(s); break;
     case OX_KIND_RING_REDUCE: ok = ox_ring_reduce(s); break;
     case OX_KIND_SEND: ok = ox_p2p(s, true); break;

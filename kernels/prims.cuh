@@ -4,6 +4,7 @@
 // the data, fence, publish tail/head), with abort polling in every spin.
 #pragma once
 #include "ox_abi.h"
+#include "ox_proto.cuh"
 #include "reduce.cuh"
 
 #define OX_UNROLL 4
@@ -310,12 +311,6 @@ __device__ void ox_post(OxShared& s, bool send, bool recv) {
 // tail: a word is valid exactly when its flag matches. Stale words of earlier LL uses of the
 // slot carry older epochs; Simple data never lands in the LL region. Flow control is Simple's:
 // the sender of step k waits head + nslots > k, the receiver publishes head = k + 1.
-__device__ __forceinline__ uint32_t ox_simple_bytes(uint32_t slot_bytes) {
-  return slot_bytes - slot_bytes / OX_LL_REGION_DIV;
-}
-__device__ __forceinline__ uint32_t ox_ll_payload(uint32_t slot_bytes) {
-  return slot_bytes / (2 * OX_LL_REGION_DIV);
-}
 __device__ __forceinline__ void ox_ll_put(uint64_t* p, uint32_t data, uint32_t flag) {
   const uint64_t v = (uint64_t)data | ((uint64_t)flag << 32);
   asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");

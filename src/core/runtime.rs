@@ -177,12 +177,8 @@ struct CachedPlan {
 
 impl CachedPlan {
     fn new(plan: Plan) -> CachedPlan {
-        let inline = (plan.nitems as usize <= sched::device::INLINE_ITEMS).then(|| {
-            let mut blob = vec![0u8; sched::device::INLINE_SIZE];
-            blob[..4].copy_from_slice(&plan.nitems.to_le_bytes());
-            blob[8..8 + plan.items.len()].copy_from_slice(&plan.items);
-            blob
-        });
+        let inline = (plan.nitems as usize <= sched::device::INLINE_ITEMS)
+            .then(|| sched::device::inline_param(plan.nitems, &plan.items));
         let arena = if inline.is_some() {
             Vec::new()
         } else {

@@ -28,16 +28,9 @@ pub enum RedOp {
 }
 
 impl RedOp {
-    /// The kernels' op code: NCCL's enum order, PreMulSum after Avg.
+    /// The kernels' op code (`OX_SUM`..`OX_PREMULSUM`, defined in `sched::device`).
     pub fn code(self) -> u32 {
-        match self {
-            RedOp::Sum => 0,
-            RedOp::Prod => 1,
-            RedOp::Max => 2,
-            RedOp::Min => 3,
-            RedOp::Avg => 4,
-            RedOp::PreMulSum(_) => 5,
-        }
+        crate::sched::device::op_code(self)
     }
 }
 

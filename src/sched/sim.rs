@@ -10,8 +10,8 @@
 //! deadlocks.
 
 use super::device::{
-    deserialize_all, ll_step_bytes, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL, FLAG_OPS,
-    FLAG_OWN_BLOCK,
+    deserialize_all, ll_step_bytes, op, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL,
+    FLAG_OPS, FLAG_OWN_BLOCK,
 };
 use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry};
 use super::redop::{RedOp, Scalar};
@@ -203,21 +203,21 @@ impl Arith {
     }
     fn combine(&self, a: i64, b: i64) -> i64 {
         self.wrap(match self.op {
-            1 => a.wrapping_mul(b),
-            2 => a.max(b),
-            3 => a.min(b),
+            op::PROD => a.wrapping_mul(b),
+            op::MAX => a.max(b),
+            op::MIN => a.min(b),
             _ => a.wrapping_add(b),
         })
     }
     fn pre(&self, a: i64) -> i64 {
-        if self.op == 5 {
+        if self.op == op::PREMULSUM {
             self.wrap(a.wrapping_mul(self.scalar))
         } else {
             a
         }
     }
     fn post(&self, a: i64) -> i64 {
-        if self.op == 4 {
+        if self.op == op::AVG {
             self.wrap(a / self.nranks)
         } else {
             a

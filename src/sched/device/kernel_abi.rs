@@ -1,0 +1,196 @@
+//! The device ABI: every `#[repr(C)]` struct, enum and constant the kernels read, defined
+//! here once. `kernels/ox_abi.h` is generated from this file by cbindgen (configured by
+//! `kernels/cbindgen.toml`, which gives every constant the `OX_` prefix and names the types
+//! as the kernels know them); `tests/device_header.rs` fails when the committed header is
+//! stale. Regenerate it with `OXCCL_BLESS=1 cargo test --test device_header`.
+//!
+//! Only definitions live here (cbindgen reads this file alone); the layout checks, the ties
+//! to the Rust sources of the op and type codes and the serialisation are in `device/mod.rs`.
+
+/// One direction of one connection (sender -> receiver) as seen by ONE side.
+///
+/// Protocol "Simple" (NCCL's, on the Simple region of each slot): the sender's k-th slot
+/// (k = *step at launch + i) waits until `head > k - nslots`, writes slot `k % nslots`,
+/// fences, then stores `tail = k + 1`; the receiver waits until `tail > k`, reads the slot and
+/// stores `head = k + 1`. Every counter starts at 0 and only grows; each kernel writes its new
+/// position back to `*step`.
+///
+/// Protocol "LL" (low latency, items with `FLAG_LL`, on the LL region of each slot): step k
+/// takes the same position k and the same flow control (the sender waits
+/// `head > k - nslots`, the receiver stores `head = k + 1`), but the sender writes 8-byte
+/// words {4 payload bytes, flag = (u32)(k + 1)} with single 64-bit stores and no fence or
+/// `tail`; the receiver polls each word until its flag is (u32)(k + 1). Simple and LL steps
+/// interleave freely on one connection: `tail` and `head` are absolute positions, and only
+/// LL words ever land in the LL regions, whose older words carry older epochs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OxConn {
+    /// Staging buffer, `nslots * slot_bytes`, in the receiver's memory (or host-mapped).
+    pub buf: u64,
+    /// u64 counter in the receiver's memory: slots filled by the sender, ever.
+    pub tail: u64,
+    /// u64 counter in the sender's memory: slots consumed by the receiver, ever.
+    pub head: u64,
+    /// u64 in this side's own memory: this side's persistent position, initially 0.
+    pub step: u64,
+    /// Bytes per slot (multiple of 4096).
+    pub slot_bytes: u32,
+    /// Slots in `buf` (power of two, >= 2).
+    pub nslots: u32,
+}
+
+/// What a work item does (`OxKind` in C, variants `OX_KIND_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WorkKind {
+    /// dst = post(pre(src)) for `count` elements (the op's transforms only with `FLAG_OPS`).
+    Copy = 0,
+    RingAllReduce = 1,
+    RingAllGather = 2,
+    RingReduceScatter = 3,
+    RingBroadcast = 4,
+    RingReduce = 5,
+    /// `count` bytes from `src` through `send`.
+    Send = 6,
+    /// `count` bytes through `recv` into `dst`.
+    Recv = 7,
+    /// One-shot all-reduce (always LL): every rank writes its input to every peer and folds
+    /// all ranks' values in rank order, so every rank computes the same bits in one hop. The
+    /// item carries the connections of peer k = 0 (send to rank+1, receive from rank-1); it
+    /// is followed, on the same CTA, by nranks-2 `DirectPeer` items whose `send`/`recv` are
+    /// those of peer k = 1.. (send to rank+1+k, receive from rank-1-k) and nothing else.
+    DirectAllReduce = 8,
+    /// The connections of one more peer of the preceding `DirectAllReduce` item.
+    DirectPeer = 9,
+}
+
+/// Number of work kinds (one past the last kind).
+pub const KIND_COUNT: u32 = 10;
+
+/// The one-shot all-reduce runs on at most this many peers + 1 ranks.
+pub const DIRECT_MAX_PEERS: usize = 7;
+
+/// `scalar` is a device pointer to the PreMulSum value.
+pub const FLAG_SCALAR_DEVICE: u32 = 1;
+/// Apply the op's pre/post transforms (reductions only).
+pub const FLAG_OPS: u32 = 2;
+/// Move the item's steps with the low-latency protocol (LL).
+pub const FLAG_LL: u32 = 4;
+/// RingAllGather: the first step also writes this rank's own block to the output (small
+/// out-of-place all-gathers, whose own block is not worth a copy-engine copy).
+pub const FLAG_OWN_BLOCK: u32 = 8;
+
+/// Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
+/// same connection never see each other's bytes: Simple data in the first
+/// `slot_bytes - slot_bytes / LL_REGION_DIV` bytes, LL lines in the last
+/// `slot_bytes / LL_REGION_DIV`. An LL line is one 8-byte word {4 data bytes, 4-byte flag},
+/// so an LL step carries `slot_bytes / (2 * LL_REGION_DIV)` payload bytes.
+pub const LL_REGION_DIV: u32 = 8;
+
+/// Payload bytes of one Simple step: the Simple region of a slot (`ox_simple_bytes`).
+pub fn simple_step_bytes(slot_bytes: u32) -> u32 {
+    slot_bytes - slot_bytes / LL_REGION_DIV
+}
+
+/// Payload bytes of one LL step (`ox_ll_payload`): the LL region holds 8-byte words of
+/// 4 payload bytes and a 4-byte flag.
+pub fn ll_step_bytes(slot_bytes: u32) -> u32 {
+    slot_bytes / (2 * LL_REGION_DIV)
+}
+
+/// Reduction op codes, as `OxWork::op` carries them (`RedOp::code`): NCCL's enum order,
+/// PreMulSum after Avg.
+pub mod op {
+    pub const SUM: u32 = 0;
+    pub const PROD: u32 = 1;
+    pub const MAX: u32 = 2;
+    pub const MIN: u32 = 3;
+    pub const AVG: u32 = 4;
+    pub const PREMULSUM: u32 = 5;
+}
+
+/// Data type codes, as `OxWork::dtype` carries them: the `ncclDataType_t` values.
+pub mod dtype {
+    pub const INT8: u32 = 0;
+    pub const UINT8: u32 = 1;
+    pub const INT32: u32 = 2;
+    pub const UINT32: u32 = 3;
+    pub const INT64: u32 = 4;
+    pub const UINT64: u32 = 5;
+    pub const HALF: u32 = 6;
+    pub const FLOAT: u32 = 7;
+    pub const DOUBLE: u32 = 8;
+    pub const BF16: u32 = 9;
+    pub const FP8E4M3: u32 = 10;
+    pub const FP8E5M2: u32 = 11;
+    /// Number of data types.
+    pub const NTYPES: u32 = 12;
+}
+
+/// One unit of work for one CTA. Every CTA runs, in array order, the items whose `cta` is its
+/// blockIdx.x. Ring items: `src`/`dst` are the task's user buffers, the item covers elements
+/// [offset, offset+count) of the buffer (AllReduce, Broadcast, Reduce) or of every rank's
+/// block of `block` elements (AllGather, ReduceScatter). Copy/Send/Recv: `src`/`dst` already
+/// point at the item's part; Send/Recv count bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OxWork {
+    pub src: u64,
+    pub dst: u64,
+    /// Elements (bytes for Send/Recv).
+    pub count: u64,
+    /// Element offset of this item's range (ring items).
+    pub offset: u64,
+    /// Elements per rank block (AllGather / ReduceScatter).
+    pub block: u64,
+    /// Elements per slot-sized piece (ring items; the same on every rank).
+    pub chunk: u64,
+    /// PreMulSum value bytes (little endian), or a device pointer (`FLAG_SCALAR_DEVICE`).
+    pub scalar: u64,
+    /// Device-visible address of a volatile uint32; non-zero = abort.
+    pub abort_flag: u64,
+    /// This rank -> next / peer.
+    pub send: OxConn,
+    /// Prev / peer -> this rank.
+    pub recv: OxConn,
+    /// What the item does: an `OxKind`.
+    pub kind: u32,
+    /// A data type code (`dtype`).
+    pub dtype: u32,
+    /// A reduction op code (`op`).
+    pub op: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// Position in the ring (= rank for ring order r -> r+1).
+    pub rank: i32,
+    pub nranks: i32,
+    /// Root rank (Broadcast, Reduce).
+    pub root: i32,
+    /// The CTA (blockIdx.x) that runs this item.
+    pub cta: u32,
+}
+
+/// Most items `ox_kernel_inline` takes by value.
+pub const INLINE_ITEMS: usize = 22;
+
+/// The parameter of `ox_kernel_inline`: up to `INLINE_ITEMS` items passed by value (the
+/// whole struct stays under the 4 KiB kernel-parameter limit).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OxInline {
+    pub nitems: u32,
+    pub pad: u32,
+    pub items: [OxWork; INLINE_ITEMS],
+}
+
+/// Byte size of `OxConn` (checked against `size_of` in Rust and `sizeof` in C).
+pub const CONN_SIZE: usize = 40;
+/// Byte size of `OxWork` (checked against `size_of` in Rust and `sizeof` in C).
+pub const WORK_SIZE: usize = 176;
+/// Byte size of `OxInline` (checked against `size_of` in Rust and `sizeof` in C).
+pub const INLINE_SIZE: usize = 3880;
+
+/// Most work items one launch may carry.
+pub const MAX_ITEMS: usize = 512;
+/// Most threads per CTA `ox_kernel` may be launched with (its `__launch_bounds__`).
+pub const MAX_THREADS: u32 = 512;
