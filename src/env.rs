@@ -68,6 +68,36 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
+/// A value computed from settings, kept until the settings are reloaded ([`reload`]), then
+/// computed again on next use: for settings read on every plan, where a lookup each time
+/// would cost, and which `ncclResetDebugInit` must still be able to refresh.
+pub struct Cached<T: Copy> {
+    compute: fn() -> T,
+    value: RwLock<Option<(u64, T)>>,
+}
+
+impl<T: Copy> Cached<T> {
+    pub const fn new(compute: fn() -> T) -> Cached<T> {
+        Cached {
+            compute,
+            value: RwLock::new(None),
+        }
+    }
+
+    /// The value for the current settings.
+    pub fn get(&self) -> T {
+        let now = generation();
+        if let Some((g, v)) = *self.value.read() {
+            if g == now {
+                return v;
+            }
+        }
+        let v = (self.compute)();
+        *self.value.write() = Some((now, v));
+        v
+    }
+}
+
 /// The raw value of a variable: environment first, then the configuration files.
 /// An empty value counts as unset, as in NVIDIA's library.
 pub fn get(name: &str) -> Option<String> {
@@ -117,6 +147,17 @@ pub fn parse_int(v: &str) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cached_value_is_computed_again_after_a_reload() {
+        use std::sync::atomic::AtomicU32;
+        static CALLS: AtomicU32 = AtomicU32::new(0);
+        static V: Cached<u32> = Cached::new(|| CALLS.fetch_add(1, Ordering::Relaxed) + 1);
+        let first = V.get();
+        assert_eq!(V.get(), first, "kept while the settings stay");
+        reload();
+        assert!(V.get() > first, "computed again after a reload");
+    }
+
     use super::*;
 
     #[test]

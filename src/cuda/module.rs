@@ -12,10 +12,7 @@ use std::ffi::{c_void, CString};
 /// The fatbin of every kernel in `kernels/` (SASS for the built architectures plus PTX).
 pub static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_kernels.fatbin"));
 
-/// The entry that runs a plan's work items: `ox_kernel(const OxWork* items, uint32_t nitems)`.
-pub const MAIN_KERNEL: &str = "ox_kernel";
-/// The same kernel taking up to `sched::device::INLINE_ITEMS` items by value.
-pub const INLINE_KERNEL: &str = "ox_kernel_inline";
+pub use crate::sched::device::{INLINE_KERNEL, MAIN_KERNEL};
 
 /// Loaded modules and looked-up functions, keyed by context (handles kept as integers so the
 /// maps are `Send`; primary contexts live until the process exits).

@@ -125,13 +125,13 @@ thread_local! {
     pub static TEST_PROTOCOLS: std::cell::Cell<Option<Protocols>> = const { std::cell::Cell::new(None) };
 }
 
-/// `NCCL_PROTO`, read once.
+/// `NCCL_PROTO` (read again after a settings reload).
 pub fn protocols() -> Protocols {
     #[cfg(test)]
     if let Some(p) = TEST_PROTOCOLS.with(|t| t.get()) {
         return p;
     }
-    static P: once_cell::sync::Lazy<Protocols> = once_cell::sync::Lazy::new(|| {
+    static P: crate::env::Cached<Protocols> = crate::env::Cached::new(|| {
         let spec = crate::env::string("NCCL_PROTO", "");
         let p = parse_protocols(&spec);
         if !spec.is_empty() {
@@ -139,7 +139,7 @@ pub fn protocols() -> Protocols {
         }
         p
     });
-    *P
+    P.get()
 }
 
 /// How a task is carried out.
@@ -348,13 +348,13 @@ pub fn planned_time_us(kind: CollKind, bytes: u64, nranks: i32, max_channels: u3
     ring_time_proto_us(proto, kind, bytes, nranks, nch)
 }
 
-/// The user's channel floor, read once (1 when unset).
+/// The user's channel floor (1 when unset; read again after a settings reload).
 fn min_channels_setting() -> u32 {
-    static MIN: once_cell::sync::Lazy<u32> = once_cell::sync::Lazy::new(|| {
+    static MIN: crate::env::Cached<u32> = crate::env::Cached::new(|| {
         let v = crate::env::int("NCCL_MIN_CTAS", crate::env::int("NCCL_MIN_NCHANNELS", 1));
         v.clamp(1, MAX_CTAS as i64) as u32
     });
-    *MIN
+    MIN.get()
 }
 
 /// Smallest local copy of a multi-rank plan (an own block, a send to self) that goes to the
@@ -376,17 +376,17 @@ pub fn copy_channels(bytes: u64, max_channels: u32) -> u32 {
     (bytes.div_ceil(COPY_BYTES_PER_CHANNEL)).clamp(1, max) as u32
 }
 
-/// `NCCL_MIN_P2P_NCHANNELS` and `NCCL_MAX_P2P_NCHANNELS`, read once: the range of channels
+/// `NCCL_MIN_P2P_NCHANNELS` and `NCCL_MAX_P2P_NCHANNELS` (read again after a settings reload): the range of channels
 /// one P2P operation is split over (default 1..=`P2P_MAX_CHANNELS`). As in NVIDIA's library,
 /// every rank must see the same values.
 fn p2p_channel_range() -> (u32, u32) {
-    static RANGE: once_cell::sync::Lazy<(u32, u32)> = once_cell::sync::Lazy::new(|| {
+    static RANGE: crate::env::Cached<(u32, u32)> = crate::env::Cached::new(|| {
         let max = crate::env::int("NCCL_MAX_P2P_NCHANNELS", P2P_MAX_CHANNELS as i64)
             .clamp(1, MAX_CTAS as i64) as u32;
         let min = crate::env::int("NCCL_MIN_P2P_NCHANNELS", 1).clamp(1, max as i64) as u32;
         (min, max)
     });
-    *RANGE
+    RANGE.get()
 }
 
 /// Channels for one P2P operation of `bytes`: a function of the bytes and the communicator's
@@ -460,13 +460,13 @@ thread_local! {
     pub static TEST_ALGORITHMS: std::cell::Cell<Option<Algorithms>> = const { std::cell::Cell::new(None) };
 }
 
-/// `NCCL_ALGO`, read once.
+/// `NCCL_ALGO` (read again after a settings reload).
 pub fn algorithms() -> Algorithms {
     #[cfg(test)]
     if let Some(a) = TEST_ALGORITHMS.with(|t| t.get()) {
         return a;
     }
-    static A: once_cell::sync::Lazy<Algorithms> = once_cell::sync::Lazy::new(|| {
+    static A: crate::env::Cached<Algorithms> = crate::env::Cached::new(|| {
         let spec = crate::env::string("NCCL_ALGO", "");
         let (algos, no_ring) = parse_algorithms(&spec);
         if no_ring {
@@ -482,7 +482,7 @@ pub fn algorithms() -> Algorithms {
         }
         algos
     });
-    *A
+    A.get()
 }
 
 #[cfg(test)]

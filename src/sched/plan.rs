@@ -261,7 +261,7 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
         w.serialize_into(&mut items);
     }
     Ok(Plan {
-        kernel: crate::cuda::module::MAIN_KERNEL,
+        kernel: super::device::MAIN_KERNEL,
         grid,
         block: if geom.threads == 0 {
             BLOCK_THREADS

@@ -9,8 +9,13 @@ mod kernel_abi;
 
 pub use kernel_abi::*;
 
+/// The entry that runs a plan's work items: `ox_kernel(const OxWork* items, uint32_t nitems)`.
+pub const MAIN_KERNEL: &str = "ox_kernel";
+/// The same kernel taking up to `INLINE_ITEMS` items by value (`OxInline`).
+pub const INLINE_KERNEL: &str = "ox_kernel_inline";
+
 use crate::abi::ncclDataType_t;
-use crate::core::redop::{RedOp, Scalar};
+use crate::sched::redop::{RedOp, Scalar};
 use std::mem::{offset_of, size_of, size_of_val};
 
 const _: () = assert!(
