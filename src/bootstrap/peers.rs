@@ -35,6 +35,23 @@ pub const KIND_RING: u32 = 3;
 /// A rank reporting that it failed (payload: its error message).
 const KIND_FAIL: u32 = 4;
 
+/// Largest payload of one frame: a failure report or a ring hello is a line of text, anything
+/// else at most this (the bootstrap carries setup messages and small allgathers, never bulk
+/// data). A longer header is a broken or hostile peer, refused before any memory is reserved.
+const MAX_TEXT_FRAME: usize = 64 << 10;
+const MAX_FRAME: usize = 256 << 20;
+/// Most frames and bytes one peer may have waiting in the inbox, unreceived.
+const MAX_QUEUED_FRAMES: usize = 1 << 16;
+const MAX_QUEUED_BYTES: usize = 1 << 30;
+
+/// The payload limit of a frame kind.
+fn frame_limit(kind: u32) -> usize {
+    match kind {
+        KIND_FAIL | KIND_RING => MAX_TEXT_FRAME,
+        _ => MAX_FRAME,
+    }
+}
+
 type Key = (i32, u32, u64);
 
 #[derive(Default)]
@@ -46,6 +63,35 @@ struct Inbox {
     failure: Option<String>,
     /// The first failure a peer reported: (peer, its message).
     remote_failure: Option<(i32, String)>,
+    /// Peers with an authenticated connection to us now (a second one is refused).
+    connected: Vec<bool>,
+    /// Frames and bytes each peer has waiting, unreceived.
+    queued: Vec<(usize, usize)>,
+}
+
+impl Inbox {
+    /// File a message from `peer`; false when that would pass the peer's queue limits.
+    fn file(&mut self, key: Key, payload: Vec<u8>) -> bool {
+        let q = &mut self.queued[key.0 as usize];
+        if q.0 + 1 > MAX_QUEUED_FRAMES || q.1 + payload.len() > MAX_QUEUED_BYTES {
+            return false;
+        }
+        *q = (q.0 + 1, q.1 + payload.len());
+        self.queues.entry(key).or_default().push_back(payload);
+        true
+    }
+
+    /// Take the oldest message for `key`.
+    fn take(&mut self, key: &Key) -> Option<Vec<u8>> {
+        let queue = self.queues.get_mut(key)?;
+        let msg = queue.pop_front()?;
+        if queue.is_empty() {
+            self.queues.remove(key);
+        }
+        let q = &mut self.queued[key.0 as usize];
+        *q = (q.0 - 1, q.1 - msg.len());
+        Some(msg)
+    }
 }
 
 /// The state the I/O thread shares with the receiving side.
@@ -84,6 +130,8 @@ impl Peers {
             secret,
             inbox: Mutex::new(Inbox {
                 closed: vec![false; nranks as usize],
+                connected: vec![false; nranks as usize],
+                queued: vec![(0, 0); nranks as usize],
                 ..Default::default()
             }),
             arrived: Condvar::new(),
@@ -128,11 +176,12 @@ impl Peers {
         let me = self.shared.rank;
         if peer == me {
             let mut inbox = self.shared.inbox.lock();
-            inbox
-                .queues
-                .entry((peer, kind, tag))
-                .or_default()
-                .push_back(data.to_vec());
+            if !inbox.file((peer, kind, tag), data.to_vec()) {
+                return Err(Error::internal(format!(
+                    "bootstrap: rank {me} has more than {MAX_QUEUED_FRAMES} messages or \
+                     {MAX_QUEUED_BYTES} bytes to itself waiting unreceived"
+                )));
+            }
             drop(inbox);
             self.shared.arrived.notify_all();
             return Ok(());
@@ -198,13 +247,8 @@ impl Peers {
         let key = (peer, kind, tag);
         let mut inbox = self.shared.inbox.lock();
         loop {
-            if let Some(queue) = inbox.queues.get_mut(&key) {
-                if let Some(msg) = queue.pop_front() {
-                    if queue.is_empty() {
-                        inbox.queues.remove(&key);
-                    }
-                    return Ok(msg);
-                }
+            if let Some(msg) = inbox.take(&key) {
+                return Ok(msg);
             }
             let me = self.shared.rank;
             if let Some((who, msg)) = &inbox.remote_failure {
@@ -403,9 +447,31 @@ fn read_conn(conn: &mut Conn, shared: &Shared, chunk: &mut [u8]) -> Parsed {
 
 fn closed(conn: &Conn, shared: &Shared) -> Parsed {
     if let Some(peer) = conn.peer {
-        shared.inbox.lock().closed[peer as usize] = true;
+        let mut inbox = shared.inbox.lock();
+        inbox.closed[peer as usize] = true;
+        inbox.connected[peer as usize] = false;
+        drop(inbox);
         shared.arrived.notify_all();
     }
+    Parsed::Drop
+}
+
+/// An authenticated peer broke the protocol: its connection ends and every wait on this
+/// rank fails with an error naming it.
+fn violation(conn: &Conn, shared: &Shared, why: String) -> Parsed {
+    let peer = conn.peer.expect("only an authenticated connection can break the protocol");
+    crate::warn!(
+        "bootstrap: rank {} dropped rank {peer}'s connection from {}: {why}",
+        shared.rank,
+        conn.from
+    );
+    let mut inbox = shared.inbox.lock();
+    inbox.connected[peer as usize] = false;
+    inbox
+        .remote_failure
+        .get_or_insert((peer, format!("broke the bootstrap protocol: {why}")));
+    drop(inbox);
+    shared.arrived.notify_all();
     Parsed::Drop
 }
 
@@ -431,6 +497,16 @@ fn parse(conn: &mut Conn, shared: &Shared) -> Parsed {
         if nranks != shared.nranks || rank < 0 || rank >= nranks {
             return refuse(conn, shared, &format!("claims rank {rank} of {nranks}"));
         }
+        let mut inbox = shared.inbox.lock();
+        if std::mem::replace(&mut inbox.connected[rank as usize], true) {
+            drop(inbox);
+            return refuse(
+                conn,
+                shared,
+                &format!("claims rank {rank}, which is already connected"),
+            );
+        }
+        drop(inbox);
         conn.peer = Some(rank);
         pos = HELLO_LEN;
     }
@@ -441,25 +517,45 @@ fn parse(conn: &mut Conn, shared: &Shared) -> Parsed {
         let h = &conn.buf[pos..pos + HEADER_LEN];
         let kind = u32::from_le_bytes(h[..4].try_into().unwrap());
         let tag = u64::from_le_bytes(h[8..16].try_into().unwrap());
-        let len = u64::from_le_bytes(h[16..24].try_into().unwrap()) as usize;
+        let len = u64::from_le_bytes(h[16..24].try_into().unwrap());
+        if len > frame_limit(kind) as u64 {
+            drop(inbox);
+            return violation(
+                conn,
+                shared,
+                format!(
+                    "a frame of kind {kind} announced {len} bytes (limit {})",
+                    frame_limit(kind)
+                ),
+            );
+        }
+        let len = len as usize;
         let have = conn.buf.len() - pos - HEADER_LEN;
         if have < len {
-            // Make room for the whole payload at once.
-            conn.buf.reserve((len - have).min(1 << 30));
+            // Room for the rest of the payload, in steps: memory follows the bytes that came.
+            conn.buf.reserve((len - have).min(1 << 20));
             break;
         }
         let payload = conn.buf[pos + HEADER_LEN..pos + HEADER_LEN + len].to_vec();
         pos += HEADER_LEN + len;
-        let inbox = inbox.get_or_insert_with(|| shared.inbox.lock());
-        if kind == KIND_FAIL {
+        let guard = inbox.get_or_insert_with(|| shared.inbox.lock());
+        let accepted = if kind == KIND_FAIL {
             let msg = String::from_utf8_lossy(&payload).into_owned();
-            inbox.remote_failure.get_or_insert((peer, msg));
+            guard.remote_failure.get_or_insert((peer, msg));
+            true
         } else {
-            inbox
-                .queues
-                .entry((peer, kind, tag))
-                .or_default()
-                .push_back(payload);
+            guard.file((peer, kind, tag), payload)
+        };
+        if !accepted {
+            drop(inbox);
+            return violation(
+                conn,
+                shared,
+                format!(
+                    "more than {MAX_QUEUED_FRAMES} messages or {MAX_QUEUED_BYTES} bytes waiting \
+                     unreceived"
+                ),
+            );
         }
         filed = true;
     }
@@ -478,4 +574,95 @@ fn refuse(conn: &Conn, shared: &Shared, why: &str) -> Parsed {
         conn.from
     );
     Parsed::Drop
+}
+
+#[cfg(test)]
+mod tests {
+    //! A peer that knows the secret but breaks the protocol (a bug, a version skew): every
+    //! case ends in an error naming it, with memory bounded, and never disturbs a healthy
+    //! connection.
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    const SECRET: Secret = *b"0123456789abcdef";
+
+    fn rank0_of_2() -> Peers {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Peers::start(listener, 0, 2, SECRET).unwrap()
+    }
+
+    /// A raw connection to `peers` that says hello as rank 1.
+    fn as_rank1(peers: &Peers) -> TcpStream {
+        let mut s = TcpStream::connect(peers.listen_addr()).unwrap();
+        let mut hello = Vec::from(*HELLO_MAGIC);
+        hello.extend_from_slice(&SECRET);
+        hello.extend_from_slice(&1i32.to_le_bytes());
+        hello.extend_from_slice(&2i32.to_le_bytes());
+        s.write_all(&hello).unwrap();
+        s
+    }
+
+    fn frame(kind: u32, tag: u64, len: u64, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; HEADER_LEN];
+        f[..4].copy_from_slice(&kind.to_le_bytes());
+        f[8..16].copy_from_slice(&tag.to_le_bytes());
+        f[16..24].copy_from_slice(&len.to_le_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    fn recv_error(peers: &Peers) -> String {
+        let never = AtomicBool::new(false);
+        let limits = Limits::new(Duration::from_secs(10), &never);
+        peers.recv(1, KIND_USER, 7, &limits).unwrap_err().msg
+    }
+
+    #[test]
+    fn a_huge_frame_header_is_refused_naming_the_peer() {
+        let peers = rank0_of_2();
+        let mut s = as_rank1(&peers);
+        s.write_all(&frame(KIND_USER, 7, 1 << 40, &[])).unwrap();
+        let msg = recv_error(&peers);
+        assert!(msg.contains("rank 1") && msg.contains("1099511627776 bytes"), "{msg}");
+    }
+
+    #[test]
+    fn endless_unreceived_frames_end_in_an_error_not_unbounded_memory() {
+        let peers = rank0_of_2();
+        let mut s = as_rank1(&peers);
+        let mut burst = Vec::new();
+        for tag in 0..=MAX_QUEUED_FRAMES as u64 {
+            burst.extend_from_slice(&frame(KIND_USER, 1000 + tag, 0, &[]));
+        }
+        // The peer may drop us mid-burst; what matters is the error on this side.
+        let _ = s.write_all(&burst);
+        let msg = recv_error(&peers);
+        assert!(
+            msg.contains("rank 1") && msg.contains("waiting unreceived"),
+            "{msg}"
+        );
+        assert!(peers.shared.inbox.lock().queued[1].0 <= MAX_QUEUED_FRAMES);
+    }
+
+    #[test]
+    fn a_second_connection_claiming_a_connected_rank_is_refused() {
+        let peers = rank0_of_2();
+        let mut first = as_rank1(&peers);
+        // Let the I/O thread take the first hello before the impostor's.
+        first.write_all(&frame(KIND_USER, 1, 3, b"one")).unwrap();
+        let never = AtomicBool::new(false);
+        let limits = Limits::new(Duration::from_secs(10), &never);
+        assert_eq!(peers.recv(1, KIND_USER, 1, &limits).unwrap(), b"one");
+        let mut impostor = as_rank1(&peers);
+        let _ = impostor.write_all(&frame(KIND_USER, 7, 5, b"wrong"));
+        impostor
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(impostor.read(&mut buf).unwrap_or(0), 0, "impostor disconnected");
+        // The healthy connection still works and the impostor's frame was never filed.
+        first.write_all(&frame(KIND_USER, 7, 5, b"right")).unwrap();
+        assert_eq!(peers.recv(1, KIND_USER, 7, &limits).unwrap(), b"right");
+        assert!(!peers.shared.inbox.lock().closed[1]);
+    }
 }
