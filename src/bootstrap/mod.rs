@@ -126,6 +126,12 @@ impl Bootstrap {
         if nranks < 1 || rank < 0 || rank >= nranks {
             crate::bail_arg!("bootstrap: rank {rank} is not within nranks {nranks}");
         }
+        if nranks > root::MAX_NRANKS {
+            crate::bail_arg!(
+                "bootstrap: nranks {nranks} is more than the {} ranks supported",
+                root::MAX_NRANKS
+            );
+        }
         if ids.is_empty() || ids.len() > nranks as usize {
             crate::bail_arg!(
                 "bootstrap: {} unique ids for {nranks} ranks (need 1 to nranks)",
@@ -211,7 +217,9 @@ impl Bootstrap {
         } else {
             None
         };
-        let reply = match root::await_reply(&stream, &root_info.root, &limits) {
+        let reply = root::await_reply(&stream, &root_info.root, &limits)
+            .and_then(|r| r.check(nranks, &root_info.root).map(|_| r));
+        let reply = match reply {
             Ok(reply) => reply,
             Err(e) => {
                 // Our block failed. The previous block may have completed; tell its ranks,
@@ -219,7 +227,8 @@ impl Bootstrap {
                 if let Some((stream, addr)) = &neighbour {
                     let never = AtomicBool::new(false);
                     let brief = Limits::new(Duration::from_secs(1), &never);
-                    if let Ok(prev) = root::await_reply(stream, addr, &brief) {
+                    let prev = root::await_reply(stream, addr, &brief);
+                    if let Ok(prev) = prev.and_then(|p| p.check(nranks, addr).map(|_| p)) {
                         for (i, a) in prev.table.iter().enumerate() {
                             self.peers.set_addr(prev.first + i as i32, *a);
                         }
@@ -229,7 +238,7 @@ impl Bootstrap {
             }
         };
         if let Some((stream, addr)) = &neighbour {
-            root::await_reply(stream, addr, &limits)?;
+            root::await_reply(stream, addr, &limits)?.check(nranks, addr)?;
         }
         drop(stream);
         drop(neighbour);

@@ -459,7 +459,9 @@ fn closed(conn: &Conn, shared: &Shared) -> Parsed {
 /// An authenticated peer broke the protocol: its connection ends and every wait on this
 /// rank fails with an error naming it.
 fn violation(conn: &Conn, shared: &Shared, why: String) -> Parsed {
-    let peer = conn.peer.expect("only an authenticated connection can break the protocol");
+    let peer = conn
+        .peer
+        .expect("only an authenticated connection can break the protocol");
     crate::warn!(
         "bootstrap: rank {} dropped rank {peer}'s connection from {}: {why}",
         shared.rank,
@@ -623,7 +625,10 @@ mod tests {
         let mut s = as_rank1(&peers);
         s.write_all(&frame(KIND_USER, 7, 1 << 40, &[])).unwrap();
         let msg = recv_error(&peers);
-        assert!(msg.contains("rank 1") && msg.contains("1099511627776 bytes"), "{msg}");
+        assert!(
+            msg.contains("rank 1") && msg.contains("1099511627776 bytes"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -659,7 +664,11 @@ mod tests {
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
         let mut buf = [0u8; 8];
-        assert_eq!(impostor.read(&mut buf).unwrap_or(0), 0, "impostor disconnected");
+        assert_eq!(
+            impostor.read(&mut buf).unwrap_or(0),
+            0,
+            "impostor disconnected"
+        );
         // The healthy connection still works and the impostor's frame was never filed.
         first.write_all(&frame(KIND_USER, 7, 5, b"right")).unwrap();
         assert_eq!(peers.recv(1, KIND_USER, 7, &limits).unwrap(), b"right");

@@ -106,6 +106,28 @@ pub struct RootReply {
     pub table: Vec<SocketAddr>,
 }
 
+/// Most ranks a communicator may have: a registration claiming more is refused before the
+/// root sizes anything by it.
+pub const MAX_NRANKS: i32 = 1 << 24;
+
+impl RootReply {
+    /// Check a root's answer against the communicator's size before using it: its block must
+    /// lie within the ranks (a buggy or version-skewed root must not make us index out of
+    /// range).
+    pub fn check(&self, nranks: i32, root_addr: &SocketAddr) -> Result<()> {
+        let end = self.first as i64 + self.table.len() as i64;
+        if self.first < 0 || self.table.is_empty() || end > nranks as i64 {
+            return Err(Error::internal(format!(
+                "bootstrap: the bootstrap root at {root_addr} answered a block of {} ranks from \
+                 rank {}, outside the {nranks} ranks of this communicator",
+                self.table.len(),
+                self.first
+            )));
+        }
+        Ok(())
+    }
+}
+
 fn encode_ok(reply: &RootReply) -> Vec<u8> {
     let mut payload = Vec::with_capacity(8 + ADDR_LEN * (1 + reply.table.len()));
     payload.extend_from_slice(&reply.first.to_le_bytes());
@@ -422,6 +444,7 @@ impl Root {
     /// Validate a registration against the layout of the first one (which it sets).
     fn check(&mut self, reg: &Registration) -> Result<()> {
         if reg.nranks < 1
+            || reg.nranks > MAX_NRANKS
             || reg.nroots < 1
             || reg.nroots > reg.nranks
             || reg.root < 0

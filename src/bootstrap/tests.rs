@@ -371,6 +371,47 @@ fn wrong_nranks_is_named() {
 }
 
 #[test]
+fn implausible_registrations_and_answers_are_refused() {
+    let c = cfg(10.0);
+    let ids = new_ids(1, &c);
+    let info = IdInfo::decode(&ids[0]).unwrap();
+    let never = AtomicBool::new(false);
+    let limits = Limits::new(Duration::from_secs(5), &never);
+    // A registration claiming i32::MAX ranks: refused with a message, nothing sized by it.
+    let huge = root::Registration {
+        rank: 0,
+        nranks: i32::MAX,
+        root: 0,
+        nroots: 1,
+        neighbour: false,
+        addr: "127.0.0.1:1".parse().unwrap(),
+    };
+    let stream = root::register(&info.root, &info.secret, &huge, &limits).unwrap();
+    let err = root::await_reply(&stream, &info.root, &limits).unwrap_err();
+    assert!(
+        err.msg.contains("registered with nranks 2147483647"),
+        "{}",
+        err.msg
+    );
+    let flag = Arc::new(AtomicBool::new(false));
+    assert!(Bootstrap::init_with(&ids, 0, i32::MAX, flag, &c).is_err());
+    // A root's answer whose block lies outside the communicator (a neighbour root answering
+    // `first = 1000` for 8 ranks) is an error, not an index out of range.
+    let addr: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let answer = |first: i32, n: usize| root::RootReply {
+        next: addr,
+        first,
+        table: vec![addr; n],
+    };
+    assert!(answer(1000, 1).check(8, &addr).is_err());
+    assert!(answer(-1, 2).check(8, &addr).is_err());
+    assert!(answer(6, 3).check(8, &addr).is_err());
+    assert!(answer(0, 0).check(8, &addr).is_err());
+    assert!(answer(6, 2).check(8, &addr).is_ok());
+    assert!(answer(0, 8).check(8, &addr).is_ok());
+}
+
+#[test]
 fn strangers_are_refused() {
     let c = cfg(20.0);
     let ids = new_ids(1, &c);
