@@ -1,7 +1,8 @@
 //! Enqueue: a validated task joins the thread's group (a call outside a group is a group of
 //! one). Zero-count collectives are no-ops, as in NVIDIA's library, and so are in-place
 //! collectives of a one-rank communicator that leave the data as it is (all but PreMulSum):
-//! like NVIDIA's, they enqueue no GPU work at all.
+//! like NVIDIA's, they enqueue no GPU work at all. Every operation, no-ops included, is
+//! numbered first (`Comm::progress`), so that all ranks number the same calls alike.
 
 use super::Comm;
 use crate::abi::cudaStream_t;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 
 /// Queue `task` on `comm` for `stream`.
 pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()> {
+    comm.progress.record(&task, stream as usize);
     let p2p = matches!(task.kind, CollKind::Send | CollKind::Recv);
     if task.count == 0 && !p2p {
         return Ok(());

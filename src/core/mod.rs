@@ -5,6 +5,7 @@ pub mod config;
 pub mod enqueue;
 pub mod group;
 pub mod lifecycle;
+pub mod progress;
 pub mod registry;
 pub mod runtime;
 
@@ -45,6 +46,8 @@ pub struct Comm {
     /// Set by `ncclCommAbort`; every wait of this communicator checks it.
     pub abort: Arc<AtomicBool>,
     pub redops: redop::RedOpTable,
+    /// The operations enqueued, numbered as every rank numbers them.
+    pub progress: progress::Progress,
     destroyed: AtomicBool,
 }
 
@@ -68,6 +71,7 @@ impl Comm {
             async_error: AtomicI32::new(ncclResult_t::ncclSuccess as i32),
             abort: Arc::new(AtomicBool::new(false)),
             redops: redop::RedOpTable::default(),
+            progress: progress::Progress::default(),
             destroyed: AtomicBool::new(false),
         }
     }
