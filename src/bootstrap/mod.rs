@@ -17,6 +17,8 @@ pub mod root;
 pub mod socket;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
 
 use crate::abi::ncclUniqueId;
