@@ -17,6 +17,8 @@ pub mod root;
 pub mod socket;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
 
 use crate::abi::ncclUniqueId;
@@ -25,7 +27,7 @@ use id::{IdInfo, Secret, ADDR_LEN};
 use peers::{Peers, KIND_COLL, KIND_RING, KIND_SUB, KIND_USER};
 use socket::Limits;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -98,8 +100,6 @@ pub struct Bootstrap {
     secret: Secret,
     cfg: BootstrapConfig,
     peers: Peers,
-    /// Sequence number of the next collective (the tag its messages carry).
-    next_coll: AtomicU64,
     abort: Arc<AtomicBool>,
 }
 
@@ -182,7 +182,6 @@ impl Bootstrap {
             secret,
             cfg,
             peers,
-            next_coll: AtomicU64::new(0),
             abort,
         })
     }
@@ -390,12 +389,14 @@ impl Bootstrap {
     }
 
     fn allgather_within(&self, mine: &[u8], limits: &Limits<'_>) -> Result<Vec<Vec<u8>>> {
-        let seq = self.next_coll.fetch_add(1, Ordering::Relaxed);
+        // The sequence number tags the collective's frames (see `Peers::begin_coll`).
+        let seq = self.peers.begin_coll();
         let (rank, n) = (self.rank, self.nranks);
         let mut out = vec![Vec::new(); n as usize];
         out[rank as usize] = mine.to_vec();
         // A failed collective leaves the ring unusable: break it so the others fail fast too.
         self.ring_allgather(seq, mine, &mut out, limits)
+            .and_then(|_| self.peers.end_coll(seq))
             .inspect_err(|e| self.fail(e))?;
         Ok(out)
     }

@@ -14,6 +14,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -102,6 +103,49 @@ struct Shared {
     inbox: Mutex<Inbox>,
     arrived: Condvar,
     stop: std::sync::atomic::AtomicBool,
+    /// Collectives this rank has started and finished: a collective frame must carry a
+    /// sequence number in the window they bound (`coll_window`).
+    coll_started: AtomicU64,
+    coll_done: AtomicU64,
+}
+
+impl Shared {
+    /// The rank before this one on the ring: the only sender of collective frames.
+    fn prev(&self) -> i32 {
+        (self.rank + self.nranks - 1) % self.nranks
+    }
+
+    /// Why a collective frame from `peer` for collective `seq` cannot be legitimate, if it
+    /// cannot. Collectives are ring allgathers: only the previous rank sends us their frames,
+    /// and it cannot finish collective k before our contribution to k has gone round the
+    /// ring to it, so it is never more than one collective ahead of us: while we are between
+    /// collectives, having finished `done`, it is at most in collective `done`; while we are
+    /// in collective `done`, at most in `done + 1`; i.e. `seq` lies in [done, started]. A
+    /// finished collective has received all its frames, so none can come for it.
+    fn coll_violation(&self, peer: i32, seq: u64) -> Option<String> {
+        let (me, prev) = (self.rank, self.prev());
+        if peer != prev {
+            return Some(format!(
+                "sent a frame of collective {seq}, but only rank {prev} sends collective \
+                 frames to rank {me}"
+            ));
+        }
+        let done = self.coll_done.load(Ordering::SeqCst);
+        let started = self.coll_started.load(Ordering::SeqCst);
+        if seq < done {
+            return Some(format!(
+                "sent a frame of collective {seq}, which is past (rank {me} has finished \
+                 {done} collectives)"
+            ));
+        }
+        if seq > started {
+            return Some(format!(
+                "sent a frame of collective {seq}, more than one collective ahead of rank {me} \
+                 (which has started {started})"
+            ));
+        }
+        None
+    }
 }
 
 /// One rank's endpoints: its listener (with the I/O thread) and its outgoing connections.
@@ -136,6 +180,8 @@ impl Peers {
             }),
             arrived: Condvar::new(),
             stop: std::sync::atomic::AtomicBool::new(false),
+            coll_started: AtomicU64::new(0),
+            coll_done: AtomicU64::new(0),
         });
         let thread_shared = shared.clone();
         let io = std::thread::Builder::new()
@@ -240,6 +286,32 @@ impl Peers {
             return Err(err);
         }
         Ok(())
+    }
+
+    /// Start the next collective; its sequence number tags its frames. Collectives are
+    /// called in the same order on every rank, one at a time.
+    pub fn begin_coll(&self) -> u64 {
+        self.shared.coll_started.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Finish collective `seq`, which received every frame it expects: one more from its
+    /// sender (still queued) is a protocol violation.
+    pub fn end_coll(&self, seq: u64) -> Result<()> {
+        self.shared.coll_done.store(seq + 1, Ordering::SeqCst);
+        let prev = self.shared.prev();
+        let mut inbox = self.shared.inbox.lock();
+        if inbox.take(&(prev, KIND_COLL, seq)).is_none() {
+            return Ok(());
+        }
+        let why = format!(
+            "sent more frames for collective {seq} than the collective has steps (rank {} \
+             finished it)",
+            self.shared.rank
+        );
+        drop(inbox);
+        Err(Error::remote(format!(
+            "bootstrap: rank {prev} broke the bootstrap protocol: {why}"
+        )))
     }
 
     /// Receive the oldest message from `peer` with this kind and tag.
@@ -538,12 +610,19 @@ fn parse(conn: &mut Conn, shared: &Shared) -> Parsed {
             conn.buf.reserve((len - have).min(1 << 20));
             break;
         }
+        if kind == KIND_COLL {
+            if let Some(why) = shared.coll_violation(peer, tag) {
+                drop(inbox);
+                return violation(conn, shared, why);
+            }
+        }
         let payload = conn.buf[pos + HEADER_LEN..pos + HEADER_LEN + len].to_vec();
         pos += HEADER_LEN + len;
         let guard = inbox.get_or_insert_with(|| shared.inbox.lock());
         let accepted = if kind == KIND_FAIL {
-            let msg = String::from_utf8_lossy(&payload).into_owned();
-            guard.remote_failure.get_or_insert((peer, msg));
+            guard
+                .remote_failure
+                .get_or_insert((peer, socket::printable(&payload)));
             true
         } else {
             guard.file((peer, kind, tag), payload)
@@ -584,6 +663,7 @@ mod tests {
     //! case ends in an error naming it, with memory bounded, and never disturbs a healthy
     //! connection.
     use super::*;
+    use crate::bootstrap::fuzz::{self, Rng};
     use std::sync::atomic::AtomicBool;
 
     const SECRET: Secret = *b"0123456789abcdef";
@@ -595,13 +675,22 @@ mod tests {
 
     /// A raw connection to `peers` that says hello as rank 1.
     fn as_rank1(peers: &Peers) -> TcpStream {
+        hello_as(peers, 1)
+    }
+
+    /// A raw connection to `peers` that says hello as `rank` of the peers' nranks.
+    fn hello_as(peers: &Peers, rank: i32) -> TcpStream {
         let mut s = TcpStream::connect(peers.listen_addr()).unwrap();
+        s.write_all(&hello(rank, peers.shared.nranks)).unwrap();
+        s
+    }
+
+    fn hello(rank: i32, nranks: i32) -> Vec<u8> {
         let mut hello = Vec::from(*HELLO_MAGIC);
         hello.extend_from_slice(&SECRET);
-        hello.extend_from_slice(&1i32.to_le_bytes());
-        hello.extend_from_slice(&2i32.to_le_bytes());
-        s.write_all(&hello).unwrap();
-        s
+        hello.extend_from_slice(&rank.to_le_bytes());
+        hello.extend_from_slice(&nranks.to_le_bytes());
+        hello
     }
 
     fn frame(kind: u32, tag: u64, len: u64, payload: &[u8]) -> Vec<u8> {
@@ -673,5 +762,263 @@ mod tests {
         first.write_all(&frame(KIND_USER, 7, 5, b"right")).unwrap();
         assert_eq!(peers.recv(1, KIND_USER, 7, &limits).unwrap(), b"right");
         assert!(!peers.shared.inbox.lock().closed[1]);
+    }
+
+    fn recv_coll(peers: &Peers, from: i32, seq: u64) -> Result<Vec<u8>> {
+        let never = AtomicBool::new(false);
+        let limits = Limits::new(Duration::from_secs(10), &never);
+        peers.recv(from, KIND_COLL, seq, &limits)
+    }
+
+    #[test]
+    fn a_collective_frame_for_a_far_future_sequence_number_is_refused() {
+        let peers = rank0_of_2();
+        let mut s = as_rank1(&peers);
+        s.write_all(&frame(KIND_COLL, 1000, 1, b"x")).unwrap();
+        let msg = recv_error(&peers);
+        assert!(
+            msg.contains("rank 1") && msg.contains("1000") && msg.contains("collective"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn collective_frames_are_taken_one_collective_ahead_but_not_from_the_past() {
+        let peers = rank0_of_2();
+        let mut s = as_rank1(&peers);
+        // We are in collective 0; the peer may already be in collective 1.
+        let seq = peers.begin_coll();
+        assert_eq!(seq, 0);
+        s.write_all(&frame(KIND_COLL, 0, 1, b"a")).unwrap();
+        s.write_all(&frame(KIND_COLL, 1, 1, b"b")).unwrap();
+        assert_eq!(recv_coll(&peers, 1, 0).unwrap(), b"a");
+        peers.end_coll(seq).unwrap();
+        let seq = peers.begin_coll();
+        assert_eq!(recv_coll(&peers, 1, seq).unwrap(), b"b");
+        peers.end_coll(seq).unwrap();
+        // Collective 1 is over: another frame for it is a violation.
+        s.write_all(&frame(KIND_COLL, 1, 1, b"c")).unwrap();
+        let msg = recv_error(&peers);
+        assert!(
+            msg.contains("rank 1") && msg.contains("collective 1") && msg.contains("past"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn collective_frames_only_come_from_the_previous_rank_of_the_ring() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peers = Peers::start(listener, 0, 3, SECRET).unwrap();
+        let mut s = as_rank1(&peers);
+        s.write_all(&frame(KIND_COLL, 0, 1, b"x")).unwrap();
+        let msg = recv_error(&peers);
+        assert!(
+            msg.contains("rank 1") && msg.contains("collective"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_collective_frame_left_over_at_the_end_of_its_collective_is_refused() {
+        let peers = rank0_of_2();
+        let mut s = as_rank1(&peers);
+        let seq = peers.begin_coll();
+        s.write_all(&frame(KIND_COLL, seq, 1, b"a")).unwrap();
+        s.write_all(&frame(KIND_COLL, seq, 1, b"b")).unwrap();
+        assert_eq!(recv_coll(&peers, 1, seq).unwrap(), b"a");
+        // Let the second frame arrive before the collective ends.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while peers.shared.inbox.lock().queued[1].0 == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let msg = peers.end_coll(seq).unwrap_err().msg;
+        assert!(
+            msg.contains("rank 1") && msg.contains("collective 0"),
+            "{msg}"
+        );
+    }
+
+    /// The probe's tag (the probe rank sends nothing else).
+    const PROBE_TAG: u64 = 0x0070_726f_6265;
+
+    /// Append one fuzzed frame, or something that is not one, to `out`.
+    fn fuzz_item(rng: &mut Rng, out: &mut Vec<u8>) {
+        let kinds = [
+            KIND_USER,
+            KIND_COLL,
+            KIND_SUB,
+            KIND_RING,
+            KIND_FAIL,
+            5,
+            u32::MAX,
+        ];
+        let kind = if rng.one_in(8) {
+            rng.next_u64() as u32
+        } else {
+            rng.pick(&kinds)
+        };
+        let tag = match rng.below(4) {
+            0 => rng.next_u64(),
+            1 => u64::MAX - rng.below(2),
+            _ => rng.below(4),
+        };
+        let len = if rng.one_in(16) {
+            rng.below(100 << 10)
+        } else {
+            rng.below(64)
+        };
+        let payload = rng.bytes(len as usize);
+        match rng.below(10) {
+            0 => {
+                let limit = frame_limit(kind) as u64;
+                let over = limit + 1 + rng.below(1 << 20);
+                let huge = rng.pick(&[limit + 1, 1 << 40, u64::MAX, over]);
+                out.extend(frame(kind, tag, huge, &payload));
+            }
+            // Announces more than comes: the rest of the stream becomes its payload.
+            1 => out.extend(frame(kind, tag, len + 1 + rng.below(1000), &payload)),
+            2 => {
+                let n = rng.below(64) as usize;
+                out.extend(rng.bytes(n));
+            }
+            3 => {
+                let mut f = frame(kind, tag, len, &payload);
+                let i = rng.below(f.len() as u64) as usize;
+                f[i] ^= 1 << rng.below(8);
+                out.extend(f);
+            }
+            _ => out.extend(frame(kind, tag, len, &payload)),
+        }
+    }
+
+    /// A hello (sometimes with its magic or secret damaged) and fuzzed frames from `rank`.
+    fn fuzz_stream(rng: &mut Rng, rank: i32, nranks: i32) -> Vec<u8> {
+        let mut bytes = hello(rank, nranks);
+        if rng.one_in(10) {
+            let i = rng.below((8 + SECRET_LEN) as u64) as usize;
+            bytes[i] ^= 1 + rng.below(255) as u8;
+        }
+        for _ in 0..1 + rng.below(24) {
+            fuzz_item(rng, &mut bytes);
+        }
+        if rng.one_in(4) {
+            bytes.truncate(rng.below(bytes.len() as u64 + 1) as usize);
+        }
+        bytes
+    }
+
+    /// A healthy rank's frame still arrives, unless a fuzzed peer's failure or violation
+    /// (naming it) fails every wait; either way within the wait's limit.
+    fn check_still_serving(peers: &Peers, fuzzed: i32, probe: i32) {
+        let mut p = hello_as(peers, probe);
+        p.write_all(&frame(KIND_USER, PROBE_TAG, 5, b"probe"))
+            .unwrap();
+        let started = Instant::now();
+        let never = AtomicBool::new(false);
+        let limits = Limits::new(Duration::from_secs(5), &never);
+        match peers.recv(probe, KIND_USER, PROBE_TAG, &limits) {
+            Ok(msg) => assert_eq!(msg, b"probe"),
+            Err(e) => assert!(
+                e.msg
+                    .starts_with(&format!("bootstrap: rank {fuzzed} failed")),
+                "{}",
+                e.msg
+            ),
+        }
+        assert!(started.elapsed() < Duration::from_secs(6));
+    }
+
+    /// The inbox's accounting matches its queues, within the caps and what was sent.
+    fn check_bounded(peers: &Peers, fuzzed: i32, sent: usize) {
+        let inbox = peers.shared.inbox.lock();
+        for (peer, &(frames, bytes)) in inbox.queued.iter().enumerate() {
+            let queues = inbox.queues.iter().filter(|(k, _)| k.0 == peer as i32);
+            let held = queues.fold((0, 0), |(f, b), (_, q)| {
+                (f + q.len(), b + q.iter().map(Vec::len).sum::<usize>())
+            });
+            assert_eq!((frames, bytes), held, "rank {peer}'s queue accounting");
+            assert!(frames <= MAX_QUEUED_FRAMES && bytes <= MAX_QUEUED_BYTES);
+            if peer as i32 == fuzzed {
+                assert!(bytes <= sent, "{bytes} bytes queued from {sent} sent");
+            }
+        }
+    }
+
+    /// Close our side and wait for the peer to close its side: it has dealt with everything.
+    fn await_close(mut s: TcpStream) {
+        let _ = s.shutdown(Shutdown::Write);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 64];
+        while let Ok(n @ 1..) = s.read(&mut buf) {
+            assert!(Instant::now() < deadline, "{n} bytes from a listener");
+        }
+        assert!(Instant::now() < deadline, "the connection was not closed");
+    }
+
+    fn fuzz_peer_case(rng: &mut Rng) {
+        let nranks = 3 + rng.below(3) as i32;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peers = Peers::start(listener, 0, nranks, SECRET).unwrap();
+        // Somewhere in the collective sequence: between collectives or in one.
+        for _ in 0..rng.below(3) {
+            let seq = peers.begin_coll();
+            peers.end_coll(seq).unwrap();
+        }
+        if rng.one_in(2) {
+            peers.begin_coll();
+        }
+        // Most often the previous rank, the one collective frames come from.
+        let fuzzed = if rng.one_in(2) {
+            nranks - 1
+        } else {
+            1 + rng.below(nranks as u64 - 1) as i32
+        };
+        let probe = (1..nranks).find(|&r| r != fuzzed).unwrap();
+        let bytes = fuzz_stream(rng, fuzzed, nranks);
+        let mut s = TcpStream::connect(peers.listen_addr()).unwrap();
+        // The peer may drop us part way: what matters is how it copes.
+        let _ = s.write_all(&bytes);
+        let open = if rng.one_in(4) {
+            Some(s)
+        } else {
+            await_close(s);
+            None
+        };
+        check_still_serving(&peers, fuzzed, probe);
+        if rng.one_in(8) {
+            let never = AtomicBool::new(false);
+            let limits = Limits::new(Duration::from_millis(100), &never);
+            let started = Instant::now();
+            let kind = rng.pick(&[KIND_USER, KIND_COLL]);
+            let _ = peers.recv(fuzzed, kind, rng.below(3), &limits);
+            assert!(started.elapsed() < Duration::from_secs(2));
+        }
+        check_bounded(&peers, fuzzed, bytes.len());
+        let io_ended = peers.io.lock().as_ref().is_none_or(|h| h.is_finished());
+        assert!(!io_ended, "the I/O thread ended (panicked?)");
+        drop(open);
+    }
+
+    /// Fuzzed streams from a peer that knows the secret: the I/O thread never panics and
+    /// keeps serving, memory stays within the caps, and every wait ends within its limit.
+    #[test]
+    fn fuzz_peer_stream() {
+        let budget = Duration::from_secs(4);
+        let cases = fuzz::run("peer stream", 0xb007_57a9, 400, budget, fuzz_peer_case);
+        assert!(cases >= 20, "only {cases} cases");
+    }
+
+    #[test]
+    fn a_failure_report_is_shown_as_one_printable_line() {
+        let peers = rank0_of_2();
+        let mut s = as_rank1(&peers);
+        s.write_all(&frame(KIND_FAIL, 0, 10, b"bad\n\x1b[2J\xff!"))
+            .unwrap();
+        let msg = recv_error(&peers);
+        assert_eq!(
+            msg,
+            "bootstrap: rank 1 failed: bad\u{fffd}\u{fffd}[2J\u{fffd}!"
+        );
     }
 }

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 const REG_MAGIC: &[u8; 8] = b"OXBSROOT";
 /// Bytes of a registration: magic, secret, rank, nranks, root, nroots, role, pad, address.
 const REG_LEN: usize = 8 + SECRET_LEN + 4 * 6 + ADDR_LEN;
+/// Most missing ranks a timeout names by number.
+const MISSING_LISTED: usize = 16;
 /// How long a connection may take to send its registration before the root drops it.
 const HELLO_LIMIT: Duration = Duration::from_secs(10);
 
@@ -169,7 +171,7 @@ pub fn spawn_root(
     secret: Secret,
     timeout: Duration,
     idle: Duration,
-) -> Result<()> {
+) -> Result<std::thread::JoinHandle<()>> {
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::system(format!("bootstrap root: {e}")))?;
@@ -191,8 +193,7 @@ pub fn spawn_root(
             root.run(idle);
             crate::info!(BOOTSTRAP, "bootstrap root {local:?} done");
         })
-        .map_err(|e| Error::system(format!("bootstrap: cannot start the root thread: {e}")))?;
-    Ok(())
+        .map_err(|e| Error::system(format!("bootstrap: cannot start the root thread: {e}")))
 }
 
 struct Pending {
@@ -290,24 +291,27 @@ impl Root {
             // Connections that closed after registering: the rank died or gave up.
             let npending = self.pending.len();
             let mut closed = Vec::new();
+            let mut why = None;
             for (i, rank) in joined_ranks.iter().enumerate() {
-                if socket::ready(&fds[1 + npending + i]) && peer_closed(&self.joined[rank].stream) {
-                    closed.push(*rank);
+                if socket::ready(&fds[1 + npending + i]) {
+                    if let Some(ended) = ended(&self.joined[rank].stream) {
+                        closed.push(*rank);
+                        why.get_or_insert((*rank, ended));
+                    }
                 }
             }
             if let Some(n) = &self.neighbour {
-                if socket::ready(fds.last().unwrap()) && peer_closed(&n.stream) {
-                    closed.push(n.reg.rank);
+                if socket::ready(fds.last().unwrap()) {
+                    if let Some(ended) = ended(&n.stream) {
+                        closed.push(n.reg.rank);
+                        why.get_or_insert((n.reg.rank, ended));
+                    }
                 }
             }
-            if let Some(rank) = closed.first() {
+            if let Some((rank, ended)) = why {
                 if self.failed.is_none() {
                     let g = self.layout.unwrap();
-                    self.fail(Error::remote(format!(
-                        "bootstrap: rank {rank} of {} closed its connection to the bootstrap root before \
-                         the rendezvous completed (process exited or aborted?)",
-                        g.nranks
-                    )));
+                    self.fail(ended.error(rank, g.nranks));
                 }
                 self.joined.retain(|r, _| !closed.contains(r));
                 if self
@@ -556,6 +560,26 @@ impl Root {
         self.failed = Some(err);
     }
 
+    /// The ranks that have not registered, the first `MISSING_LISTED` by number ("[2, 6,
+    /// 7]"): nothing is sized by the block, whose size a registration chose.
+    fn missing(&self, g: RootLayout) -> String {
+        let neighbour = g.neighbour_rank().filter(|_| self.neighbour.is_none());
+        let count = g.block as usize - self.joined.len() + neighbour.is_some() as usize;
+        let listed: Vec<String> = (g.first_rank..g.first_rank + g.block)
+            .filter(|r| !self.joined.contains_key(r))
+            .chain(neighbour)
+            .take(MISSING_LISTED)
+            .map(|r| r.to_string())
+            .collect();
+        let more = count - listed.len();
+        let more = if more > 0 {
+            format!(", and {more} more")
+        } else {
+            String::new()
+        };
+        format!("[{}{more}]", listed.join(", "))
+    }
+
     fn on_timeout(&mut self) {
         if self.failed.is_some() {
             return;
@@ -564,17 +588,10 @@ impl Root {
             crate::warn!("bootstrap root: no rank joined within the time limit; the root exits");
             return;
         };
-        let mut missing: Vec<i32> = (g.first_rank..g.first_rank + g.block)
-            .filter(|r| !self.joined.contains_key(r))
-            .collect();
-        if let Some(n) = g.neighbour_rank() {
-            if self.neighbour.is_none() && !missing.contains(&n) {
-                missing.push(n);
-            }
-        }
         let err = Error::system(format!(
-            "bootstrap: timed out after {} waiting for ranks {missing:?} of {} to join",
+            "bootstrap: timed out after {} waiting for ranks {} of {} to join",
             fmt_secs(self.timeout),
+            self.missing(g),
             g.nranks
         ));
         crate::warn!("{}", err.msg);
@@ -582,14 +599,37 @@ impl Root {
     }
 }
 
-/// Whether a registered rank's connection has closed (it never sends after registering).
-fn peer_closed(stream: &TcpStream) -> bool {
+/// How a registered rank's connection ended: it never sends after registering, so bytes
+/// are a broken (or version-skewed) peer, ended like a closed connection.
+enum Ended {
+    Closed,
+    Talked,
+}
+
+impl Ended {
+    fn error(&self, rank: i32, nranks: i32) -> Error {
+        match self {
+            Ended::Closed => Error::remote(format!(
+                "bootstrap: rank {rank} of {nranks} closed its connection to the bootstrap root \
+                 before the rendezvous completed (process exited or aborted?)"
+            )),
+            Ended::Talked => Error::internal(format!(
+                "bootstrap: rank {rank} of {nranks} sent the bootstrap root more than a \
+                 registration (a different oxccl version?)"
+            )),
+        }
+    }
+}
+
+/// Whether a registered rank's readable connection has ended, and how.
+fn ended(stream: &TcpStream) -> Option<Ended> {
     let mut byte = [0u8; 1];
     let mut s = stream;
     match s.read(&mut byte) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => !(e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted),
+        Ok(0) => Some(Ended::Closed),
+        Ok(_) => Some(Ended::Talked),
+        Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => None,
+        Err(_) => Some(Ended::Closed),
     }
 }
 
@@ -635,18 +675,18 @@ pub fn await_reply(
     socket::read_exact(stream, &mut head, limits).map_err(io)?;
     let code = u32::from_le_bytes(head[..4].try_into().unwrap());
     let len = u32::from_le_bytes(head[4..].try_into().unwrap()) as usize;
-    if len > 64 << 20 {
+    // An error is a line of text; a table, at most 28 bytes a rank.
+    let limit = if code == 0 { 64 << 20 } else { 64 << 10 };
+    if len > limit {
         return Err(Error::internal(format!(
-            "bootstrap: root answer of {len} bytes is not plausible"
+            "bootstrap: the bootstrap root at {root_addr} answered {len} bytes (code {code}), \
+             more than is plausible"
         )));
     }
     let mut payload = vec![0u8; len];
     socket::read_exact(stream, &mut payload, limits).map_err(io)?;
     if code != 0 {
-        return Err(Error::new(
-            code_from(code),
-            String::from_utf8_lossy(&payload).into_owned(),
-        ));
+        return Err(Error::new(code_from(code), socket::printable(&payload)));
     }
     let bad = || Error::internal("bootstrap: malformed answer from the bootstrap root");
     if payload.len() < 8 + ADDR_LEN {
@@ -669,6 +709,9 @@ pub fn await_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bootstrap::fuzz::{self, Rng};
+    use std::io::Write;
+    use std::net::Shutdown;
 
     #[test]
     fn blocks_cover_ranks_contiguously() {
@@ -706,5 +749,228 @@ mod tests {
         let bytes = reg.encode(&secret);
         assert_eq!(Registration::decode(&bytes, &secret), Ok(reg));
         assert!(Registration::decode(&bytes, b"0123456789abcdeX").is_err());
+    }
+
+    const SECRET: Secret = *b"0123456789abcdef";
+
+    /// Where a fuzz round's registrations aim: (nranks, root, nroots).
+    fn fuzz_layout(rng: &mut Rng) -> (i32, i32, i32) {
+        let nranks = if rng.one_in(4) {
+            rng.pick(&[MAX_NRANKS, MAX_NRANKS - 1])
+        } else {
+            1 + rng.below(3) as i32
+        };
+        let nroots = 1 + rng.below(nranks.min(3) as u64) as i32;
+        (nranks, rng.below(nroots as u64) as i32, nroots)
+    }
+
+    fn fuzz_addr(rng: &mut Rng) -> SocketAddr {
+        let port = rng.next_u64() as u16;
+        if rng.one_in(2) {
+            SocketAddr::from(((rng.next_u64() as u32).to_be_bytes(), port))
+        } else {
+            SocketAddr::from((((rng.next_u64() as u128) << 64).to_be_bytes(), port))
+        }
+    }
+
+    /// What one connection sends a root: a registration near `layout` with fields at edges,
+    /// damaged, followed by bytes, or the magic and secret followed by anything.
+    fn fuzz_registration(rng: &mut Rng, layout: (i32, i32, i32)) -> Vec<u8> {
+        let (nranks, root, nroots) = layout;
+        if rng.one_in(10) {
+            let n = rng.below(2 * REG_LEN as u64) as usize;
+            return rng.bytes(n);
+        }
+        if rng.one_in(8) {
+            let mut b = Vec::from(*REG_MAGIC);
+            b.extend_from_slice(&SECRET);
+            let short = rng.below(REG_LEN as u64) as usize;
+            let n = rng.pick(&[REG_LEN - 24, REG_LEN, short]);
+            b.extend(rng.bytes(n));
+            return b;
+        }
+        let edges = [
+            0,
+            -1,
+            i32::MAX,
+            i32::MIN,
+            MAX_NRANKS - 1,
+            MAX_NRANKS,
+            MAX_NRANKS + 1,
+        ];
+        let edge = rng.pick(&edges);
+        let reg = Registration {
+            rank: rng.edgy_i32(nranks - 1),
+            nranks: if rng.one_in(4) { edge } else { nranks },
+            root: if rng.one_in(5) {
+                rng.edgy_i32(nroots)
+            } else {
+                root
+            },
+            nroots: if rng.one_in(5) {
+                rng.edgy_i32(nranks)
+            } else {
+                nroots
+            },
+            neighbour: rng.one_in(4),
+            addr: fuzz_addr(rng),
+        };
+        let mut b = reg.encode(&SECRET).to_vec();
+        if rng.one_in(8) {
+            let i = 24 + rng.below((REG_LEN - 24) as u64) as usize;
+            b[i] = rng.next_u64() as u8;
+        }
+        if rng.one_in(8) {
+            let n = 1 + rng.below(32) as usize;
+            b.extend(rng.bytes(n));
+        }
+        b
+    }
+
+    /// Read what the root answers until it closes; the answer must be one well-formed
+    /// reply (or nothing) and come before `deadline`.
+    fn read_answer(mut s: &TcpStream, deadline: Instant) {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "no answer or close before the deadline");
+            s.set_read_timeout(Some(left)).unwrap();
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if socket::is_closed(&e) => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => panic!("no answer or close before the deadline: {e}"),
+            }
+            assert!(got.len() <= 1 << 20, "an answer of more than 1 MiB");
+        }
+        if got.is_empty() {
+            return;
+        }
+        assert!(got.len() >= 8, "a truncated answer");
+        let len = u32::from_le_bytes(got[4..8].try_into().unwrap()) as usize;
+        assert_eq!(got.len(), 8 + len, "one answer, whole");
+    }
+
+    /// One root and the connections of one round; every connection is answered or closed
+    /// within the time limit, and the root ends without panicking.
+    fn fuzz_root(rng: &mut Rng) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let timeout = Duration::from_millis(200);
+        let root = spawn_root(listener, SECRET, timeout, Duration::from_millis(300)).unwrap();
+        let layout = fuzz_layout(rng);
+        let mut conns = Vec::new();
+        // Often few: a rendezvous that one bad registration dooms ends early.
+        let most = 1 + rng.below(10);
+        let count = 1 + rng.below(most);
+        for _ in 0..count {
+            // A root that completed or gave up no longer listens: that is a close too.
+            let Ok(mut s) = TcpStream::connect(addr) else {
+                continue;
+            };
+            let _ = s.write_all(&fuzz_registration(rng, layout));
+            if rng.one_in(6) {
+                let _ = s.shutdown(Shutdown::Write);
+            }
+            conns.push(s);
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for s in &conns {
+            read_answer(s, deadline);
+        }
+        while !root.is_finished() {
+            assert!(Instant::now() < deadline, "the root thread did not end");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Err(panic) = root.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// Fuzzed registrations: every one gets an answer or a close within the time limit, no
+    /// answer is huge, and the root thread never panics. Roots run four at a time (each
+    /// spends most of its life waiting).
+    #[test]
+    fn fuzz_root_registration() {
+        let budget = Duration::from_secs(4);
+        let cases = fuzz::run("root registration", 0x5eed_2007, 200, budget, |rng| {
+            let seeds: Vec<u64> = (0..4).map(|_| rng.next_u64()).collect();
+            std::thread::scope(|s| {
+                let rounds: Vec<_> = seeds
+                    .iter()
+                    .map(|&seed| s.spawn(move || fuzz_root(&mut Rng::new(seed))))
+                    .collect();
+                for r in rounds {
+                    if let Err(panic) = r.join() {
+                        std::panic::resume_unwind(panic);
+                    }
+                }
+            });
+        });
+        assert!(cases >= 5, "only {cases} cases");
+    }
+
+    #[test]
+    fn a_timeout_of_a_huge_block_names_the_missing_ranks_briefly() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let timeout = Duration::from_millis(200);
+        let root = spawn_root(listener, SECRET, timeout, Duration::from_secs(5)).unwrap();
+        let never = AtomicBool::new(false);
+        let limits = Limits::new(Duration::from_secs(10), &never);
+        let reg = Registration {
+            rank: 0,
+            nranks: MAX_NRANKS,
+            root: 0,
+            nroots: 1,
+            neighbour: false,
+            addr,
+        };
+        let stream = register(&addr, &SECRET, &reg, &limits).unwrap();
+        let started = Instant::now();
+        let msg = await_reply(&stream, &addr, &limits).unwrap_err().msg;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(msg.len() < 1000, "{} bytes", msg.len());
+        assert!(
+            msg.contains("ranks [1, 2, 3, ") && msg.contains("16, and 16777199 more] of 16777216"),
+            "{msg}"
+        );
+        root.join().unwrap();
+    }
+
+    #[test]
+    fn bytes_after_a_registration_fail_the_rendezvous_naming_the_rank() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let root = spawn_root(
+            listener,
+            SECRET,
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+        );
+        let never = AtomicBool::new(false);
+        let limits = Limits::new(Duration::from_secs(10), &never);
+        let reg = |rank| Registration {
+            rank,
+            nranks: 3,
+            root: 0,
+            nroots: 1,
+            neighbour: false,
+            addr,
+        };
+        let first = register(&addr, &SECRET, &reg(0), &limits).unwrap();
+        let mut talker = register(&addr, &SECRET, &reg(1), &limits).unwrap();
+        talker.write_all(b"more").unwrap();
+        let msg = await_reply(&first, &addr, &limits).unwrap_err().msg;
+        assert!(
+            msg.contains("rank 1 of 3 sent the bootstrap root more"),
+            "{msg}"
+        );
+        // The rendezvous is over for the last rank too, which learns why.
+        let last = register(&addr, &SECRET, &reg(2), &limits).unwrap();
+        assert_eq!(await_reply(&last, &addr, &limits).unwrap_err().msg, msg);
+        root.unwrap().join().unwrap();
     }
 }

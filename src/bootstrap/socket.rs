@@ -125,6 +125,15 @@ pub fn connect(
     }
 }
 
+/// Text from another process as one printable line: invalid UTF-8 and control characters
+/// (which could forge log lines or terminal escapes) replaced.
+pub fn printable(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
+}
+
 /// Write all of `data`, in slices of at most `POLL_INTERVAL`.
 pub fn write_all(
     stream: &TcpStream,

@@ -5,6 +5,7 @@ use super::id::{id_from_hex, id_to_hex, IdInfo};
 use super::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 fn cfg(secs: f64) -> BootstrapConfig {
