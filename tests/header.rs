@@ -1,6 +1,8 @@
-//! Keeps `include/nccl.h` in step with the Rust definitions: generates the header with
-//! cbindgen (configured by `cbindgen.toml`) and fails when the committed file differs.
-//! Regenerate with `OXCCL_BLESS=1 cargo test --test header`.
+//! Keeps both generated headers in step with the Rust definitions: `include/nccl.h` (the C
+//! ABI, configured by `cbindgen.toml`) and `kernels/ox_abi.h` (the device ABI the kernels
+//! read, configured by `kernels/cbindgen.toml` from `src/sched/device/kernel_abi.rs`). Each is
+//! generated with cbindgen and the test fails when the committed file differs. Regenerate
+//! both with `OXCCL_BLESS=1 cargo test --test header`.
 //!
 //! The sources write each entry point once, as `ncclX`; its profiling alias `pncclX` is an
 //! assembler symbol (`export!` in src/api/mod.rs) that cbindgen cannot see, so the generator
@@ -30,6 +32,25 @@ fn generate_header(root: &Path) -> String {
     String::from_utf8(out).expect("cbindgen wrote non-UTF-8 output")
 }
 
+/// `kernels/ox_abi.h` exactly as cbindgen generates it from the device ABI today.
+fn generate_device_header(root: &Path) -> String {
+    let config = cbindgen::Config::from_file(root.join("kernels").join("cbindgen.toml"))
+        .unwrap_or_else(|e| panic!("cannot read kernels/cbindgen.toml: {e}"));
+    let source = root
+        .join("src")
+        .join("sched")
+        .join("device")
+        .join("kernel_abi.rs");
+    let bindings = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(source)
+        .generate()
+        .unwrap_or_else(|e| panic!("cbindgen failed to generate ox_abi.h: {e}"));
+    let mut out = Vec::new();
+    bindings.write(&mut out);
+    String::from_utf8(out).expect("cbindgen wrote non-UTF-8 output")
+}
+
 /// Follow every function `ncclX` with its alias `pncclX`: the same prototype under the other
 /// name, and a deprecation note (if any) that names the alias.
 fn add_profiling_aliases(bindings: &mut cbindgen::Bindings) {
@@ -51,7 +72,7 @@ fn add_profiling_aliases(bindings: &mut cbindgen::Bindings) {
 }
 
 /// First line where two texts differ, with a little context, for the failure message.
-fn first_difference(expected: &str, actual: &str) -> String {
+fn first_difference(expected: &str, actual: &str, committed_name: &str) -> String {
     let (e, a): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), actual.lines().collect());
     let line = (0..e.len().max(a.len()))
         .find(|&i| e.get(i) != a.get(i))
@@ -66,39 +87,55 @@ fn first_difference(expected: &str, actual: &str) -> String {
             .collect()
     };
     format!(
-        "first difference at line {}:\n committed include/nccl.h:\n{} generated:\n{}",
+        "first difference at line {}:\n committed {committed_name}:\n{} generated:\n{}",
         line + 1,
         show(&a),
         show(&e)
     )
 }
 
-#[test]
-fn committed_header_matches_generated() {
+/// Compare the committed file `rel` with `generated` (or write it, with OXCCL_BLESS=1).
+fn check_committed(rel: &str, generated: &str, sources: &str) {
     let root = repo_root();
-    let generated = generate_header(&root);
-    let path = root.join("include").join("nccl.h");
+    let path = root.join(rel);
     if std::env::var_os("OXCCL_BLESS").is_some_and(|v| v == "1") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, &generated)
+        std::fs::write(&path, generated)
             .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
         eprintln!("wrote {}", path.display());
         return;
     }
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     if committed != generated {
-        let generated_path = root.join("target").join("nccl.h.generated");
-        let _ = std::fs::write(&generated_path, &generated);
+        let file = path.file_name().unwrap().to_string_lossy();
+        let generated_path = root.join("target").join(format!("{file}.generated"));
+        let _ = std::fs::write(&generated_path, generated);
         panic!(
-            "include/nccl.h is out of date with the Rust sources.\n{}\n\
+            "{rel} is out of date with {sources}.\n{}\n\
              Full generated header: {}\n\
-             See the changes with: diff -u include/nccl.h {}\n\
+             See the changes with: diff -u {rel} {}\n\
              Regenerate it with:   OXCCL_BLESS=1 cargo test --test header",
-            first_difference(&generated, &committed),
+            first_difference(generated, &committed, rel),
             generated_path.display(),
             generated_path.display()
         );
     }
+}
+
+#[test]
+fn committed_header_matches_generated() {
+    let generated = generate_header(&repo_root());
+    check_committed("include/nccl.h", &generated, "the Rust sources");
+}
+
+#[test]
+fn committed_device_header_matches_generated() {
+    let generated = generate_device_header(&repo_root());
+    check_committed(
+        "kernels/ox_abi.h",
+        &generated,
+        "src/sched/device/kernel_abi.rs",
+    );
 }
 
 #[test]
@@ -164,4 +201,37 @@ fn every_entry_point_exports_its_alias() {
         "found only {seen} entry points under {}",
         dir.display()
     );
+}
+
+#[test]
+fn device_header_uses_the_kernels_names() {
+    let header = generate_device_header(&repo_root());
+    for needed in [
+        "struct OxConn {",
+        "struct OxWork {",
+        "struct OxInline {",
+        "enum OxKind",
+        "OX_KIND_COPY = 0,",
+        "OX_KIND_DIRECT_PEER = 9,",
+        "#define OX_KIND_COUNT 10",
+        "#define OX_FLAG_LL 4",
+        "#define OX_LL_REGION_DIV 8",
+        "#define OX_INLINE_ITEMS 22",
+        "struct OxWork items[OX_INLINE_ITEMS];",
+        "#define OX_MAX_THREADS 512",
+        "#define OX_SUM 0",
+        "#define OX_PREMULSUM 5",
+        "#define OX_FLOAT 7",
+        "#define OX_NTYPES 12",
+        "static_assert(sizeof(OxWork) == OX_WORK_SIZE",
+    ] {
+        assert!(header.contains(needed), "ox_abi.h lacks `{needed}`");
+    }
+    // Rust-only names must not leak into the kernels' header.
+    for rust_only in ["WorkKind", "OX_OxConn", "simple_step_bytes"] {
+        assert!(
+            !header.contains(rust_only),
+            "{rust_only} leaked into ox_abi.h"
+        );
+    }
 }

@@ -22,18 +22,6 @@ pub(crate) struct Call {
     pub stream: cudaStream_t,
 }
 
-fn has_root(kind: CollKind) -> bool {
-    matches!(
-        kind,
-        CollKind::Broadcast
-            | CollKind::Reduce
-            | CollKind::Gather
-            | CollKind::Scatter
-            | CollKind::Send
-            | CollKind::Recv
-    )
-}
-
 /// Validate a call as NVIDIA's library does and hand it to the communicator.
 pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
     entry(name, call.comm, || {
@@ -49,7 +37,7 @@ pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
             Some(raw) => c.redops.resolve(raw, dtype)?,
             None => RedOp::Sum,
         };
-        if has_root(call.kind) && (call.root < 0 || call.root >= c.nranks()) {
+        if call.kind.has_root() && (call.root < 0 || call.root >= c.nranks()) {
             let what = if matches!(call.kind, CollKind::Send | CollKind::Recv) {
                 "peer"
             } else {

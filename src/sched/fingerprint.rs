@@ -39,19 +39,6 @@ impl Fnv {
     }
 }
 
-const KINDS: [CollKind; 10] = [
-    CollKind::AllReduce,
-    CollKind::Broadcast,
-    CollKind::Reduce,
-    CollKind::AllGather,
-    CollKind::ReduceScatter,
-    CollKind::AlltoAll,
-    CollKind::Gather,
-    CollKind::Scatter,
-    CollKind::Send,
-    CollKind::Recv,
-];
-
 const COUNTS: [usize; 7] = [0, 1, 12, 1028, 65540, (1 << 20) + 4, (16 << 20) + 4];
 
 fn dtype_ops() -> [(ncclDataType_t, RedOp); 6] {
@@ -178,15 +165,7 @@ fn task(kind: CollKind, dtype: ncclDataType_t, op: RedOp, count: usize, bufs: (u
 
 /// Every single-task variation of `kind` (dtype/op, count, place, root) on `nranks`.
 fn single_task_hash(h: &mut Fnv, kind: CollKind, s: &Setup) {
-    let rooted = matches!(
-        kind,
-        CollKind::Broadcast
-            | CollKind::Reduce
-            | CollKind::Gather
-            | CollKind::Scatter
-            | CollKind::Send
-            | CollKind::Recv
-    );
+    let rooted = kind.has_root();
     let roots = if s.nranks > 1 && rooted {
         vec![0, s.nranks - 1]
     } else {
@@ -267,7 +246,7 @@ fn invalid_hash(h: &mut Fnv, s: &Setup) {
             vec![t]
         }
     };
-    for kind in KINDS {
+    for kind in CollKind::ALL {
         hash_case(h, s, &bad_root(kind));
     }
     // A send to self without its receive, and one with a receive of another size.
@@ -342,7 +321,7 @@ fn fingerprints() -> Vec<(String, u64)> {
                                 one_shot as u8
                             )
                         };
-                        for kind in KINDS {
+                        for kind in CollKind::ALL {
                             // The one-shot switch only matters to all-reduce.
                             if !one_shot && kind != CollKind::AllReduce {
                                 continue;

@@ -20,6 +20,34 @@ pub enum CollKind {
 }
 
 impl CollKind {
+    /// Every operation, in declaration order.
+    pub const ALL: [CollKind; 10] = [
+        CollKind::AllReduce,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::AlltoAll,
+        CollKind::Gather,
+        CollKind::Scatter,
+        CollKind::Send,
+        CollKind::Recv,
+    ];
+
+    /// Whether the operation names a rank: the root of a rooted collective, the peer of a
+    /// send or receive.
+    pub fn has_root(self) -> bool {
+        matches!(
+            self,
+            CollKind::Broadcast
+                | CollKind::Reduce
+                | CollKind::Gather
+                | CollKind::Scatter
+                | CollKind::Send
+                | CollKind::Recv
+        )
+    }
+
     /// NCCL's name for the operation, as logs print it.
     pub fn name(self) -> &'static str {
         match self {

@@ -1,8 +1,8 @@
 //! The device ABI: every `#[repr(C)]` struct, enum and constant the kernels read, defined
 //! here once. `kernels/ox_abi.h` is generated from this file by cbindgen (configured by
 //! `kernels/cbindgen.toml`, which gives every constant the `OX_` prefix and names the types
-//! as the kernels know them); `tests/device_header.rs` fails when the committed header is
-//! stale. Regenerate it with `OXCCL_BLESS=1 cargo test --test device_header`.
+//! as the kernels know them); `tests/header.rs` fails when the committed header is
+//! stale. Regenerate it with `OXCCL_BLESS=1 cargo test --test header`.
 //!
 //! Only definitions live here (cbindgen reads this file alone); the layout checks, the ties
 //! to the Rust sources of the op and type codes and the serialisation are in `device/mod.rs`.

@@ -133,6 +133,18 @@ impl Lowering {
         w
     }
 
+    /// A channel item of `kind` covering elements [start, start + len) of a task of `count`
+    /// elements per rank block, on the task's own buffers (ring and one-shot items).
+    fn range_work(&self, task: &Task, kind: WorkKind, start: u64, len: u64, count: u64) -> OxWork {
+        let mut w = self.task_work(task, kind);
+        w.src = task.sendbuff;
+        w.dst = task.recvbuff;
+        w.offset = start;
+        w.count = len;
+        w.block = count;
+        w
+    }
+
     /// An item of `kind` on bytes (no op), as P2P operations and local copies use.
     fn byte_work(&self, kind: WorkKind) -> OxWork {
         let mut w = OxWork::new(kind);

@@ -28,13 +28,8 @@ impl Lowering {
                 } else {
                     WorkKind::DirectPeer
                 };
-                let mut w = self.task_work(task, kind);
+                let mut w = self.range_work(task, kind, start, len, count);
                 w.flags |= Proto::Ll.flag();
-                w.src = task.sendbuff;
-                w.dst = task.recvbuff;
-                w.offset = start;
-                w.count = len;
-                w.block = count;
                 self.pieces.push(Piece {
                     group: Group::Chan(c as u32),
                     key: collective_key(seq),

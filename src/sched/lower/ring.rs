@@ -85,13 +85,8 @@ impl Lowering {
             if len == 0 {
                 continue;
             }
-            let mut w = self.task_work(task, ring_kind(task.kind));
+            let mut w = self.range_work(task, ring_kind(task.kind), start, len, count);
             w.flags |= extra_flags | proto.flag();
-            w.src = task.sendbuff;
-            w.dst = task.recvbuff;
-            w.offset = start;
-            w.count = len;
-            w.block = count;
             self.pieces.push(Piece {
                 group: Group::Chan(c as u32),
                 key: collective_key(seq),
