@@ -2,6 +2,8 @@
 //! disabled): not built yet. Until it is, a connection that needs it fails with an error that
 //! says why the network is needed.
 
+pub mod api;
+
 use crate::error::Error;
 use crate::topo::Topology;
 
