@@ -37,7 +37,10 @@ __device__ bool ox_ll_step(OxShared& s, uint32_t what, const char* in, char* out
   __syncthreads();  // every word of the receive region has been read
   if (s.aborted) return false;
   if (threadIdx.x == 0) {
-    if (send) s.send.step++;
+    if (send) {
+      ox_step_word(s.send, nelem * ox_esize(w.dtype), true);
+      s.send.step++;
+    }
     if (recv) {
       s.recv.step++;
       ox_st_relaxed(s.recv.head, s.recv.step);
@@ -76,7 +79,7 @@ __device__ bool ox_step(OxShared& s, uint32_t what, const char* in, char* out, u
     a.dst1 = nullptr;
   }
   ox_reduce_copy(a, w.dtype, w.op, w.flags, w.scalar, w.nranks);
-  ox_post(s, send, recv);
+  ox_post(s, send, recv, nelem * ox_esize(w.dtype));
   return true;
 }
 

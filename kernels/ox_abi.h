@@ -36,6 +36,21 @@
 // so an LL step carries `slot_bytes / (2 * LL_REGION_DIV)` payload bytes.
 #define OX_LL_REGION_DIV 8
 
+// Every Simple or LL step a sender fills also gets a step word, written by the sender beside
+// the receiver's `tail`: `u64` number `step % nslots` of an array at `tail +
+// STEP_WORDS_OFFSET` (the rest of the tail's 4 KiB page). The word is
+// `((step + 1) << 32) | bytes`, with `STEP_LL` set for an LL step: the step's epoch, its
+// payload bytes and its protocol. Kernels never read it; the proxy of a network connection
+// learns from it what to send (a Simple step once `tail` passes it, an LL step once the
+// words of its payload carry the epoch).
+#define OX_STEP_WORDS_OFFSET 128
+
+// Set in a step word for a step moved with the LL protocol.
+#define OX_STEP_LL 0x80000000
+
+// Most slots a connection may have: its step words fit the tail's page.
+#define OX_MAX_NSLOTS ((4096 - OX_STEP_WORDS_OFFSET) / 8)
+
 // Most items `ox_kernel_inline` takes by value.
 #define OX_INLINE_ITEMS 22
 

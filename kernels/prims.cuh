@@ -261,6 +261,15 @@ __device__ __forceinline__ char* ox_slot(const OxPeer& p) {
   return p.buf + (p.step & (uint64_t)(p.nslots - 1)) * (uint64_t)p.slot_bytes;
 }
 
+// The step word of the send position's step (OX_STEP_WORDS_OFFSET): epoch, bytes, protocol,
+// for the proxy of a network connection. Thread 0 only; a relaxed store, ordered before the
+// tail by the release that publishes a Simple step.
+__device__ __forceinline__ void ox_step_word(const OxPeer& p, uint64_t nbytes, bool ll) {
+  uint64_t* words = (uint64_t*)((char*)p.tail + OX_STEP_WORDS_OFFSET);
+  ox_st_relaxed(words + (p.step & (uint64_t)(p.nslots - 1)),
+                ((p.step + 1) << 32) | nbytes | (ll ? (uint64_t)OX_STEP_LL : 0ull));
+}
+
 // Thread 0 waits until the next send slot is free and/or the next receive slot is full.
 // Returns false on every thread if the abort flag was raised.
 __device__ bool ox_wait(OxShared& s, bool send, bool recv) {
@@ -290,10 +299,11 @@ __device__ bool ox_wait(OxShared& s, bool send, bool recv) {
 // the barrier made it observe), so one fence by one thread publishes the whole CTA's data, as
 // NCCL's postPeer does. Thread 0 then publishes the filled send slot (tail) and the consumed
 // receive slot (head) and advances the positions.
-__device__ void ox_post(OxShared& s, bool send, bool recv) {
+__device__ void ox_post(OxShared& s, bool send, bool recv, uint64_t nbytes) {
   __syncthreads();
   if (threadIdx.x == 0) {
     if (send) {
+      ox_step_word(s.send, nbytes, false);
       s.send.step++;
       ox_st_release(s.send.tail, s.send.step);
     }

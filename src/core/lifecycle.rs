@@ -266,7 +266,15 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     let nchannels =
         (crate::sched::NCHANNELS as i32).clamp(comm.config.min_ctas, comm.config.max_ctas) as u32;
     let nchannels = shared_gpu_channels(&topo, &bootstrap, comm.cuda_dev, nchannels)?;
-    let rt = Runtime::new(ctx, bootstrap, topo, nchannels, comm_hash)?;
+    let rt = Runtime::new(
+        ctx,
+        bootstrap,
+        topo,
+        nchannels,
+        comm_hash,
+        comm.abort.clone(),
+        async_error_sink(comm),
+    )?;
     *comm.rt.lock() = Some(rt);
     crate::info!(
         INIT,
@@ -371,6 +379,17 @@ fn log_process_sharing(topo: &Topology, sharing: &[i32]) {
             others
         );
     }
+}
+
+/// Where `comm`'s transports report an error found after the call that caused it returned
+/// (a network connection failing under the proxy): the communicator's async error.
+fn async_error_sink(comm: &Arc<Comm>) -> crate::transport::ErrorSink {
+    let weak = Arc::downgrade(comm);
+    Arc::new(move |e: Error| {
+        if let Some(c) = weak.upgrade() {
+            c.set_async_error(&e);
+        }
+    })
 }
 
 /// Abort: every host wait of `comm` gives up, and its kernels stop.

@@ -8,7 +8,7 @@ use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
 use crate::sched::{self, Geometry, Plan, Task};
 use crate::topo::Topology;
-use crate::transport::{Connections, Setup};
+use crate::transport::{Connections, ErrorSink, Setup};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -152,6 +152,9 @@ pub struct Runtime {
     /// geometry, so it is computed once. Cleared whenever the geometry changes.
     plans: HashMap<Vec<Task>, Arc<CachedPlan>>,
     comm_hash: u64,
+    /// The communicator's abort flag, and where a failed network connection is reported.
+    abort: Arc<AtomicBool>,
+    sink: ErrorSink,
 }
 
 /// What decides the connections a task needs: its kind, type, count and root (or peer).
@@ -260,6 +263,8 @@ impl Runtime {
         topo: Topology,
         nchannels: u32,
         comm_hash: u64,
+        abort: Arc<AtomicBool>,
+        sink: ErrorSink,
     ) -> Result<Runtime> {
         Ok(Runtime {
             ctx,
@@ -281,6 +286,8 @@ impl Runtime {
             connected_shapes: HashSet::new(),
             plans: HashMap::new(),
             comm_hash,
+            abort,
+            sink,
         })
     }
 
@@ -338,7 +345,7 @@ impl Runtime {
         if nranks == 1 || self.connected_shapes.contains(&shapes(tasks)) {
             return false;
         }
-        sched::connections_needed(rank, nranks, self.nchannels, tasks)
+        sched::connections_needed(rank, nranks, self.nchannels, self.topo.uses_net(), tasks)
             .iter()
             .any(|&(ch, peer, dir)| !self.conns.has(ch, peer, dir))
     }
@@ -353,7 +360,8 @@ impl Runtime {
             return Ok(());
         }
         cuda::set_current(self.ctx)?;
-        let needed = sched::connections_needed(rank, nranks, self.nchannels, tasks);
+        let needed =
+            sched::connections_needed(rank, nranks, self.nchannels, self.topo.uses_net(), tasks);
         // The one-shot all-reduce's rows get small LL-only buffers; every other row the
         // configured ones. Both ends split alike (the row decides).
         let (direct, regular): (Vec<_>, Vec<_>) = needed
@@ -377,6 +385,9 @@ impl Runtime {
                 slot_bytes,
                 nslots,
                 comm_hash: self.comm_hash,
+                abort: &self.abort,
+                device_abort: self.device_abort.host() as usize,
+                sink: &self.sink,
             };
             self.conns.connect(&setup, &rows)?;
         }
@@ -567,6 +578,7 @@ impl Runtime {
             recv: table(&self.conns.recv),
             abort_flag: self.device_abort.dev(),
             threads: self.threads,
+            net: self.topo.uses_net(),
         }
     }
 }

@@ -52,6 +52,8 @@ pub struct Geometry {
     pub abort_flag: u64,
     /// Threads per CTA (`NCCL_NTHREADS`: 64..=512, a multiple of 64).
     pub threads: u32,
+    /// Some rank of the communicator is reached over the network (`decompose`'s `net`).
+    pub net: bool,
 }
 
 /// Direction of a connection, seen from this rank.
@@ -125,9 +127,10 @@ pub fn connections_needed(
     rank: i32,
     nranks: i32,
     nchannels: u32,
+    net: bool,
     tasks: &[Task],
 ) -> Vec<(u32, i32, Dir)> {
-    let Ok((pieces, _)) = decompose(rank, nranks, nchannels, tasks) else {
+    let Ok((pieces, _)) = decompose(rank, nranks, nchannels, net, tasks) else {
         return Vec::new();
     };
     let mut out: Vec<(u32, i32, Dir)> = pieces
@@ -246,7 +249,7 @@ fn resolve(geom: &Geometry, p: &Piece) -> Result<OxWork> {
 
 /// Everything of one launch on one communicator for all `tasks` of a group.
 pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
-    let (pieces, copies) = decompose(geom.rank, geom.nranks, geom.nchannels, tasks)?;
+    let (pieces, copies) = decompose(geom.rank, geom.nranks, geom.nchannels, geom.net, tasks)?;
     let cta_of = assign_ctas(&pieces, geom.nchannels);
     let mut works = Vec::with_capacity(pieces.len());
     for (index, p) in pieces.iter().enumerate() {

@@ -607,6 +607,7 @@ fn geometries(
             recv: vec![vec![None; nranks as usize]; rows],
             abort_flag: 0xAB00,
             threads: 0,
+            net: false,
         })
         .collect();
     // Connection (ch, src -> dst): buf/tail/head ids shared, step ids per side.
@@ -614,7 +615,7 @@ fn geometries(
         0x1000_0000_0000u64 + (((ch as u64) << 24) + ((src as u64) << 12) + dst as u64) * 8
     };
     for (rank, t) in tasks.iter().enumerate() {
-        for (ch, peer, dir) in connections_needed(rank as i32, nranks, nchannels, t) {
+        for (ch, peer, dir) in connections_needed(rank as i32, nranks, nchannels, false, t) {
             let (src, dst) = match dir {
                 Dir::Send => (rank as i32, peer),
                 Dir::Recv => (peer, rank as i32),
@@ -1362,7 +1363,7 @@ fn planning_cost() {
         crate::sched::NSLOTS,
         &tasks,
     );
-    let needed = connections_needed(0, 2, 64, &tasks[0]);
+    let needed = connections_needed(0, 2, 64, false, &tasks[0]);
     assert!(
         !needed.is_empty(),
         "a two-rank all-reduce needs connections"
@@ -1373,7 +1374,7 @@ fn planning_cost() {
     let n = 2000;
     let start = std::time::Instant::now();
     for _ in 0..n {
-        assert_eq!(connections_needed(0, 2, 64, &tasks[0]), needed);
+        assert_eq!(connections_needed(0, 2, 64, false, &tasks[0]), needed);
     }
     let t_needed = start.elapsed().as_secs_f64() * 1e6 / n as f64;
     let start = std::time::Instant::now();

@@ -343,6 +343,15 @@ impl Topology {
             .unwrap_or(0) as i32
     }
 
+    /// Whether the communicator uses the network anywhere: its ranks span hosts, or this
+    /// rank reaches a peer only over the network (P2P and SHM disallowed). Every rank
+    /// answers alike (the hosts are common knowledge, the settings the job's), so every
+    /// rank plans alike.
+    pub fn uses_net(&self) -> bool {
+        let me = self.peers[self.my_rank as usize].host_hash;
+        self.peers.iter().any(|p| p.host_hash != me) || self.paths.contains(&Path::Net)
+    }
+
     /// Whether `peer` runs in this process.
     pub fn same_process(&self, peer: i32) -> bool {
         let me = &self.peers[self.my_rank as usize];

@@ -11,16 +11,19 @@
 //! - [`p2p`]: device memory — plain pointers in one process (peer access enabled between the
 //!   GPUs; none needed for ranks sharing a GPU), CUDA IPC handles across processes;
 //! - [`shm`]: host shared memory mapped into both GPUs (`NCCL_P2P_DISABLE=1`, `NCCL_P2P_LEVEL`);
-//! - [`net`]: between hosts, or when neither of the others is allowed — not built yet.
+//! - [`net`]: between hosts, or when neither of the others is allowed: host memory on both
+//!   sides, moved by the communicator's proxy thread over a network (sockets or a plugin).
 //!
 //! Adding a transport: a file with `local_half` (allocate this side's block and describe it
 //! as a [`Placement`]) and, for a new placement, its `map_remote`; a [`Transport`] variant;
 //! and the topology rule that picks it (`topo::Allowed::choose`).
 
-mod net;
+pub mod net;
 mod p2p;
 mod shm;
 mod wire;
+
+pub use net::proxy::ErrorSink;
 
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
@@ -28,6 +31,8 @@ use crate::sched::{Dir, OxConn};
 use crate::topo::{Path, Topology};
 use std::any::Any;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use wire::{Half, Placement};
 
 /// Memory a connection side keeps alive (its own block, its mapping of the peer's): held only
@@ -40,11 +45,19 @@ pub struct Side {
     _keep: Vec<Keep>,
 }
 
-/// Every connection of one communicator, by (channel, peer).
+/// Every connection of one communicator, by (channel, peer), and the proxy thread of its
+/// network connections (stopped before any connection's memory is freed).
 #[derive(Default)]
 pub struct Connections {
     pub send: HashMap<(u32, i32), Side>,
     pub recv: HashMap<(u32, i32), Side>,
+    proxy: Option<net::proxy::Proxy>,
+}
+
+impl Drop for Connections {
+    fn drop(&mut self) {
+        drop(self.proxy.take());
+    }
 }
 
 /// What a connection setup needs to know about this rank.
@@ -55,6 +68,12 @@ pub struct Setup<'a> {
     pub nslots: u32,
     /// Makes shared-memory names unique per communicator.
     pub comm_hash: u64,
+    /// The communicator's abort flag (stops connection waits and the proxy).
+    pub abort: &'a Arc<AtomicBool>,
+    /// Host address of the u32 kernels poll, raised by the proxy when a connection fails.
+    pub device_abort: usize,
+    /// Where the proxy reports a failed connection (the communicator's async error).
+    pub sink: &'a net::proxy::ErrorSink,
 }
 
 /// The transport of one connection, from the topology's path to the peer.
@@ -74,22 +93,26 @@ impl Transport {
         }
     }
 
-    /// Allocate this rank's block of `bytes` for (channel, peer, dir) and describe it for the
-    /// peer.
-    fn local_half(
-        self,
-        setup: &Setup<'_>,
-        ch: u32,
-        peer: i32,
-        dir: Dir,
-        bytes: usize,
-    ) -> Result<(Half, Keep)> {
-        match self {
-            Transport::P2p => p2p::local_half(setup.topo, peer, bytes),
-            Transport::Shm => shm::local_half(setup, ch, peer, dir, bytes),
-            Transport::Net => Err(net::unavailable(setup.topo, peer)),
-        }
+    /// Allocate this rank's block for (channel, peer, dir) and describe it for the peer.
+    fn local_half(self, setup: &Setup<'_>, ch: u32, peer: i32, dir: Dir) -> Result<(Half, Local)> {
+        let bytes = block_bytes(dir, setup.slot_bytes, setup.nslots);
+        let (half, keep) = match self {
+            Transport::P2p => p2p::local_half(setup.topo, peer, bytes)?,
+            Transport::Shm => shm::local_half(setup, ch, peer, dir, bytes)?,
+            Transport::Net => {
+                let (half, local) = net::local_half(setup, ch, dir)?;
+                return Ok((half, Local::Net(local)));
+            }
+        };
+        Ok((half, Local::Mapped(keep)))
     }
+}
+
+/// This side of a connection between its setup message and its mapping of the peer's: memory
+/// the peer maps, or a network side still to connect.
+enum Local {
+    Mapped(Keep),
+    Net(net::Local),
 }
 
 /// Map the peer's block into this process; returns its base address here.
@@ -98,6 +121,9 @@ fn map_remote(h: &Half) -> Result<(u64, Option<Keep>)> {
         Placement::Pointer(p) => Ok((*p, None)),
         Placement::Ipc(handle) => p2p::map_remote(handle),
         Placement::Shm { name, bytes } => shm::map_remote(name, *bytes as usize),
+        Placement::Net(_) => Err(crate::error::Error::internal(
+            "connection setup: the peer's side is a network side, this one is not",
+        )),
     }
 }
 
@@ -149,6 +175,13 @@ impl Connections {
         }
     }
 
+    fn insert(&mut self, (ch, peer, dir): (u32, i32, Dir), side: Side) {
+        match dir {
+            Dir::Send => self.send.insert((ch, peer), side),
+            Dir::Recv => self.recv.insert((ch, peer), side),
+        };
+    }
+
     /// Connect every (channel, peer, dir) not yet connected. Both ranks of each connection
     /// must call this for the matching direction in the same group.
     pub fn connect(&mut self, setup: &Setup<'_>, needed: &[(u32, i32, Dir)]) -> Result<()> {
@@ -160,41 +193,60 @@ impl Connections {
         let mut halves = Vec::with_capacity(todo.len());
         for &(ch, peer, dir) in &todo {
             let transport = Transport::for_path(setup.topo.paths[peer as usize]);
-            let bytes = block_bytes(dir, setup.slot_bytes, setup.nslots);
-            let (half, keep) = transport.local_half(setup, ch, peer, dir, bytes)?;
+            let (half, local) = transport.local_half(setup, ch, peer, dir)?;
             setup
                 .bootstrap
                 .send(peer, tag(ch, dir == Dir::Send), &half.encode())?;
-            halves.push((half, keep));
+            halves.push((half, local));
         }
-        for (&(ch, peer, dir), (mine, keep)) in todo.iter().zip(halves) {
+        let mut networked = Vec::new();
+        for (&key, (mine, local)) in todo.iter().zip(halves) {
+            let (ch, peer, dir) = key;
             let bytes = setup.bootstrap.recv(peer, tag(ch, dir == Dir::Recv))?;
             let theirs = Half::decode(&bytes)?;
-            let (remote_base, mapping) = map_remote(&theirs)?;
-            let conn = side_conn(
-                dir,
-                mine.local_base,
-                remote_base,
-                setup.slot_bytes,
-                setup.nslots,
-            );
-            crate::trace!(
-                P2P,
-                "Channel {ch:02} : {:?} peer {peer} via {:?}",
-                dir,
-                theirs.placement
-            );
-            let side = Side {
-                conn,
-                _keep: std::iter::once(keep).chain(mapping).collect(),
-            };
-            match dir {
-                Dir::Send => self.send.insert((ch, peer), side),
-                Dir::Recv => self.recv.insert((ch, peer), side),
-            };
+            match local {
+                Local::Net(local) => networked.push(net::Pending { key, local, theirs }),
+                Local::Mapped(keep) => {
+                    let side = mapped_side(setup, key, &mine, keep, &theirs)?;
+                    self.insert(key, side);
+                }
+            }
+        }
+        if !networked.is_empty() {
+            for (key, side) in net::establish(setup, networked, &mut self.proxy)? {
+                self.insert(key, side);
+            }
         }
         Ok(())
     }
+}
+
+/// The side of a connection through memory: map the peer's block, point at both.
+fn mapped_side(
+    setup: &Setup<'_>,
+    (ch, peer, dir): (u32, i32, Dir),
+    mine: &Half,
+    keep: Keep,
+    theirs: &Half,
+) -> Result<Side> {
+    let (remote_base, mapping) = map_remote(theirs)?;
+    let conn = side_conn(
+        dir,
+        mine.local_base,
+        remote_base,
+        setup.slot_bytes,
+        setup.nslots,
+    );
+    crate::trace!(
+        P2P,
+        "Channel {ch:02} : {:?} peer {peer} via {:?}",
+        dir,
+        theirs.placement
+    );
+    Ok(Side {
+        conn,
+        _keep: std::iter::once(keep).chain(mapping).collect(),
+    })
 }
 
 #[cfg(test)]

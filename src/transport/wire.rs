@@ -11,6 +11,8 @@ pub enum Placement {
     Ipc([u8; 64]),
     /// A /dev/shm segment of host memory.
     Shm { name: String, bytes: u64 },
+    /// A network side: a receiver's handle to connect to (a sender's is all zero).
+    Net(Box<[u8; 128]>),
 }
 
 /// This rank's half of a connection.
@@ -38,6 +40,10 @@ impl Half {
                 v.extend_from_slice(&bytes.to_le_bytes());
                 v.extend_from_slice(name.as_bytes());
             }
+            Placement::Net(h) => {
+                v.push(3);
+                v.extend_from_slice(&h[..]);
+            }
         }
         v
     }
@@ -60,6 +66,7 @@ impl Half {
                 bytes: u64::from_le_bytes(rest[..8].try_into().unwrap()),
                 name: String::from_utf8(rest[8..].to_vec()).map_err(|_| bad())?,
             },
+            3 if rest.len() == 128 => Placement::Net(Box::new(rest.try_into().unwrap())),
             _ => return Err(bad()),
         };
         Ok(Half {
@@ -82,6 +89,7 @@ mod tests {
                 name: "oxccl-abc-1-0-1-3-r".into(),
                 bytes: 4 << 20,
             },
+            Placement::Net(Box::new([5u8; 128])),
         ] {
             let h = Half {
                 local_base: 99,

@@ -98,6 +98,19 @@ pub fn ll_step_bytes(slot_bytes: u32) -> u32 {
     slot_bytes / (2 * LL_REGION_DIV)
 }
 
+/// Every Simple or LL step a sender fills also gets a step word, written by the sender beside
+/// the receiver's `tail`: `u64` number `step % nslots` of an array at `tail +
+/// STEP_WORDS_OFFSET` (the rest of the tail's 4 KiB page). The word is
+/// `((step + 1) << 32) | bytes`, with `STEP_LL` set for an LL step: the step's epoch, its
+/// payload bytes and its protocol. Kernels never read it; the proxy of a network connection
+/// learns from it what to send (a Simple step once `tail` passes it, an LL step once the
+/// words of its payload carry the epoch).
+pub const STEP_WORDS_OFFSET: u32 = 128;
+/// Set in a step word for a step moved with the LL protocol.
+pub const STEP_LL: u32 = 0x8000_0000;
+/// Most slots a connection may have: its step words fit the tail's page.
+pub const MAX_NSLOTS: u32 = (4096 - STEP_WORDS_OFFSET) / 8;
+
 /// Reduction op codes, as `OxWork::op` carries them (`RedOp::code`): NCCL's enum order,
 /// PreMulSum after Avg.
 pub mod op {

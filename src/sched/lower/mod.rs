@@ -63,6 +63,9 @@ struct Lowering {
     /// (address, bytes) of every send to self and every receive from self, in order.
     self_sends: Vec<(u64, u64)>,
     self_recvs: Vec<(u64, u64)>,
+    /// The one-shot all-reduce may be chosen: not over the network, whose proxy moves data
+    /// between steps (one-shot steps, LL words to every peer at once, have no step words).
+    one_shot_allowed: bool,
 }
 
 impl Lowering {
@@ -87,6 +90,7 @@ impl Lowering {
             p2p_seq: BTreeMap::new(),
             self_sends: Vec::new(),
             self_recvs: Vec::new(),
+            one_shot_allowed: true,
         })
     }
 
@@ -177,9 +181,11 @@ pub fn decompose(
     rank: i32,
     nranks: i32,
     nchannels: u32,
+    net: bool,
     tasks: &[Task],
 ) -> Result<(Vec<Piece>, Vec<LocalCopy>)> {
     let mut lowering = Lowering::new(rank, nranks, nchannels)?;
+    lowering.one_shot_allowed = !net;
     for task in tasks {
         lowering.task(task)?;
     }

@@ -37,7 +37,7 @@ impl Lowering {
         }
         let own_flag = self.own_all_gather_block(task);
         let bytes = task.count as u64 * task.dtype.size() as u64;
-        let (proto, nch) = if task.kind == CollKind::AllReduce {
+        let (proto, nch) = if task.kind == CollKind::AllReduce && self.one_shot_allowed {
             match cost::allreduce_plan(bytes, self.nranks, self.nchannels) {
                 AllReducePlan::Ring { proto, nch } => (proto, nch),
                 AllReducePlan::Direct { nch } => {

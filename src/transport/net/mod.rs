@@ -1,24 +1,280 @@
-//! The network transport (between hosts, or between ranks of one host when P2P and SHM are
-//! disabled): not built yet. Until it is, a connection that needs it fails with an error that
-//! says why the network is needed.
+//! The network transport: between hosts, or between ranks of one host when neither P2P nor
+//! SHM is allowed (`NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1`, as NVIDIA's). The kernels see an
+//! ordinary connection whose every counter and buffer is in this rank's own host memory
+//! (device-mapped): a sending kernel fills slots there, a receiving kernel reads them there,
+//! and the communicator's proxy thread (`proxy.rs`) moves the slots over the network.
+//!
+//! A side's block is one host allocation: the head page, the tail page (tail, step words),
+//! the staging slots, and for a sender the bounce area of its LL messages. Each side plays
+//! both roles of the shared layout (`side_conn` with "mine" and "theirs" in one block).
+//!
+//! The network is chosen once per process (`network`): a net plugin if one is found
+//! (`NCCL_NET_PLUGIN`), else the built-in sockets; `NCCL_NET` must name the one chosen.
 
 pub mod api;
+pub mod proxy;
+pub mod socket;
 
-use crate::error::Error;
-use crate::topo::Topology;
+use super::wire::{Half, Placement};
+use super::{side_conn, Keep, Setup, Side};
+use crate::cuda::HostMapped;
+use crate::error::{Error, Result};
+use crate::sched::device::{MAX_NSLOTS, STEP_WORDS_OFFSET};
+use crate::sched::Dir;
+use api::{Comm, Handle, MemType, Net};
+use once_cell::sync::OnceCell;
+use proxy::{bounce_bytes, HostBlock, NetSide, Proxy};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-/// The error for a connection to `peer` that needs the network transport.
-pub(super) fn unavailable(topo: &Topology, peer: i32) -> Error {
-    let me = &topo.peers[topo.my_rank as usize];
-    let why = if topo.peers[peer as usize].host_hash != me.host_hash {
-        "it is on another host"
-    } else {
-        "peer-to-peer and shared memory are unavailable or disabled (NCCL_P2P_DISABLE, \
-         NCCL_P2P_LEVEL, NCCL_SHM_DISABLE)"
+/// The network of this process, chosen at the first use.
+pub fn network() -> Result<Arc<dyn Net>> {
+    static NET: OnceCell<Arc<dyn Net>> = OnceCell::new();
+    NET.get_or_try_init(choose_network).cloned()
+}
+
+fn choose_network() -> Result<Arc<dyn Net>> {
+    let net: Arc<dyn Net> = Arc::new(socket::SocketNet::from_env()?);
+    if let Some(wanted) = crate::env::get("NCCL_NET").filter(|s| !s.trim().is_empty()) {
+        if !wanted.trim().eq_ignore_ascii_case(net.name()) {
+            return Err(Error::invalid_usage(format!(
+                "NCCL_NET={wanted}: no such network (available: {})",
+                net.name()
+            )));
+        }
+    }
+    crate::info!(INIT, "Using network {}", net.name());
+    Ok(net)
+}
+
+const HEAD_PAGE: u64 = 0;
+const TAIL_PAGE: u64 = 4096;
+const STAGING: u64 = 8192;
+
+/// Offsets in a side's block of its own part and of the stand-in for the peer's.
+fn mine_and_theirs(dir: Dir) -> (u64, u64) {
+    match dir {
+        // A sender's own part is the head page; the receiver's (tail, staging) is local too.
+        Dir::Send => (HEAD_PAGE, TAIL_PAGE),
+        Dir::Recv => (TAIL_PAGE, HEAD_PAGE),
+    }
+}
+
+fn block_bytes(dir: Dir, slot_bytes: u32, nslots: u32) -> usize {
+    let staging = STAGING as usize + nslots as usize * slot_bytes as usize;
+    match dir {
+        Dir::Send => staging + nslots as usize * bounce_bytes(slot_bytes),
+        Dir::Recv => staging,
+    }
+}
+
+/// Where the proxy finds the counters and buffers of a side's block at host address `host`
+/// (of `block_bytes` bytes).
+fn host_block(host: *mut u8, slot_bytes: u32, nslots: u32) -> HostBlock {
+    let at = |off: u64| -> *mut u8 {
+        // SAFETY: every offset used is within the block (block_bytes), the bounce area's
+        // start at most its end (a receiver has none).
+        unsafe { host.add(off as usize) }
     };
-    Error::invalid_usage(format!(
-        "rank {} needs the network transport to reach rank {peer} ({why}): the network \
-         transport is not yet supported by oxccl",
-        topo.my_rank
+    let staging = nslots as u64 * slot_bytes as u64;
+    HostBlock {
+        tail: at(TAIL_PAGE) as *mut u64,
+        head: at(HEAD_PAGE) as *mut u64,
+        words: at(TAIL_PAGE + STEP_WORDS_OFFSET as u64) as *const u64,
+        buf: at(STAGING),
+        bounce: at(STAGING + staging),
+    }
+}
+
+/// A network side between its setup message and its connection.
+pub(super) struct Local {
+    mem: HostMapped,
+    /// A receiver's listening comm.
+    listen: Option<Comm>,
+    net: Arc<dyn Net>,
+    dev: i32,
+}
+
+/// Allocate this rank's block for (channel, peer, dir); a receiver also starts listening and
+/// puts its handle in the setup message.
+pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, Local)> {
+    if setup.nslots > MAX_NSLOTS {
+        return Err(Error::internal(format!(
+            "a network connection has at most {MAX_NSLOTS} slots, not {}",
+            setup.nslots
+        )));
+    }
+    let net = network()?;
+    let dev = ch as i32 % net.devices()?.max(1);
+    let mem = HostMapped::new(block_bytes(dir, setup.slot_bytes, setup.nslots))?;
+    let (handle, listen) = match dir {
+        Dir::Recv => {
+            let (h, l) = net.listen(dev)?;
+            (h, Some(l))
+        }
+        Dir::Send => (Handle::default(), None),
+    };
+    let half = Half {
+        local_base: mem.dev(),
+        placement: Placement::Net(Box::new(handle.0)),
+    };
+    Ok((
+        half,
+        Local {
+            mem,
+            listen,
+            net,
+            dev,
+        },
     ))
+}
+
+/// A network side waiting to connect: its key, its local part, the peer's handle.
+pub(super) struct Pending {
+    pub key: (u32, i32, Dir),
+    pub local: Local,
+    pub theirs: Half,
+}
+
+/// Connect (senders) and accept (receivers) every pending side together, so that a network
+/// needing both ends to progress at once gets them; then hand each side to the proxy.
+pub(super) fn establish(
+    setup: &Setup<'_>,
+    pending: Vec<Pending>,
+    proxy: &mut Option<Proxy>,
+) -> Result<Vec<((u32, i32, Dir), Side)>> {
+    let mut comms: Vec<Option<Comm>> = vec![None; pending.len()];
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while comms.iter().any(Option::is_none) {
+        for (p, slot) in pending.iter().zip(comms.iter_mut()) {
+            if slot.is_none() {
+                *slot = try_connect(p)?;
+            }
+        }
+        if setup.abort.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(
+                "communicator aborted while connecting over the network",
+            ));
+        }
+        if Instant::now() > deadline {
+            let (ch, peer, dir) = pending[comms.iter().position(Option::is_none).unwrap()].key;
+            return Err(Error::remote(format!(
+                "rank {}: no network connection ({dir:?}) with rank {peer} on channel {ch} \
+                 after 300 s",
+                setup.topo.my_rank
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    if proxy.is_none() {
+        *proxy = Some(Proxy::start(
+            setup.topo.my_rank,
+            setup.abort.clone(),
+            setup.device_abort,
+            setup.sink.clone(),
+        )?);
+    }
+    let proxy = proxy.as_ref().expect("started above");
+    pending
+        .into_iter()
+        .zip(comms)
+        .map(|(p, comm)| attach(setup, p, comm.expect("connected"), proxy))
+        .collect()
+}
+
+fn try_connect(p: &Pending) -> Result<Option<Comm>> {
+    let l = &p.local;
+    match (p.key.2, &p.theirs.placement) {
+        (Dir::Send, Placement::Net(h)) => l.net.connect(l.dev, &Handle(**h)),
+        (Dir::Recv, _) => l.net.accept(l.listen.expect("a receiver listens")),
+        (Dir::Send, other) => Err(Error::internal(format!(
+            "network connection setup: the peer answered with {other:?}"
+        ))),
+    }
+}
+
+/// Register a connected side's memory, give the proxy its side, and make its `Side`.
+fn attach(
+    setup: &Setup<'_>,
+    p: Pending,
+    comm: Comm,
+    proxy: &Proxy,
+) -> Result<((u32, i32, Dir), Side)> {
+    let (ch, peer, dir) = p.key;
+    let Local {
+        mem, listen, net, ..
+    } = p.local;
+    if let Some(l) = listen {
+        net.close_listen(l)?;
+    }
+    let (slot_bytes, nslots) = (setup.slot_bytes, setup.nslots);
+    let block = host_block(mem.host(), slot_bytes, nslots);
+    let staging = nslots as usize * slot_bytes as usize;
+    let mh = net.reg_mr(comm, block.buf, staging, MemType::Host)?;
+    let bounce_mh = match dir {
+        Dir::Send => net.reg_mr(
+            comm,
+            block.bounce,
+            nslots as usize * bounce_bytes(slot_bytes),
+            MemType::Host,
+        )?,
+        Dir::Recv => mh,
+    };
+    proxy.add(NetSide {
+        net,
+        comm,
+        mh,
+        bounce_mh,
+        dir,
+        peer,
+        channel: ch,
+        block,
+        nslots,
+        slot_bytes,
+    });
+    let (mine, theirs) = mine_and_theirs(dir);
+    let base = mem.dev();
+    let conn = side_conn(dir, base + mine, base + theirs, slot_bytes, nslots);
+    crate::trace!(
+        P2P,
+        "Channel {ch:02} : {dir:?} peer {peer} via NET/{}",
+        network()?.name()
+    );
+    let keep: Keep = Box::new(mem);
+    Ok((
+        (ch, peer, dir),
+        Side {
+            conn,
+            _keep: vec![keep],
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    #[test]
+    fn one_block_holds_both_roles_of_the_shared_layout() {
+        for dir in [Dir::Send, Dir::Recv] {
+            let (mine, theirs) = mine_and_theirs(dir);
+            let c = side_conn(dir, 1 << 20 | mine, 1 << 20 | theirs, 65536, 8);
+            assert_eq!(c.head, 1 << 20 | HEAD_PAGE);
+            assert_eq!(c.tail, 1 << 20 | TAIL_PAGE);
+            assert_eq!(c.buf, 1 << 20 | STAGING);
+            // The step word array and the position do not overlap the counters.
+            let step_off = c.step - (1 << 20);
+            assert!(step_off % 4096 == 64, "{dir:?}: step at {step_off}");
+            assert!(STEP_WORDS_OFFSET as u64 + 8 * MAX_NSLOTS as u64 <= 4096);
+        }
+        assert_eq!(block_bytes(Dir::Recv, 65536, 8), 8192 + 8 * 65536);
+        assert_eq!(
+            block_bytes(Dir::Send, 65536, 8),
+            8192 + 8 * 65536 + 8 * (8192 + 8)
+        );
+    }
 }

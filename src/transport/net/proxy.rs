@@ -1,0 +1,427 @@
+//! The proxy: one thread per communicator that moves the data of its network connections
+//! between the kernels and the network. It meets the kernels through the same counters as
+//! every transport, in host memory the GPU maps (see `transport/mod.rs`): for a sending side
+//! it watches `tail` and the step words the kernel writes (`STEP_WORDS_OFFSET`), sends each
+//! filled slot, and, once the network has taken it, advances `head`, freeing the slot; for a
+//! receiving side it posts a receive into each slot the kernel has freed (`head`) and, once
+//! the data is in, advances `tail`. A message is the step's payload and an 8-byte trailer,
+//! the step word, which says where the payload goes (the Simple or the LL region of the
+//! slot) and lets the receiver check that both ends are at the same step.
+//!
+//! It never waits forever: the communicator's abort stops it, and a failed send, receive or
+//! test becomes the communicator's error (through the sink it was given) naming the peer,
+//! and raises the device abort flag so that kernels waiting on the connection return.
+//! Under CUDA graphs nothing changes: the proxy follows the counters, whoever launched.
+
+use super::api::{Comm, MemHandle, Net, Request};
+use crate::error::{Error, Result};
+use crate::sched::device::{LL_REGION_DIV, STEP_LL};
+use crate::sched::Dir;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where errors of the proxy go (the communicator's async error).
+pub type ErrorSink = Arc<dyn Fn(Error) + Send + Sync>;
+
+/// Bytes of the trailer that follows every message's payload.
+const TRAILER: usize = 8;
+/// How long the proxy keeps spinning after the last thing it moved before it naps.
+const SPIN: Duration = Duration::from_millis(5);
+const NAP: Duration = Duration::from_micros(50);
+
+/// Host addresses of one network side's counters and buffers (all in memory the GPU maps).
+#[derive(Clone, Copy, Debug)]
+pub struct HostBlock {
+    /// Slots filled (the kernel writes it on a sending side, the proxy on a receiving one).
+    pub tail: *mut u64,
+    /// Slots consumed (the proxy writes it on a sending side, the kernel on a receiving one).
+    pub head: *mut u64,
+    /// The step words, `nslots` u64s (written by the sending kernel).
+    pub words: *const u64,
+    /// The staging buffer, `nslots * slot_bytes`.
+    pub buf: *mut u8,
+    /// A sending side's copy area for LL payloads: `nslots * bounce_bytes(slot_bytes)`.
+    pub bounce: *mut u8,
+}
+
+/// Bytes of one slot's bounce area: an LL region and a trailer.
+pub fn bounce_bytes(slot_bytes: u32) -> usize {
+    (slot_bytes / LL_REGION_DIV) as usize + TRAILER
+}
+
+/// One side of one network connection, handed to the proxy once connected.
+pub struct NetSide {
+    pub net: Arc<dyn Net>,
+    pub comm: Comm,
+    pub mh: MemHandle,
+    /// Registration of the bounce area (sending sides).
+    pub bounce_mh: MemHandle,
+    pub dir: Dir,
+    pub peer: i32,
+    pub channel: u32,
+    pub block: HostBlock,
+    pub nslots: u32,
+    pub slot_bytes: u32,
+}
+
+// SAFETY: the block's pointers are into memory owned by the connection's `Side`, which the
+// communicator keeps until the proxy has stopped (`Connections` stops it first on drop); only
+// the proxy thread dereferences them, and `Net` is Send + Sync.
+unsafe impl Send for NetSide {}
+
+/// A side the proxy drives: the side and its position.
+struct Driven {
+    side: NetSide,
+    /// The next step to post (send or receive).
+    next: u64,
+    /// Posted requests in step order.
+    inflight: VecDeque<(u64, Request)>,
+}
+
+fn load(p: *const u64) -> u64 {
+    // SAFETY: p is an aligned u64 of a live block (NetSide's contract); the GPU writes it
+    // concurrently, hence volatile.
+    let v = unsafe { std::ptr::read_volatile(p) };
+    fence(Ordering::Acquire);
+    v
+}
+
+fn store(p: *mut u64, v: u64) {
+    fence(Ordering::Release);
+    // SAFETY: as in `load`.
+    unsafe { std::ptr::write_volatile(p, v) };
+}
+
+fn epoch(k: u64) -> u64 {
+    (k + 1) & 0xffff_ffff
+}
+
+/// An LL step's payload as it travels: its LL region's words, two per 8 payload bytes (the
+/// last unit of 4 bytes or fewer has one).
+fn ll_wire_bytes(payload: usize) -> usize {
+    payload.div_ceil(8) * 16
+}
+
+impl Driven {
+    fn slot(&self, k: u64) -> *mut u8 {
+        let s = &self.side;
+        // SAFETY: k % nslots < nslots; the staging buffer has nslots slots.
+        unsafe {
+            s.block
+                .buf
+                .add((k % s.nslots as u64) as usize * s.slot_bytes as usize)
+        }
+    }
+
+    fn ll_region(&self, k: u64) -> *mut u8 {
+        let simple = self.side.slot_bytes - self.side.slot_bytes / LL_REGION_DIV;
+        // SAFETY: the LL region is the end of the slot.
+        unsafe { self.slot(k).add(simple as usize) }
+    }
+
+    fn what(&self) -> String {
+        let s = &self.side;
+        match s.dir {
+            Dir::Send => format!("sending to rank {} (channel {})", s.peer, s.channel),
+            Dir::Recv => format!("receiving from rank {} (channel {})", s.peer, s.channel),
+        }
+    }
+
+    /// One pass over this side: post what is ready, complete what is done. Whether anything
+    /// moved.
+    fn progress(&mut self) -> Result<bool> {
+        let posted = match self.side.dir {
+            Dir::Send => self.post_sends()?,
+            Dir::Recv => self.post_recvs()?,
+        };
+        Ok(self.complete()? || posted)
+    }
+
+    /// The step word of step k, if the kernel has filled step k: (payload bytes, LL).
+    fn filled(&self, k: u64) -> Option<(usize, bool)> {
+        let s = &self.side;
+        // SAFETY: the words array has nslots entries.
+        let word = load(unsafe { s.block.words.add((k % s.nslots as u64) as usize) });
+        if word >> 32 != epoch(k) {
+            return None;
+        }
+        let ll = word as u32 & STEP_LL != 0;
+        let bytes = (word as u32 & !STEP_LL) as usize;
+        if ll {
+            self.ll_ready(k, bytes).then_some((bytes, true))
+        } else {
+            (load(s.block.tail) > k).then_some((bytes, false))
+        }
+    }
+
+    /// Whether every LL word of step k's payload carries the step's epoch.
+    fn ll_ready(&self, k: u64, bytes: usize) -> bool {
+        let words = self.ll_region(k) as *const u64;
+        let units = bytes.div_ceil(8);
+        (0..units).all(|u| {
+            let two = bytes - u * 8 > 4;
+            // SAFETY: unit u's words are within the LL region (bytes <= its payload).
+            let ok = |i: usize| load(unsafe { words.add(2 * u + i) }) >> 32 == epoch(k);
+            ok(0) && (!two || ok(1))
+        })
+    }
+
+    /// The message of filled step k: its address and length (payload + trailer), the
+    /// trailer written after the payload (in the slot, or for LL in the bounce area with a
+    /// copy of the LL words).
+    fn message(&self, k: u64, bytes: usize, ll: bool) -> (*mut u8, usize) {
+        let s = &self.side;
+        let word = (epoch(k) << 32) | bytes as u64 | if ll { STEP_LL as u64 } else { 0 };
+        let (base, len) = if ll {
+            let len = ll_wire_bytes(bytes);
+            let slot = (k % s.nslots as u64) as usize;
+            // SAFETY: the bounce area has nslots areas of bounce_bytes; len + TRAILER fits.
+            let b = unsafe { s.block.bounce.add(slot * bounce_bytes(s.slot_bytes)) };
+            // SAFETY: both ranges are within their areas and do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(self.ll_region(k), b, len) };
+            (b, len)
+        } else {
+            (self.slot(k), bytes)
+        };
+        // SAFETY: payload + trailer fits the slot (a Simple payload is at most 7/8 of it) or
+        // the bounce area; nothing else writes there until the send completes.
+        unsafe { std::ptr::write_unaligned(base.add(len) as *mut u64, word) };
+        (base, len + TRAILER)
+    }
+
+    fn post_sends(&mut self) -> Result<bool> {
+        let mut posted = false;
+        while self.inflight.len() < self.side.nslots as usize {
+            let k = self.next;
+            let Some((bytes, ll)) = self.filled(k) else {
+                break;
+            };
+            let (ptr, len) = self.message(k, bytes, ll);
+            let mh = if ll {
+                self.side.bounce_mh
+            } else {
+                self.side.mh
+            };
+            let s = &self.side;
+            match s.net.isend(s.comm, ptr, len, 0, mh)? {
+                Some(r) => self.inflight.push_back((k, r)),
+                None => break,
+            }
+            self.next += 1;
+            posted = true;
+        }
+        Ok(posted)
+    }
+
+    fn post_recvs(&mut self) -> Result<bool> {
+        let mut posted = false;
+        while self.inflight.len() < self.side.nslots as usize {
+            let k = self.next;
+            let s = &self.side;
+            if load(s.block.head) + s.nslots as u64 <= k {
+                break;
+            }
+            let ptr = self.slot(k);
+            match s.net.irecv(s.comm, ptr, s.slot_bytes as usize, 0, s.mh)? {
+                Some(r) => self.inflight.push_back((k, r)),
+                None => break,
+            }
+            self.next += 1;
+            posted = true;
+        }
+        Ok(posted)
+    }
+
+    /// Complete the posted requests that are done, in order.
+    fn complete(&mut self) -> Result<bool> {
+        let mut done = false;
+        while let Some(&(k, r)) = self.inflight.front() {
+            let s = &self.side;
+            let Some(n) = s.net.test(r)? else {
+                break;
+            };
+            self.inflight.pop_front();
+            match s.dir {
+                Dir::Send => store(s.block.head, k + 1),
+                Dir::Recv => {
+                    self.land(k, n)?;
+                    store(s.block.tail, k + 1);
+                }
+            }
+            done = true;
+        }
+        Ok(done)
+    }
+
+    /// Step k's message of `n` bytes is in its slot: check its trailer and move an LL
+    /// payload to the slot's LL region.
+    fn land(&self, k: u64, n: usize) -> Result<()> {
+        let bad = |why: String| {
+            Error::remote(format!(
+                "network connection {}: step {k}: {why}",
+                self.what()
+            ))
+        };
+        if n < TRAILER {
+            return Err(bad(format!("a message of {n} bytes has no trailer")));
+        }
+        let slot = self.slot(k);
+        // SAFETY: n <= slot_bytes bytes were received into the slot.
+        let word = unsafe { std::ptr::read_unaligned(slot.add(n - TRAILER) as *const u64) };
+        let ll = word as u32 & STEP_LL != 0;
+        let bytes = (word as u32 & !STEP_LL) as usize;
+        let payload = if ll { ll_wire_bytes(bytes) } else { bytes };
+        if word >> 32 != epoch(k) || payload != n - TRAILER {
+            return Err(bad(format!(
+                "the peer sent step epoch {} with {bytes} bytes in a message of {n}: the two \
+                 ends disagree on the sequence of steps",
+                word >> 32
+            )));
+        }
+        if ll {
+            let (src, dst) = (slot as *const u64, self.ll_region(k) as *mut u64);
+            for i in 0..payload / 8 {
+                // SAFETY: both are within the slot, 8-aligned (slots and regions are
+                // multiples of 4 KiB / 8), and disjoint (the payload is at most 1/8 of it).
+                // One 8-byte store per LL word: a word is never seen torn.
+                unsafe { std::ptr::write_volatile(dst.add(i), std::ptr::read(src.add(i))) };
+            }
+        }
+        Ok(())
+    }
+
+    fn close(&self) {
+        let s = &self.side;
+        let _ = s.net.dereg_mr(s.comm, s.mh);
+        let _ = match s.dir {
+            Dir::Send => {
+                let _ = s.net.dereg_mr(s.comm, s.bounce_mh);
+                s.net.close_send(s.comm)
+            }
+            Dir::Recv => s.net.close_recv(s.comm),
+        };
+    }
+}
+
+struct Shared {
+    stop: AtomicBool,
+    /// The communicator's abort flag.
+    abort: Arc<AtomicBool>,
+    incoming: Mutex<Vec<NetSide>>,
+    has_incoming: AtomicBool,
+    sink: ErrorSink,
+    /// Host address of the device abort flag (a u32), 0 for none.
+    device_abort: usize,
+}
+
+/// The proxy thread of one communicator; stopped and joined on drop.
+pub struct Proxy {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Start the thread. `device_abort` is the host address of the u32 kernels poll (0: none);
+    /// it must outlive the proxy.
+    pub fn start(
+        rank: i32,
+        abort: Arc<AtomicBool>,
+        device_abort: usize,
+        sink: ErrorSink,
+    ) -> Result<Proxy> {
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            abort,
+            incoming: Mutex::new(Vec::new()),
+            has_incoming: AtomicBool::new(false),
+            sink,
+            device_abort,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("oxccl-proxy-r{rank}"))
+            .spawn(move || run(rank, &s))
+            .map_err(|e| Error::system(format!("cannot start the proxy thread: {e}")))?;
+        Ok(Proxy {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Drive `side` from now on.
+    pub fn add(&self, side: NetSide) {
+        self.shared.incoming.lock().push(side);
+        self.shared.has_incoming.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            // The last reference may go in the proxy's own thread (its error sink); it then
+            // ends by itself.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// The thread: progress every side until stopped, aborted or failed; then close them all.
+fn run(rank: i32, shared: &Shared) {
+    let mut sides: Vec<Driven> = Vec::new();
+    let mut last_moved = Instant::now();
+    let mut failed = false;
+    while !shared.stop.load(Ordering::Acquire) {
+        if shared.has_incoming.swap(false, Ordering::AcqRel) {
+            sides.extend(shared.incoming.lock().drain(..).map(|side| Driven {
+                side,
+                next: 0,
+                inflight: VecDeque::new(),
+            }));
+        }
+        let mut moved = false;
+        if !failed && !shared.abort.load(Ordering::Acquire) {
+            for d in &mut sides {
+                match d.progress() {
+                    Ok(m) => moved |= m,
+                    Err(e) => {
+                        fail(rank, shared, d, e);
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if moved {
+            last_moved = Instant::now();
+        } else if last_moved.elapsed() > SPIN || failed {
+            std::thread::sleep(NAP);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    for d in &sides {
+        d.close();
+    }
+}
+
+/// A side failed: the communicator's error names the peer; the kernels are released.
+fn fail(rank: i32, shared: &Shared, d: &Driven, e: Error) {
+    let msg = format!(
+        "rank {rank}: network connection {} failed: {}",
+        d.what(),
+        e.msg
+    );
+    crate::warn!("{msg}");
+    (shared.sink)(Error::new(e.code, msg));
+    if shared.device_abort != 0 {
+        // SAFETY: the device abort flag is a live, aligned u32 that outlives the proxy
+        // (Proxy::start's contract).
+        unsafe { std::ptr::write_volatile(shared.device_abort as *mut u32, 1) };
+    }
+}

@@ -1,0 +1,792 @@
+//! The built-in network, "Socket": TCP between hosts, as NVIDIA's `NET/Socket`. A connection
+//! is `NCCL_SOCKET_NTHREADS` × `NCCL_NSOCKS_PERTHREAD` sockets (at least one); a message is an
+//! 8-byte size header on socket 0, then its bytes cut into one chunk per socket (at least
+//! 64 KiB each), chunk j on socket j. Every socket is non-blocking and serves a FIFO of tasks
+//! (a header or a chunk); with no helper threads (the default, as NVIDIA's) the caller's
+//! `test` moves bytes, else each helper thread serves its share of the sockets. Both ends cut
+//! a message alike from its size, so the chunks meet in order.
+//!
+//! The interface is the bootstrap's (`NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`): one device.
+
+use super::api::{Comm, Handle, MemHandle, MemType, Net, Properties, Request, PTR_HOST};
+use crate::bootstrap::socket::{self as bsock, NetIf};
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const HANDLE_MAGIC: u64 = 0x4f58_534f_434b_3031; // "OXSOCK01"
+const HELLO_BYTES: usize = 24;
+/// The size header of a sender's last word on an orderly close: its receiver then expects
+/// nothing more, and an end of stream without it is an error (a process that died).
+const GOODBYE: u64 = u64::MAX;
+/// The smallest chunk a message is cut into (NVIDIA's `MIN_CHUNKSIZE`).
+const MIN_CHUNK: usize = 64 << 10;
+/// Most sockets per connection (NVIDIA's limit on threads × sockets per thread).
+const MAX_SOCKETS: usize = 64;
+/// How long an accepted socket may take to say which connection it belongs to, and a
+/// connect to complete.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The sockets' settings: helper threads and sockets per thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub nthreads: usize,
+    pub nsocks: usize,
+}
+
+impl Shape {
+    /// `NCCL_SOCKET_NTHREADS` (default 0: the caller moves the bytes) and
+    /// `NCCL_NSOCKS_PERTHREAD` (default 1); their product is capped at 64.
+    pub fn from_env() -> Shape {
+        let nthreads = crate::env::int("NCCL_SOCKET_NTHREADS", 0).clamp(0, 16) as usize;
+        let per = crate::env::int("NCCL_NSOCKS_PERTHREAD", 1).clamp(1, 64) as usize;
+        Shape::new(nthreads, per)
+    }
+
+    pub fn new(nthreads: usize, per_thread: usize) -> Shape {
+        let per = per_thread.max(1);
+        let nthreads = nthreads.min(MAX_SOCKETS);
+        let per = per.min(MAX_SOCKETS / nthreads.max(1));
+        Shape {
+            nthreads,
+            nsocks: per * nthreads.max(1),
+        }
+    }
+}
+
+/// The built-in socket network.
+pub struct SocketNet {
+    dev: NetIf,
+    shape: Shape,
+    objects: Mutex<Objects>,
+}
+
+#[derive(Default)]
+struct Objects {
+    next: usize,
+    listens: HashMap<usize, Arc<Listen>>,
+    comms: HashMap<usize, Arc<SockComm>>,
+    requests: HashMap<usize, Arc<Req>>,
+}
+
+impl Objects {
+    fn id(&mut self) -> usize {
+        self.next += 1;
+        self.next
+    }
+}
+
+impl SocketNet {
+    /// The network on the bootstrap's interface, with the settings of the environment.
+    pub fn from_env() -> Result<SocketNet> {
+        let dev = bsock::bootstrap_interface()?;
+        let shape = Shape::from_env();
+        crate::info!(NET, "NET/Socket : Using [0]{}:{}<0>", dev.name, dev.ip);
+        Ok(SocketNet::new(dev, shape))
+    }
+
+    pub fn new(dev: NetIf, shape: Shape) -> SocketNet {
+        SocketNet {
+            dev,
+            shape,
+            objects: Mutex::new(Objects::default()),
+        }
+    }
+
+    fn listen_comm(&self, c: Comm) -> Result<Arc<Listen>> {
+        self.objects
+            .lock()
+            .listens
+            .get(&c.0)
+            .cloned()
+            .ok_or_else(|| Error::internal(format!("NET/Socket: no listening comm {}", c.0)))
+    }
+
+    fn comm(&self, c: Comm) -> Result<Arc<SockComm>> {
+        self.objects
+            .lock()
+            .comms
+            .get(&c.0)
+            .cloned()
+            .ok_or_else(|| Error::internal(format!("NET/Socket: no comm {}", c.0)))
+    }
+
+    fn add_comm(&self, comm: Arc<SockComm>) -> Comm {
+        let mut o = self.objects.lock();
+        let id = o.id();
+        o.comms.insert(id, comm);
+        Comm(id)
+    }
+
+    fn add_request(&self, req: Arc<Req>) -> Request {
+        let mut o = self.objects.lock();
+        let id = o.id();
+        o.requests.insert(id, req);
+        Request(id)
+    }
+
+    fn close_comm(&self, c: Comm) -> Result<()> {
+        let comm = self.objects.lock().comms.remove(&c.0);
+        if let Some(comm) = comm {
+            comm.stop();
+        }
+        Ok(())
+    }
+}
+
+/// Encode where a listener is, and the receiver's socket shape (the sender follows it).
+fn encode_handle(addr: SocketAddr, shape: Shape) -> Handle {
+    let mut h = Handle::default();
+    h.0[..8].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
+    h.0[8] = if addr.is_ipv4() { 4 } else { 6 };
+    h.0[9] = shape.nsocks as u8;
+    h.0[10] = shape.nthreads as u8;
+    h.0[12..14].copy_from_slice(&addr.port().to_be_bytes());
+    match addr.ip() {
+        IpAddr::V4(ip) => h.0[16..20].copy_from_slice(&ip.octets()),
+        IpAddr::V6(ip) => h.0[16..32].copy_from_slice(&ip.octets()),
+    }
+    if let SocketAddr::V6(a) = addr {
+        h.0[32..36].copy_from_slice(&a.scope_id().to_le_bytes());
+    }
+    h
+}
+
+fn decode_handle(h: &Handle) -> Result<(SocketAddr, Shape)> {
+    let bad =
+        |why: &str| Error::internal(format!("NET/Socket: malformed connection handle: {why}"));
+    if h.0[..8] != HANDLE_MAGIC.to_le_bytes() {
+        return Err(bad("not a socket handle"));
+    }
+    let port = u16::from_be_bytes([h.0[12], h.0[13]]);
+    let ip: IpAddr = match h.0[8] {
+        4 => Ipv4Addr::from(<[u8; 4]>::try_from(&h.0[16..20]).unwrap()).into(),
+        6 => Ipv6Addr::from(<[u8; 16]>::try_from(&h.0[16..32]).unwrap()).into(),
+        _ => return Err(bad("unknown address family")),
+    };
+    let nsocks = h.0[9] as usize;
+    if nsocks == 0 || nsocks > MAX_SOCKETS {
+        return Err(bad("socket count out of range"));
+    }
+    let addr = match ip {
+        IpAddr::V6(ip) => {
+            let scope = u32::from_le_bytes(h.0[32..36].try_into().unwrap());
+            SocketAddr::V6(std::net::SocketAddrV6::new(ip, port, 0, scope))
+        }
+        ip => SocketAddr::new(ip, port),
+    };
+    Ok((
+        addr,
+        Shape {
+            nthreads: h.0[10] as usize,
+            nsocks,
+        },
+    ))
+}
+
+/// A listening comm: accepted sockets wait here until all of one connection have arrived.
+struct Listen {
+    listener: TcpListener,
+    shape: Shape,
+    arrived: Mutex<HashMap<u64, Vec<Option<TcpStream>>>>,
+}
+
+/// Read a just-accepted socket's hello: (connection id, index, count).
+fn read_hello(s: &mut TcpStream) -> Result<(u64, usize, usize)> {
+    let mut b = [0u8; HELLO_BYTES];
+    s.set_read_timeout(Some(SETUP_TIMEOUT))
+        .map_err(sys("set_read_timeout"))?;
+    s.read_exact(&mut b)
+        .map_err(sys("reading a connection's hello"))?;
+    if b[..8] != HANDLE_MAGIC.to_le_bytes() {
+        return Err(Error::system(
+            "NET/Socket: a connection to a listening socket did not come from oxccl",
+        ));
+    }
+    let id = u64::from_le_bytes(b[8..16].try_into().unwrap());
+    let index = u32::from_le_bytes(b[16..20].try_into().unwrap()) as usize;
+    let count = u32::from_le_bytes(b[20..24].try_into().unwrap()) as usize;
+    if count == 0 || count > MAX_SOCKETS || index >= count {
+        return Err(Error::system("NET/Socket: malformed connection hello"));
+    }
+    Ok((id, index, count))
+}
+
+fn sys(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |e| Error::system(format!("NET/Socket: {what}: {e}"))
+}
+
+/// What a socket's task moves.
+enum TaskKind {
+    /// The 8-byte size of a message being sent.
+    SendHeader,
+    /// The size of a message being received; once read, the message's chunks are queued.
+    RecvHeader,
+    /// `len` bytes at `ptr`, sent or received.
+    Data { ptr: usize, send: bool },
+}
+
+struct Task {
+    req: Arc<Req>,
+    kind: TaskKind,
+    len: usize,
+    done: usize,
+    header: [u8; 8],
+}
+
+/// A send or receive in flight: done when no task of it is left.
+struct Req {
+    remaining: AtomicUsize,
+    /// Bytes of the message (a receive knows it once its header arrived).
+    size: AtomicUsize,
+    /// Where a receive lands, and its capacity.
+    base: usize,
+    capacity: usize,
+    comm: Arc<SockComm>,
+}
+
+/// One TCP socket of a connection with its queue of tasks.
+struct Sock {
+    stream: TcpStream,
+    queue: Mutex<VecDeque<Task>>,
+}
+
+/// A sending or receiving comm: its sockets, the helper threads serving them, and the first
+/// failure (after which every request fails).
+struct SockComm {
+    socks: Vec<Sock>,
+    /// This end sends (connected), else receives (accepted).
+    sends: bool,
+    /// The sender said goodbye: nothing more will come, and that is no error.
+    peer_closed: AtomicBool,
+    failed: Mutex<Option<String>>,
+    stop: AtomicBool,
+    wake: (Mutex<bool>, Condvar),
+    helpers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    threaded: bool,
+}
+
+impl SockComm {
+    fn new(streams: Vec<TcpStream>, nthreads: usize, sends: bool) -> Result<Arc<SockComm>> {
+        let mut socks = Vec::with_capacity(streams.len());
+        for s in streams {
+            s.set_nonblocking(true).map_err(sys("set_nonblocking"))?;
+            s.set_nodelay(true).map_err(sys("set_nodelay"))?;
+            socks.push(Sock {
+                stream: s,
+                queue: Mutex::new(VecDeque::new()),
+            });
+        }
+        let nthreads = nthreads.min(socks.len());
+        let comm = Arc::new(SockComm {
+            socks,
+            sends,
+            peer_closed: AtomicBool::new(false),
+            failed: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            wake: (Mutex::new(false), Condvar::new()),
+            helpers: Mutex::new(Vec::new()),
+            threaded: nthreads > 0,
+        });
+        for t in 0..nthreads {
+            let c = comm.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("oxccl-sock{t}"))
+                .spawn(move || c.serve(t, nthreads))
+                .map_err(sys("spawning a socket thread"))?;
+            comm.helpers.lock().push(h);
+        }
+        Ok(comm)
+    }
+
+    /// Chunk length of a message of `size` bytes over this comm's sockets.
+    fn chunk_len(&self, size: usize) -> usize {
+        size.div_ceil(self.socks.len()).max(MIN_CHUNK)
+    }
+
+    /// The chunk tasks of a message of `size` bytes at `base`, chunk j for socket j.
+    fn chunk_tasks(&self, req: &Arc<Req>, base: usize, size: usize, send: bool) -> Vec<Task> {
+        let chunk = self.chunk_len(size);
+        (0..size)
+            .step_by(chunk)
+            .map(|off| Task {
+                req: req.clone(),
+                kind: TaskKind::Data {
+                    ptr: base + off,
+                    send,
+                },
+                len: chunk.min(size - off),
+                done: 0,
+                header: [0; 8],
+            })
+            .collect()
+    }
+
+    fn chunks_of(&self, size: usize) -> usize {
+        size.div_ceil(self.chunk_len(size))
+    }
+
+    fn notify(&self) {
+        if self.threaded {
+            *self.wake.0.lock() = true;
+            self.wake.1.notify_all();
+        }
+    }
+
+    fn fail(&self, msg: String) {
+        let mut f = self.failed.lock();
+        if f.is_none() {
+            *f = Some(msg);
+        }
+    }
+
+    fn error(&self) -> Option<Error> {
+        self.failed
+            .lock()
+            .as_ref()
+            .map(|m| Error::remote(format!("NET/Socket: {m}")))
+    }
+
+    /// Move what can be moved on socket `i` without blocking; whether anything moved.
+    fn progress(&self, i: usize) -> bool {
+        if self.peer_closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let sock = &self.socks[i];
+        let mut q = sock.queue.lock();
+        let mut moved = false;
+        while let Some(task) = q.front_mut() {
+            match move_bytes(&sock.stream, task) {
+                Ok(0) => break,
+                Ok(_) => moved = true,
+                Err(e) => {
+                    self.fail(e);
+                    return moved;
+                }
+            }
+            if task.done < task.len {
+                continue;
+            }
+            let task = q.pop_front().expect("a front task");
+            if let TaskKind::RecvHeader = task.kind {
+                if let Err(e) = self.header_arrived(&task, &mut q) {
+                    self.fail(e);
+                    return moved;
+                }
+            }
+            task.req.remaining.fetch_sub(1, Ordering::AcqRel);
+        }
+        moved
+    }
+
+    /// A receive's header is in: check the size and queue the message's chunks (socket 0's
+    /// first in `q0`, the queue of socket 0 held by the caller).
+    fn header_arrived(
+        &self,
+        task: &Task,
+        q0: &mut VecDeque<Task>,
+    ) -> std::result::Result<(), String> {
+        let req = &task.req;
+        let header = u64::from_le_bytes(task.header);
+        if header == GOODBYE {
+            // The receive stays pending for good: the sender closed in order.
+            self.peer_closed.store(true, Ordering::Release);
+            req.remaining.fetch_add(1, Ordering::AcqRel);
+            return Ok(());
+        }
+        let size = header as usize;
+        if size > req.capacity {
+            return Err(format!(
+                "message of {size} bytes is larger than the posted receive of {} bytes",
+                req.capacity
+            ));
+        }
+        req.size.store(size, Ordering::Release);
+        let tasks = self.chunk_tasks(req, req.base, size, false);
+        req.remaining.fetch_add(tasks.len(), Ordering::AcqRel);
+        for (j, t) in tasks.into_iter().enumerate() {
+            // Socket 0's chunk comes next on socket 0, before any later message's header.
+            if j == 0 {
+                q0.push_front(t);
+            } else {
+                self.socks[j].queue.lock().push_back(t);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every socket, once: whether anything moved.
+    fn progress_all(&self) -> bool {
+        let mut moved = false;
+        for i in 0..self.socks.len() {
+            moved |= self.progress(i);
+        }
+        moved
+    }
+
+    /// A helper thread: serve sockets t, t + n, ... until stopped.
+    fn serve(&self, t: usize, n: usize) {
+        let mine: Vec<usize> = (t..self.socks.len()).step_by(n).collect();
+        while !self.stop.load(Ordering::Acquire) {
+            let mut moved = false;
+            for &i in &mine {
+                moved |= self.progress(i);
+            }
+            if moved {
+                continue;
+            }
+            self.wait_ready(&mine);
+        }
+    }
+
+    /// Sleep until a socket of `mine` with work can move, new work is queued, or 1 ms passed.
+    fn wait_ready(&self, mine: &[usize]) {
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        for &i in mine {
+            let q = self.socks[i].queue.lock();
+            if let Some(task) = q.front() {
+                let mut p = bsock::pollfd(std::os::fd::AsRawFd::as_raw_fd(&self.socks[i].stream));
+                p.events = if task.sends() {
+                    libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                };
+                fds.push(p);
+            }
+        }
+        if fds.is_empty() {
+            let mut woken = self.wake.0.lock();
+            if !*woken {
+                self.wake.1.wait_for(&mut woken, Duration::from_millis(1));
+            }
+            *woken = false;
+            return;
+        }
+        let _ = bsock::poll(&mut fds, Duration::from_millis(1));
+    }
+
+    /// An orderly close: a sender at a message boundary says goodbye first.
+    fn stop(&self) {
+        if self.sends {
+            let q = self.socks[0].queue.lock();
+            if q.is_empty() {
+                let _ = (&self.socks[0].stream).write(&GOODBYE.to_le_bytes());
+            }
+        }
+        self.stop.store(true, Ordering::Release);
+        self.notify();
+        for h in self.helpers.lock().drain(..) {
+            let _ = h.join();
+        }
+        for s in &self.socks {
+            let _ = s.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Task {
+    fn sends(&self) -> bool {
+        match self.kind {
+            TaskKind::SendHeader => true,
+            TaskKind::RecvHeader => false,
+            TaskKind::Data { send, .. } => send,
+        }
+    }
+}
+
+/// Move the rest of `task` on `stream` as far as it goes without blocking: the bytes moved
+/// (0: the socket would block), or why the connection failed.
+fn move_bytes(mut stream: &TcpStream, task: &mut Task) -> std::result::Result<usize, String> {
+    let mut moved = 0;
+    while task.done < task.len {
+        let r = match task.kind {
+            TaskKind::SendHeader => stream.write(&task.header[task.done..]),
+            TaskKind::RecvHeader => stream.read(&mut task.header[task.done..]),
+            TaskKind::Data { ptr, send } => {
+                let p = (ptr + task.done) as *mut u8;
+                let n = task.len - task.done;
+                if send {
+                    // SAFETY: the request's buffer (`ptr`, `len` bytes) stays valid until
+                    // the request is done (the `Net` contract); nothing writes it meanwhile.
+                    stream.write(unsafe { std::slice::from_raw_parts(p, n) })
+                } else {
+                    // SAFETY: as above; this task is the only writer of its bytes.
+                    stream.read(unsafe { std::slice::from_raw_parts_mut(p, n) })
+                }
+            }
+        };
+        match r {
+            Ok(0) if !task.sends() => {
+                return Err(
+                    "the peer closed the connection without a goodbye (its process exited or \
+                     was killed)"
+                        .into(),
+                )
+            }
+            Ok(0) => return Err("the connection accepts no more bytes".into()),
+            Ok(n) => {
+                task.done += n;
+                moved += n;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("connection failed: {e}")),
+        }
+    }
+    Ok(moved.max(1))
+}
+
+impl Net for SocketNet {
+    fn name(&self) -> &str {
+        "Socket"
+    }
+
+    fn devices(&self) -> Result<i32> {
+        Ok(1)
+    }
+
+    fn properties(&self, dev: i32) -> Result<Properties> {
+        if dev != 0 {
+            return Err(Error::invalid_argument(format!(
+                "NET/Socket: no device {dev}"
+            )));
+        }
+        Ok(Properties {
+            name: self.dev.name.clone(),
+            pci_path: String::new(),
+            guid: 0,
+            ptr_support: PTR_HOST,
+            reg_is_global: false,
+            speed_mbps: link_speed_mbps(&self.dev.name),
+            port: 0,
+            latency_us: 0.0,
+            max_comms: 65536,
+            max_recvs: 1,
+            max_p2p_bytes: i32::MAX as usize,
+        })
+    }
+
+    fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
+        self.properties(dev)?;
+        let listener = bsock::listen_on(&self.dev)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(sys("set_nonblocking"))?;
+        let addr = listener.local_addr().map_err(sys("local_addr"))?;
+        let handle = encode_handle(addr, self.shape);
+        let mut o = self.objects.lock();
+        let id = o.id();
+        o.listens.insert(
+            id,
+            Arc::new(Listen {
+                listener,
+                shape: self.shape,
+                arrived: Mutex::new(HashMap::new()),
+            }),
+        );
+        Ok((handle, Comm(id)))
+    }
+
+    fn connect(&self, _dev: i32, handle: &Handle) -> Result<Option<Comm>> {
+        let (addr, shape) = decode_handle(handle)?;
+        let id = connection_id();
+        let mut streams = Vec::with_capacity(shape.nsocks);
+        for index in 0..shape.nsocks {
+            let mut s = TcpStream::connect_timeout(&addr, SETUP_TIMEOUT)
+                .map_err(|e| Error::system(format!("NET/Socket: connect to {addr}: {e}")))?;
+            let mut hello = [0u8; HELLO_BYTES];
+            hello[..8].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
+            hello[8..16].copy_from_slice(&id.to_le_bytes());
+            hello[16..20].copy_from_slice(&(index as u32).to_le_bytes());
+            hello[20..24].copy_from_slice(&(shape.nsocks as u32).to_le_bytes());
+            s.write_all(&hello)
+                .map_err(sys("sending a connection's hello"))?;
+            streams.push(s);
+        }
+        Ok(Some(self.add_comm(SockComm::new(
+            streams,
+            shape.nthreads,
+            true,
+        )?)))
+    }
+
+    fn accept(&self, listen: Comm) -> Result<Option<Comm>> {
+        let l = self.listen_comm(listen)?;
+        loop {
+            match l.listener.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).map_err(sys("set_nonblocking"))?;
+                    let (id, index, count) = read_hello(&mut s)?;
+                    let mut arrived = l.arrived.lock();
+                    let slots = arrived
+                        .entry(id)
+                        .or_insert_with(|| (0..count).map(|_| None).collect());
+                    if slots.len() != count || slots[index].is_some() {
+                        return Err(Error::system("NET/Socket: inconsistent connection hello"));
+                    }
+                    slots[index] = Some(s);
+                    if slots.iter().all(Option::is_some) {
+                        let streams = arrived.remove(&id).unwrap().into_iter().flatten().collect();
+                        drop(arrived);
+                        let comm = SockComm::new(streams, l.shape.nthreads, false)?;
+                        return Ok(Some(self.add_comm(comm)));
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(sys("accept")(e)),
+            }
+        }
+    }
+
+    fn reg_mr(&self, comm: Comm, _data: *mut u8, _size: usize, mem: MemType) -> Result<MemHandle> {
+        self.comm(comm)?;
+        match mem {
+            MemType::Host => Ok(MemHandle(0)),
+            MemType::Cuda => Err(Error::invalid_usage(
+                "NET/Socket: CUDA memory cannot be registered with the socket network",
+            )),
+        }
+    }
+
+    fn dereg_mr(&self, _comm: Comm, _mh: MemHandle) -> Result<()> {
+        Ok(())
+    }
+
+    fn isend(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        _tag: i32,
+        _mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        let c = self.comm(comm)?;
+        if let Some(e) = c.error() {
+            return Err(e);
+        }
+        let req = Arc::new(Req {
+            remaining: AtomicUsize::new(1 + c.chunks_of(size)),
+            size: AtomicUsize::new(size),
+            base: data as usize,
+            capacity: size,
+            comm: c.clone(),
+        });
+        c.socks[0].queue.lock().push_back(Task {
+            req: req.clone(),
+            kind: TaskKind::SendHeader,
+            len: 8,
+            done: 0,
+            header: (size as u64).to_le_bytes(),
+        });
+        for (j, t) in c
+            .chunk_tasks(&req, data as usize, size, true)
+            .into_iter()
+            .enumerate()
+        {
+            c.socks[j].queue.lock().push_back(t);
+        }
+        c.notify();
+        Ok(Some(self.add_request(req)))
+    }
+
+    fn irecv(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        _tag: i32,
+        _mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        let c = self.comm(comm)?;
+        if let Some(e) = c.error() {
+            return Err(e);
+        }
+        let req = Arc::new(Req {
+            remaining: AtomicUsize::new(1),
+            size: AtomicUsize::new(0),
+            base: data as usize,
+            capacity: size,
+            comm: c.clone(),
+        });
+        c.socks[0].queue.lock().push_back(Task {
+            req: req.clone(),
+            kind: TaskKind::RecvHeader,
+            len: 8,
+            done: 0,
+            header: [0; 8],
+        });
+        c.notify();
+        Ok(Some(self.add_request(req)))
+    }
+
+    fn iflush(
+        &self,
+        _comm: Comm,
+        _data: *mut u8,
+        _size: usize,
+        _mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        Ok(None)
+    }
+
+    fn test(&self, r: Request) -> Result<Option<usize>> {
+        let req = self
+            .objects
+            .lock()
+            .requests
+            .get(&r.0)
+            .cloned()
+            .ok_or_else(|| Error::internal(format!("NET/Socket: no request {}", r.0)))?;
+        if !req.comm.threaded {
+            req.comm.progress_all();
+        }
+        if let Some(e) = req.comm.error() {
+            self.objects.lock().requests.remove(&r.0);
+            return Err(e);
+        }
+        if req.remaining.load(Ordering::Acquire) != 0 {
+            return Ok(None);
+        }
+        self.objects.lock().requests.remove(&r.0);
+        Ok(Some(req.size.load(Ordering::Acquire)))
+    }
+
+    fn close_send(&self, comm: Comm) -> Result<()> {
+        self.close_comm(comm)
+    }
+
+    fn close_recv(&self, comm: Comm) -> Result<()> {
+        self.close_comm(comm)
+    }
+
+    fn close_listen(&self, comm: Comm) -> Result<()> {
+        self.objects.lock().listens.remove(&comm.0);
+        Ok(())
+    }
+}
+
+/// A connection's id, unique enough among the connections one listener sees.
+fn connection_id() -> u64 {
+    static NEXT: AtomicUsize = AtomicUsize::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) as u64;
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (std::process::id() as u64) << 40 ^ n << 8 ^ t
+}
+
+/// The link speed of an interface in Mbit/s (`/sys/class/net/<if>/speed`), 10000 when unknown
+/// (loopback), as NVIDIA's.
+fn link_speed_mbps(ifname: &str) -> i32 {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/speed"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(10000)
+}

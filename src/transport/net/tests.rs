@@ -1,0 +1,547 @@
+//! Tests of the socket network and of the proxy on host memory, no GPU: stand-in kernels (host
+//! threads following the Simple and LL protocols on the same counters, step words and slot
+//! regions as the CUDA kernels) at both ends of a network connection, in threads and across
+//! processes, including a peer killed in the middle of a transfer.
+
+use super::api::{Comm, Handle, MemType, Net, HANDLE_BYTES};
+use super::proxy::{bounce_bytes, HostBlock, NetSide, Proxy};
+use super::socket::{Shape, SocketNet};
+use super::{block_bytes, host_block};
+use crate::bootstrap::socket::NetIf;
+use crate::error::{Error, Result};
+use crate::sched::device::{LL_REGION_DIV, STEP_LL};
+use crate::sched::Dir;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn lo() -> NetIf {
+    NetIf {
+        name: "lo".into(),
+        ip: "127.0.0.1".parse().unwrap(),
+        scope_id: 0,
+    }
+}
+
+/// Call `f` until it gives a value; panics after 20 s.
+fn until<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().unwrap_or_else(|e| panic!("{what}: {e}")) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}: timed out"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// A connected (send, recv) pair of comms on `net`.
+fn connect_pair(net: &dyn Net) -> (Comm, Comm) {
+    let (h, l) = net.listen(0).unwrap();
+    let s = until("connect", || net.connect(0, &h));
+    let r = until("accept", || net.accept(l));
+    net.close_listen(l).unwrap();
+    (s, r)
+}
+
+fn pattern(seed: usize, n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 131 + seed * 7 + 1) as u8).collect()
+}
+
+#[test]
+fn socket_messages_arrive_whole_and_in_order_with_every_shape() {
+    let sizes = [0usize, 1, 8, 65535, 65537, (4 << 20) + 3];
+    for (threads, per) in [(0, 1), (1, 1), (2, 2), (0, 4), (4, 1)] {
+        let net = SocketNet::new(lo(), Shape::new(threads, per));
+        let (sc, rc) = connect_pair(&net);
+        let mh = net
+            .reg_mr(sc, std::ptr::null_mut(), 0, MemType::Host)
+            .unwrap();
+        let sends: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| pattern(i, n))
+            .collect();
+        let mut recvs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n + 16]).collect();
+        let mut reqs = Vec::new();
+        for (i, buf) in recvs.iter_mut().enumerate() {
+            let r = net
+                .irecv(rc, buf.as_mut_ptr(), buf.len(), 0, mh)
+                .unwrap()
+                .unwrap();
+            let s = net
+                .isend(sc, sends[i].as_ptr() as *mut u8, sends[i].len(), 0, mh)
+                .unwrap()
+                .unwrap();
+            reqs.push((i, r, s));
+        }
+        for (i, r, s) in reqs {
+            let mut got = None;
+            let mut sent = None;
+            let start = Instant::now();
+            while got.is_none() || sent.is_none() {
+                if got.is_none() {
+                    got = net.test(r).unwrap();
+                }
+                if sent.is_none() {
+                    sent = net.test(s).unwrap();
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "message {i} stuck"
+                );
+            }
+            assert_eq!(got, Some(sizes[i]), "shape {threads}x{per}, message {i}");
+            assert_eq!(sent, Some(sizes[i]));
+            assert_eq!(
+                &recvs[i][..sizes[i]],
+                &sends[i][..],
+                "shape {threads}x{per}"
+            );
+            assert!(
+                recvs[i][sizes[i]..].iter().all(|&b| b == 0),
+                "wrote past the message"
+            );
+        }
+        net.close_send(sc).unwrap();
+        net.close_recv(rc).unwrap();
+    }
+}
+
+#[test]
+fn a_message_larger_than_the_receive_fails_and_says_so() {
+    let net = SocketNet::new(lo(), Shape::new(0, 1));
+    let (sc, rc) = connect_pair(&net);
+    let mh = net
+        .reg_mr(sc, std::ptr::null_mut(), 0, MemType::Host)
+        .unwrap();
+    let data = vec![1u8; 100];
+    let mut small = vec![0u8; 10];
+    let r = net
+        .irecv(rc, small.as_mut_ptr(), 10, 0, mh)
+        .unwrap()
+        .unwrap();
+    let s = net
+        .isend(sc, data.as_ptr() as *mut u8, 100, 0, mh)
+        .unwrap()
+        .unwrap();
+    let start = Instant::now();
+    let err = loop {
+        let _ = net.test(s);
+        match net.test(r) {
+            Err(e) => break e,
+            Ok(Some(_)) => panic!("an oversized message was accepted"),
+            Ok(None) => assert!(start.elapsed() < Duration::from_secs(10)),
+        }
+    };
+    assert!(
+        err.msg.contains("larger than the posted receive"),
+        "{}",
+        err.msg
+    );
+}
+
+#[test]
+fn handles_that_are_not_socket_handles_are_refused() {
+    let net = SocketNet::new(lo(), Shape::new(0, 1));
+    let e = net.connect(0, &Handle([7; HANDLE_BYTES])).unwrap_err();
+    assert!(e.msg.contains("malformed connection handle"), "{}", e.msg);
+}
+
+// ---- the proxy, with stand-in kernels ----
+
+const SLOT: u32 = 64 << 10;
+const NSLOTS: u32 = 4;
+
+/// One side's block in ordinary memory (the GPU would map it).
+struct Block {
+    _mem: Vec<u64>,
+    host: HostBlock,
+}
+
+impl Block {
+    fn new(dir: Dir) -> Block {
+        let mut mem = vec![0u64; block_bytes(dir, SLOT, NSLOTS).div_ceil(8)];
+        let host = host_block(mem.as_mut_ptr() as *mut u8, SLOT, NSLOTS);
+        Block { _mem: mem, host }
+    }
+}
+
+// SAFETY: the block's memory is owned by `_mem` and outlives every user in the tests.
+unsafe impl Send for Block {}
+unsafe impl Sync for Block {}
+
+fn load(p: *const u64) -> u64 {
+    // SAFETY: an aligned u64 of a live block, written by other threads.
+    unsafe { std::ptr::read_volatile(p) }
+}
+
+fn store(p: *mut u64, v: u64) {
+    std::sync::atomic::fence(Ordering::Release);
+    // SAFETY: as in `load`.
+    unsafe { std::ptr::write_volatile(p, v) };
+}
+
+fn slot(b: &HostBlock, k: usize) -> *mut u8 {
+    // SAFETY: the staging buffer has NSLOTS slots.
+    unsafe { b.buf.add(k % NSLOTS as usize * SLOT as usize) }
+}
+
+fn ll_region(b: &HostBlock, k: usize) -> *mut u64 {
+    // SAFETY: the LL region is the last 1/8 of the slot.
+    unsafe { slot(b, k).add((SLOT - SLOT / LL_REGION_DIV) as usize) as *mut u64 }
+}
+
+fn epoch(k: usize) -> u64 {
+    (k as u64 + 1) & 0xffff_ffff
+}
+
+/// The steps both stand-in kernels run: (payload bytes, LL), Simple and LL interleaved over
+/// several turns of the slots, every boundary size of both.
+fn schedule() -> Vec<(usize, bool)> {
+    let simple_max = (SLOT - SLOT / LL_REGION_DIV) as usize;
+    let ll_max = (SLOT / (2 * LL_REGION_DIV)) as usize;
+    let mut v = Vec::new();
+    for turn in 0..3 {
+        v.extend([
+            (0, false),
+            (1, true),
+            (4, true),
+            (5, true),
+            (simple_max, false),
+            (ll_max, true),
+            (4096 + turn, false),
+            (12, true),
+            (1, false),
+        ]);
+    }
+    v
+}
+
+/// Wait until `ready`, or fail when the stand-in abort flag rises or 20 s pass.
+fn spin(
+    what: &str,
+    abort: &AtomicBool,
+    mut ready: impl FnMut() -> bool,
+) -> std::result::Result<(), String> {
+    let start = Instant::now();
+    while !ready() {
+        if abort.load(Ordering::Acquire) {
+            return Err(format!("{what}: aborted"));
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err(format!("{what}: timed out"));
+        }
+        std::hint::spin_loop();
+    }
+    Ok(())
+}
+
+/// The sending kernel's part of `steps` (the first `upto` of them).
+fn stand_in_sender(
+    b: &HostBlock,
+    steps: &[(usize, bool)],
+    abort: &AtomicBool,
+) -> std::result::Result<(), String> {
+    for (k, &(bytes, ll)) in steps.iter().enumerate() {
+        spin(&format!("sender step {k}"), abort, || {
+            load(b.head) + NSLOTS as u64 > k as u64
+        })?;
+        let data = pattern(k, bytes);
+        if ll {
+            let words = ll_region(b, k);
+            for (u, unit) in data.chunks(8).enumerate() {
+                let mut v = [0u8; 8];
+                v[..unit.len()].copy_from_slice(unit);
+                let v = u64::from_le_bytes(v);
+                // SAFETY: unit u's two words are within the LL region.
+                unsafe {
+                    std::ptr::write_volatile(words.add(2 * u), (v & 0xffff_ffff) | epoch(k) << 32);
+                    if unit.len() > 4 {
+                        std::ptr::write_volatile(words.add(2 * u + 1), (v >> 32) | epoch(k) << 32);
+                    }
+                }
+            }
+        } else {
+            // SAFETY: a Simple payload fits the slot.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), slot(b, k), bytes) };
+        }
+        let word = epoch(k) << 32 | bytes as u64 | if ll { STEP_LL as u64 } else { 0 };
+        // SAFETY: the step words have NSLOTS entries.
+        store(
+            unsafe { (b.words as *mut u64).add(k % NSLOTS as usize) },
+            word,
+        );
+        if !ll {
+            store(b.tail, k as u64 + 1);
+        }
+    }
+    Ok(())
+}
+
+/// The receiving kernel's part of `steps`: checks every byte.
+fn stand_in_receiver(
+    b: &HostBlock,
+    steps: &[(usize, bool)],
+    abort: &AtomicBool,
+) -> std::result::Result<(), String> {
+    for (k, &(bytes, ll)) in steps.iter().enumerate() {
+        let mut got = vec![0u8; bytes];
+        if ll {
+            let words = ll_region(b, k);
+            for (u, out) in got.chunks_mut(8).enumerate() {
+                let two = out.len() > 4;
+                // SAFETY: within the LL region.
+                let w = |i: usize| load(unsafe { words.add(2 * u + i) });
+                spin(&format!("receiver LL step {k}"), abort, || {
+                    w(0) >> 32 == epoch(k) && (!two || w(1) >> 32 == epoch(k))
+                })?;
+                let v = (w(0) & 0xffff_ffff) | if two { w(1) << 32 } else { 0 };
+                out.copy_from_slice(&v.to_le_bytes()[..out.len()]);
+            }
+        } else {
+            spin(&format!("receiver step {k}"), abort, || {
+                load(b.tail) > k as u64
+            })?;
+            // SAFETY: the slot holds the step's payload.
+            unsafe { std::ptr::copy_nonoverlapping(slot(b, k), got.as_mut_ptr(), bytes) };
+        }
+        if got != pattern(k, bytes) {
+            return Err(format!("step {k} ({bytes} bytes, ll {ll}): wrong data"));
+        }
+        store(b.head, k as u64 + 1);
+    }
+    Ok(())
+}
+
+/// A proxy whose errors land in `errors` (the stand-in kernels have their own abort flag).
+fn proxy(rank: i32, errors: &Arc<Mutex<Vec<Error>>>) -> Proxy {
+    let e = errors.clone();
+    Proxy::start(
+        rank,
+        Arc::new(AtomicBool::new(false)),
+        0,
+        Arc::new(move |err: Error| e.lock().push(err)),
+    )
+    .unwrap()
+}
+
+fn side(net: &Arc<dyn Net>, comm: Comm, dir: Dir, peer: i32, block: &Block) -> NetSide {
+    let b = block.host;
+    let mh = net
+        .reg_mr(comm, b.buf, (SLOT * NSLOTS) as usize, MemType::Host)
+        .unwrap();
+    let bounce_mh = net
+        .reg_mr(
+            comm,
+            b.bounce,
+            NSLOTS as usize * bounce_bytes(SLOT),
+            MemType::Host,
+        )
+        .unwrap();
+    NetSide {
+        net: net.clone(),
+        comm,
+        mh,
+        bounce_mh,
+        dir,
+        peer,
+        channel: 0,
+        block: b,
+        nslots: NSLOTS,
+        slot_bytes: SLOT,
+    }
+}
+
+#[test]
+fn the_proxy_moves_simple_and_ll_steps_between_two_ranks() {
+    for shape in [Shape::new(0, 1), Shape::new(2, 2)] {
+        let net: Arc<dyn Net> = Arc::new(SocketNet::new(lo(), shape));
+        let (sc, rc) = connect_pair(net.as_ref());
+        let (sb, rb) = (Block::new(Dir::Send), Block::new(Dir::Recv));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let flag = Arc::new(AtomicBool::new(false));
+        let p0 = proxy(0, &errors);
+        let p1 = proxy(1, &errors);
+        p0.add(side(&net, sc, Dir::Send, 1, &sb));
+        p1.add(side(&net, rc, Dir::Recv, 0, &rb));
+        let steps = schedule();
+        std::thread::scope(|s| {
+            let (sb, rb, steps, flag) = (&sb, &rb, &steps, &flag);
+            let send = s.spawn(move || stand_in_sender(&sb.host, steps, flag));
+            let recv = s.spawn(move || stand_in_receiver(&rb.host, steps, flag));
+            send.join().unwrap().unwrap();
+            recv.join().unwrap().unwrap();
+        });
+        assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+        // The sender's slots were all released once the receiver had them.
+        let start = Instant::now();
+        while load(sb.host.head) != steps.len() as u64 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "head not advanced"
+            );
+        }
+        drop((p0, p1));
+    }
+}
+
+// ---- across processes: the test binary runs itself as the sending rank ----
+
+const CHILD_ENV: &str = "OXCCL_NET_TEST_CHILD";
+
+fn to_hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn from_hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// In a child process: connect to the handle in the environment and send the schedule's
+/// first `n` steps (then, if told to, wait to be killed). Nothing in a normal test run.
+#[test]
+fn child_sender() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (hex, rest) = spec.split_once(',').unwrap();
+    let (n, hang) = rest.split_once(',').unwrap();
+    let n: usize = n.parse().unwrap();
+    let handle = Handle(from_hex(hex).try_into().unwrap());
+    let net: Arc<dyn Net> = Arc::new(SocketNet::new(lo(), Shape::new(0, 1)));
+    let sc = until("connect", || net.connect(0, &handle));
+    let block = Block::new(Dir::Send);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let flag = Arc::new(AtomicBool::new(false));
+    let p = proxy(1, &errors);
+    p.add(side(&net, sc, Dir::Send, 0, &block));
+    let steps = schedule();
+    stand_in_sender(&block.host, &steps[..n], &flag).unwrap();
+    println!("CHILD_SENT {n}");
+    if hang == "hang" {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    let start = Instant::now();
+    while load(block.host.head) != n as u64 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "child: head not advanced"
+        );
+    }
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+    println!("CHILD_OK");
+}
+
+fn spawn_sender(handle: &Handle, n: usize, hang: bool) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "transport::net::tests::child_sender",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            CHILD_ENV,
+            format!(
+                "{},{n},{}",
+                to_hex(&handle.0),
+                if hang { "hang" } else { "done" }
+            ),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// This process receives; returns the proxy's errors and the stand-in receiver's result.
+fn receive_from_child(
+    n_recv: usize,
+    kill_after: Option<usize>,
+) -> (Vec<Error>, std::result::Result<(), String>, Duration) {
+    let net: Arc<dyn Net> = Arc::new(SocketNet::new(lo(), Shape::new(0, 1)));
+    let (h, l) = net.listen(0).unwrap();
+    let mut child = spawn_sender(&h, kill_after.unwrap_or(n_recv), kill_after.is_some());
+    let rc = until("accept", || net.accept(l));
+    let block = Block::new(Dir::Recv);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let flag = Arc::new(AtomicBool::new(false));
+    let p = proxy(0, &errors);
+    p.add(side(&net, rc, Dir::Recv, 1, &block));
+    let steps = schedule();
+    let mut since_kill = Duration::ZERO;
+    if let Some(k) = kill_after {
+        stand_in_receiver(&block.host, &steps[..k], &flag).unwrap();
+        child.kill().unwrap();
+        let killed = Instant::now();
+        // The stand-in kernel's abort flag is raised once the proxy reports the failure.
+        let watcher = {
+            let (errors, flag) = (errors.clone(), flag.clone());
+            std::thread::spawn(move || {
+                while errors.lock().is_empty() && killed.elapsed() < Duration::from_secs(15) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                flag.store(true, Ordering::Release);
+            })
+        };
+        let r = stand_in_receiver(&block.host, &steps[..k + 1], &flag);
+        since_kill = killed.elapsed();
+        watcher.join().unwrap();
+        let _ = child.wait();
+        return (
+            std::mem::take(&mut *errors.lock()),
+            r.map(|_| ()),
+            since_kill,
+        );
+    }
+    let r = stand_in_receiver(&block.host, &steps[..n_recv], &flag);
+    if r.is_err() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("CHILD_OK"),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(p);
+    let errors = std::mem::take(&mut *errors.lock());
+    (errors, r, since_kill)
+}
+
+#[test]
+fn the_proxy_moves_steps_between_processes() {
+    let n = schedule().len();
+    let (errors, r, _) = receive_from_child(n, None);
+    r.unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+#[test]
+fn a_peer_killed_mid_transfer_is_an_error_naming_it_not_a_hang() {
+    let (errors, r, after) = receive_from_child(0, Some(5));
+    assert!(
+        r.is_err(),
+        "the receiver cannot complete a step the dead peer never sent"
+    );
+    assert!(
+        after < Duration::from_secs(10),
+        "the failure took {after:?}"
+    );
+    let e = errors.first().expect("the proxy reported the failure");
+    assert!(
+        e.msg.contains("receiving from rank 1") && e.msg.contains("closed the connection"),
+        "{}",
+        e.msg
+    );
+    assert_eq!(e.code, crate::abi::ncclResult_t::ncclRemoteError);
+}
