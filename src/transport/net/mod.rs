@@ -3,6 +3,7 @@
 //! says why the network is needed.
 
 pub mod api;
+pub mod plugin;
 
 use crate::error::Error;
 use crate::topo::Topology;
