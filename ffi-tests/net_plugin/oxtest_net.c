@@ -21,8 +21,8 @@
  *
  * Built by ffi-tests/run.sh and by the cargo tests as
  *   cc -shared -fPIC -O2 -Wall -Werror -o liboxtest_net.so oxtest_net.c
- * Test variants: -DOXTEST_FAIL_INIT (init fails), -DOXTEST_ONLY_V7 (exports only a
- * ncclNetPlugin_v7 symbol, a version oxccl does not load).
+ * Test variants: -DOXTEST_FAIL_INIT (init fails), -DOXTEST_EXPORT_ONLY=N (exports only
+ * ncclNetPlugin_vN, N in 7..11; 7 is a version oxccl does not load).
  *
  * The ABI types below are written from NVIDIA's 2.28.9 headers (nccl_net.h, net_v8.h ..
  * net_v11.h, net_device.h, nccl_common.h); NVIDIA's headers are not included.
@@ -752,37 +752,50 @@ static ncclResult_t oxFinalize(void* ctx) {
   .closeRecv = oxCloseComm, .closeListen = oxCloseListen, .getDeviceMr = NULL,               \
   .irecvConsumed = NULL
 
-/* The tables oxccl and NCCL look for; under OXTEST_ONLY_V7 they are hidden under other
- * names, and only a table of a version oxccl does not load is exported (never read). */
-#ifdef OXTEST_ONLY_V7
-#define OX_TABLE(v) oxHiddenNet_v##v
-#define OX_EXPORT __attribute__((visibility("hidden")))
+/* The tables oxccl and NCCL look for. With -DOXTEST_EXPORT_ONLY=N only ncclNetPlugin_vN is
+ * exported (the others are kept under hidden names); N = 7 exports a table under the name of
+ * a version oxccl does not load (its contents are never read). */
+#if !defined(OXTEST_EXPORT_ONLY) || OXTEST_EXPORT_ONLY == 8
+#define OX_V8 __attribute__((visibility("default"))) const oxNet_v8 ncclNetPlugin_v8
+#else
+#define OX_V8 __attribute__((visibility("hidden"))) const oxNet_v8 oxHiddenNet_v8
+#endif
+#if !defined(OXTEST_EXPORT_ONLY) || OXTEST_EXPORT_ONLY == 9
+#define OX_V9 __attribute__((visibility("default"))) const oxNet_v9 ncclNetPlugin_v9
+#else
+#define OX_V9 __attribute__((visibility("hidden"))) const oxNet_v9 oxHiddenNet_v9
+#endif
+#if !defined(OXTEST_EXPORT_ONLY) || OXTEST_EXPORT_ONLY == 10
+#define OX_V10 __attribute__((visibility("default"))) const oxNet_v10 ncclNetPlugin_v10
+#else
+#define OX_V10 __attribute__((visibility("hidden"))) const oxNet_v10 oxHiddenNet_v10
+#endif
+#if !defined(OXTEST_EXPORT_ONLY) || OXTEST_EXPORT_ONLY == 11
+#define OX_V11 __attribute__((visibility("default"))) const oxNet_v11 ncclNetPlugin_v11
+#else
+#define OX_V11 __attribute__((visibility("hidden"))) const oxNet_v11 oxHiddenNet_v11
+#endif
+
+#if defined(OXTEST_EXPORT_ONLY) && OXTEST_EXPORT_ONLY == 7
 __attribute__((visibility("default"))) const oxNet_v8 ncclNetPlugin_v7 = {
     .name = "OxTest", .init = oxInit, .getProperties = oxGetProperties_v8,
     .listen = oxListen, .connect = oxConnect, .isend = oxIsend_v8, .irecv = oxIrecv_v8,
     OX_SHARED_VALUES};
-#else
-#define OX_TABLE(v) ncclNetPlugin_v##v
-#define OX_EXPORT __attribute__((visibility("default")))
 #endif
 
-OX_EXPORT const oxNet_v8 OX_TABLE(8) = {
-    .name = "OxTest", .init = oxInit, .getProperties = oxGetProperties_v8,
-    .listen = oxListen, .connect = oxConnect, .isend = oxIsend_v8, .irecv = oxIrecv_v8,
-    OX_SHARED_VALUES};
+OX_V8 = {.name = "OxTest", .init = oxInit, .getProperties = oxGetProperties_v8,
+         .listen = oxListen, .connect = oxConnect, .isend = oxIsend_v8, .irecv = oxIrecv_v8,
+         OX_SHARED_VALUES};
 
-OX_EXPORT const oxNet_v9 OX_TABLE(9) = {
-    .name = "OxTest", .init = oxInit, .getProperties = oxGetProperties_v10,
-    .listen = oxListen, .connect = oxConnect, .isend = oxIsend, .irecv = oxIrecv,
-    OX_SHARED_VALUES, .makeVDevice = NULL};
+OX_V9 = {.name = "OxTest", .init = oxInit, .getProperties = oxGetProperties_v10,
+         .listen = oxListen, .connect = oxConnect, .isend = oxIsend, .irecv = oxIrecv,
+         OX_SHARED_VALUES, .makeVDevice = NULL};
 
-OX_EXPORT const oxNet_v10 OX_TABLE(10) = {
-    .name = "OxTest", .init = oxInit_v10, .getProperties = oxGetProperties_v10,
-    .listen = oxListen, .connect = oxConnect_v10, .isend = oxIsend_v10,
-    .irecv = oxIrecv_v10, OX_SHARED_VALUES, .makeVDevice = NULL};
+OX_V10 = {.name = "OxTest", .init = oxInit_v10, .getProperties = oxGetProperties_v10,
+          .listen = oxListen, .connect = oxConnect_v10, .isend = oxIsend_v10,
+          .irecv = oxIrecv_v10, OX_SHARED_VALUES, .makeVDevice = NULL};
 
-OX_EXPORT const oxNet_v11 OX_TABLE(11) = {
-    .name = "OxTest", .init = oxInit_v11, .getProperties = oxGetProperties_v11,
-    .listen = oxListen_v11, .connect = oxConnect_v11, .isend = oxIsend_v10,
-    .irecv = oxIrecv_v10, OX_SHARED_VALUES, .makeVDevice = NULL, .finalize = oxFinalize,
-    .setNetAttr = NULL};
+OX_V11 = {.name = "OxTest", .init = oxInit_v11, .getProperties = oxGetProperties_v11,
+          .listen = oxListen_v11, .connect = oxConnect_v11, .isend = oxIsend_v10,
+          .irecv = oxIrecv_v10, OX_SHARED_VALUES, .makeVDevice = NULL, .finalize = oxFinalize,
+          .setNetAttr = NULL};

@@ -113,7 +113,8 @@ impl Table {
                 8 => Table::V8(*(ptr as *const ncclNet_v8_t)),
                 9 => Table::V9(*(ptr as *const ncclNet_v9_t)),
                 10 => Table::V10(*(ptr as *const ncclNet_v10_t)),
-                _ => Table::V11(*(ptr as *const ncclNet_v11_t)),
+                11 => Table::V11(*(ptr as *const ncclNet_v11_t)),
+                _ => unreachable!("net plugin version {version} is not one of VERSIONS"),
             }
         }
     }

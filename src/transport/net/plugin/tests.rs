@@ -87,10 +87,19 @@ fn a_library_without_a_table_is_no_plugin() {
 
 #[test]
 fn a_v7_only_plugin_is_too_old() {
-    let Some(lib) = compile("v7", Source::Plugin, &["-DOXTEST_ONLY_V7"]) else {
+    let Some(lib) = compile("v7", Source::Plugin, &["-DOXTEST_EXPORT_ONLY=7"]) else {
         return;
     };
     assert!(open_path(&lib).is_none());
+}
+
+#[test]
+fn an_older_table_is_found_when_newer_ones_are_missing() {
+    let Some(lib) = compile("only_v9", Source::Plugin, &["-DOXTEST_EXPORT_ONLY=9"]) else {
+        return;
+    };
+    let net = open_path(&lib).expect("a v9-only plugin loads");
+    assert_eq!(net.properties(0).unwrap().name, "OxTest0");
 }
 
 #[test]
