@@ -6,6 +6,8 @@
 #   exports  libnccl.so exports exactly NVIDIA's ncclX/pncclX set; SONAME libnccl.so.2;
 #            no NEEDED on libcuda, libcudart, libnvidia-ml, libibverbs
 #   bad      bad_inputs.c against our library (asserted), then NVIDIA's (report only)
+#   plugin   net_plugin/oxtest_net.c (the test net plugin) builds as liboxtest_net.so with
+#            -Wall -Werror and exports ncclNetPlugin_v8 .. _v11
 # Usage: ffi-tests/run.sh [release|debug]   (default release; builds nothing with cargo)
 # Prints 'N passed, M failed' and exits non-zero on any failure.
 set -uo pipefail
@@ -144,6 +146,16 @@ if build_bad nvidia "$NV_NCCL/include" "$NV_NCCL/lib" -l:libnccl.so.2; then
   fi
   echo "      bad inputs, oxccl vs NVIDIA's library on this machine: $OUT/bad_inputs_report.txt"
   echo "      ($(grep -c 'differs here' "$OUT/bad_inputs_report.txt") of $(($(wc -l <"$OUT/bad_inputs_report.txt") - 1)) cases differ; NVIDIA fails on CUDA first without a GPU)"
+fi
+
+# ---- the test net plugin (NCCL_NET_PLUGIN=$OUT/liboxtest_net.so NCCL_NET=OxTest) ----
+if "$CC" -shared -fPIC -O2 -Wall -Werror -o "$OUT/liboxtest_net.so" "$ROOT/ffi-tests/net_plugin/oxtest_net.c" \
+    2>"$OUT/oxtest_net.log"; then
+  tables=$(nm -D --defined-only "$OUT/liboxtest_net.so" | awk '{print $NF}' | grep -c '^ncclNetPlugin_v\(8\|9\|10\|11\)$')
+  if [[ $tables == 4 ]]; then pass "net plugin liboxtest_net.so builds, exports ncclNetPlugin_v8..v11"; else
+    fail "net plugin exports" "$tables of the 4 ncclNetPlugin_v8..v11 tables"; fi
+else
+  fail "net plugin liboxtest_net.so builds" "see $OUT/oxtest_net.log"; cat "$OUT/oxtest_net.log"
 fi
 
 echo

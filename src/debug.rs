@@ -261,12 +261,13 @@ macro_rules! warn {
     };
 }
 
-/// Log an INFO line for a subsystem: `info!(INIT, "...")`.
+/// Log an INFO line for a subsystem: `info!(INIT, "...")`, or for any of several, as NVIDIA's
+/// `INFO(NCCL_INIT|NCCL_NET, ...)`: `info!(INIT | NET, "...")`.
 #[macro_export]
 macro_rules! info {
-    ($sys:ident, $($t:tt)*) => {
-        if $crate::debug::enabled($crate::debug::Level::Info, $crate::debug::subsys::$sys) {
-            $crate::debug::log($crate::debug::Level::Info, $crate::debug::subsys::$sys, format_args!($($t)*))
+    ($($sys:ident)|+, $($t:tt)*) => {
+        if $crate::debug::enabled($crate::debug::Level::Info, 0 $(| $crate::debug::subsys::$sys)+) {
+            $crate::debug::log($crate::debug::Level::Info, 0 $(| $crate::debug::subsys::$sys)+, format_args!($($t)*))
         }
     };
 }

@@ -12,6 +12,7 @@
 //! (`NCCL_NET_PLUGIN`), else the built-in sockets; `NCCL_NET` must name the one chosen.
 
 pub mod api;
+pub mod plugin;
 pub mod proxy;
 pub mod socket;
 
@@ -34,17 +35,34 @@ pub fn network() -> Result<Arc<dyn Net>> {
     NET.get_or_try_init(choose_network).cloned()
 }
 
+/// As NVIDIA's: the networks are the plugin's (if one loads) and then the built-in sockets;
+/// `NCCL_NET` picks one by name, else the first is used.
 fn choose_network() -> Result<Arc<dyn Net>> {
-    let net: Arc<dyn Net> = Arc::new(socket::SocketNet::from_env()?);
-    if let Some(wanted) = crate::env::get("NCCL_NET").filter(|s| !s.trim().is_empty()) {
-        if !wanted.trim().eq_ignore_ascii_case(net.name()) {
-            return Err(Error::invalid_usage(format!(
-                "NCCL_NET={wanted}: no such network (available: {})",
-                net.name()
-            )));
-        }
+    let mut nets: Vec<Arc<dyn Net>> = plugin::load()?.into_iter().collect();
+    let wanted = crate::env::get("NCCL_NET").filter(|s| !s.trim().is_empty());
+    let socket_wanted = wanted
+        .as_deref()
+        .is_none_or(|w| w.trim().eq_ignore_ascii_case("Socket"));
+    if nets.is_empty() || socket_wanted {
+        nets.push(Arc::new(socket::SocketNet::from_env()?));
     }
-    crate::info!(INIT, "Using network {}", net.name());
+    let net = match &wanted {
+        None => nets.swap_remove(0),
+        Some(w) => {
+            let names: Vec<String> = nets.iter().map(|n| n.name().to_string()).collect();
+            let i = nets
+                .iter()
+                .position(|n| n.name().eq_ignore_ascii_case(w.trim()))
+                .ok_or_else(|| {
+                    Error::invalid_usage(format!(
+                        "NCCL_NET={w}: no such network (available: {})",
+                        names.join(", ")
+                    ))
+                })?;
+            nets.swap_remove(i)
+        }
+    };
+    crate::info!(INIT | NET, "Using network {}", net.name());
     Ok(net)
 }
 
@@ -130,9 +148,12 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
     ))
 }
 
+/// A connection side: (channel, peer, direction).
+pub(super) type ConnKey = (u32, i32, Dir);
+
 /// A network side waiting to connect: its key, its local part, the peer's handle.
 pub(super) struct Pending {
-    pub key: (u32, i32, Dir),
+    pub key: ConnKey,
     pub local: Local,
     pub theirs: Half,
 }
@@ -143,7 +164,7 @@ pub(super) fn establish(
     setup: &Setup<'_>,
     pending: Vec<Pending>,
     proxy: &mut Option<Proxy>,
-) -> Result<Vec<((u32, i32, Dir), Side)>> {
+) -> Result<Vec<(ConnKey, Side)>> {
     let mut comms: Vec<Option<Comm>> = vec![None; pending.len()];
     let deadline = Instant::now() + Duration::from_secs(300);
     while comms.iter().any(Option::is_none) {
@@ -195,12 +216,7 @@ fn try_connect(p: &Pending) -> Result<Option<Comm>> {
 }
 
 /// Register a connected side's memory, give the proxy its side, and make its `Side`.
-fn attach(
-    setup: &Setup<'_>,
-    p: Pending,
-    comm: Comm,
-    proxy: &Proxy,
-) -> Result<((u32, i32, Dir), Side)> {
+fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(ConnKey, Side)> {
     let (ch, peer, dir) = p.key;
     let Local {
         mem, listen, net, ..

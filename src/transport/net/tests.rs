@@ -119,7 +119,7 @@ fn a_message_larger_than_the_receive_fails_and_says_so() {
     let mh = net
         .reg_mr(sc, std::ptr::null_mut(), 0, MemType::Host)
         .unwrap();
-    let data = vec![1u8; 100];
+    let data = [1u8; 100];
     let mut small = vec![0u8; 10];
     let r = net
         .irecv(rc, small.as_mut_ptr(), 10, 0, mh)

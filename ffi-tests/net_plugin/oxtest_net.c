@@ -1,0 +1,801 @@
+/*
+ * oxtest_net.c: a small NCCL net plugin, "OxTest", for oxccl's tests of the net-plugin ABI.
+ * It is loaded both by oxccl (src/transport/net/plugin.rs) and by NVIDIA's libnccl.so.2
+ * (NCCL_NET_PLUGIN=/path/liboxtest_net.so NCCL_NET=OxTest).
+ *
+ * What it is:
+ *   - One device, "OxTest0": TCP over IPv4, listening on 127.0.0.1 (env OXTEST_NET_ADDR
+ *     overrides the address), host memory only (ptrSupport = NCCL_PTR_HOST).
+ *   - Exports ncclNetPlugin_v8, _v9, _v10 and _v11, sharing one implementation.
+ *   - Everything is non-blocking. connect takes at least two calls: the first starts a
+ *     non-blocking TCP connect and keeps its socket in the handle (as NVIDIA's plugins keep
+ *     their connect stage in the handle), a later one finishes it and sends a hello; accept
+ *     returns a comm once a connection with a valid hello has arrived. A caller may
+ *     therefore connect before the other side accepts, from the same thread.
+ *   - A message is an 8-byte size header and the bytes. Requests of a comm complete in the
+ *     order they were posted and make progress in isend/irecv/test; irecv's size is the most
+ *     it accepts (a longer message fails with ncclInternalError), test reports the size
+ *     actually received. Tags are ignored: a comm connects one sender to one receiver, and
+ *     messages match in order. One receive per irecv (maxRecvs = 1); iflush has nothing to
+ *     flush for host memory and returns no request.
+ *
+ * Built by ffi-tests/run.sh and by the cargo tests as
+ *   cc -shared -fPIC -O2 -Wall -Werror -o liboxtest_net.so oxtest_net.c
+ * Test variants: -DOXTEST_FAIL_INIT (init fails), -DOXTEST_EXPORT_ONLY=N (exports only
+ * ncclNetPlugin_vN, N in 7..11; 7 is a version oxccl does not load).
+ *
+ * The ABI types below are written from NVIDIA's 2.28.9 headers (nccl_net.h, net_v8.h ..
+ * net_v11.h, net_device.h, nccl_common.h); NVIDIA's headers are not included.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* ---- the ABI ---- */
+
+typedef enum {
+  ncclSuccess = 0,
+  ncclSystemError = 2,
+  ncclInternalError = 3,
+  ncclInvalidArgument = 4,
+  ncclInvalidUsage = 5,
+  ncclRemoteError = 6,
+} ncclResult_t;
+
+enum { OX_LOG_WARN = 2, OX_LOG_INFO = 3, OX_LOG_TRACE = 5 };
+#define OX_SUBSYS_NET 0x10
+#define OX_PTR_HOST 0x1
+#define OX_HANDLE_MAXSIZE 128
+#define OX_MAX_DEVS_PER_NIC 4
+#define OX_MAX_NET_SIZE (1024L * 1024L * 1024L)
+
+typedef void (*oxLogger_t)(int level, unsigned long flags, const char* file, int line,
+                           const char* fmt, ...);
+typedef ncclResult_t (*oxProfilerCallback_t)(void** eHandle, int type, void* pHandle,
+                                             int64_t pluginId, void* extData);
+
+typedef struct {
+  int netDeviceType;
+  int netDeviceVersion;
+  void* handle;
+  size_t size;
+  int needsProxyProgress;
+} oxDevHandle;
+
+typedef struct {
+  int ndevs;
+  int devs[OX_MAX_DEVS_PER_NIC];
+} oxVDeviceProps;
+
+typedef struct {
+  int trafficClass;
+} oxCommConfig;
+
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  int netDeviceType;
+  int netDeviceVersion;
+} oxProps_v8;
+
+/* ncclNetProperties_v9_t and _v10_t. */
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int forceFlush;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  int netDeviceType;
+  int netDeviceVersion;
+  oxVDeviceProps vProps;
+  size_t maxP2pBytes;
+  size_t maxCollBytes;
+} oxProps_v10;
+
+/* ncclNetProperties_v11_t: v10's fields, then maxMultiRequestSize. */
+typedef struct {
+  oxProps_v10 base;
+  int maxMultiRequestSize;
+} oxProps_v11;
+
+/* The entries with one signature in every version. */
+#define OX_SHARED_ENTRIES                                                                  \
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, oxDevHandle** recvDevComm);     \
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);     \
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t off,  \
+                              int fd, void** mhandle);                                     \
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+
+#define OX_SHARED_TAIL                                                                     \
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,   \
+                         void** request);                                                  \
+  ncclResult_t (*test)(void* request, int* done, int* sizes);                              \
+  ncclResult_t (*closeSend)(void* sendComm);                                               \
+  ncclResult_t (*closeRecv)(void* recvComm);                                               \
+  ncclResult_t (*closeListen)(void* listenComm);                                           \
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);             \
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(oxLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, oxProps_v8* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, oxDevHandle** sendDevComm);
+  OX_SHARED_ENTRIES
+  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle,
+                        void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags,
+                        void** mhandles, void** request);
+  OX_SHARED_TAIL
+} oxNet_v8;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(oxLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, oxProps_v10* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, oxDevHandle** sendDevComm);
+  OX_SHARED_ENTRIES
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** request);
+  OX_SHARED_TAIL
+  ncclResult_t (*makeVDevice)(int* d, oxVDeviceProps* props);
+} oxNet_v9;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(oxLogger_t logFunction, oxProfilerCallback_t profFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, oxProps_v10* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, oxCommConfig* config, void* handle, void** sendComm,
+                          oxDevHandle** sendDevComm);
+  OX_SHARED_ENTRIES
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void* phandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** phandles, void** request);
+  OX_SHARED_TAIL
+  ncclResult_t (*makeVDevice)(int* d, oxVDeviceProps* props);
+} oxNet_v10;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, oxCommConfig* config,
+                       oxLogger_t logFunction, oxProfilerCallback_t profFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, oxProps_v11* props);
+  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(void* ctx, int dev, void* handle, void** sendComm,
+                          oxDevHandle** sendDevComm);
+  OX_SHARED_ENTRIES
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void* phandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** phandles, void** request);
+  OX_SHARED_TAIL
+  ncclResult_t (*makeVDevice)(int* d, oxVDeviceProps* props);
+  ncclResult_t (*finalize)(void* ctx);
+  ncclResult_t (*setNetAttr)(void* ctx, void* netAttr);
+} oxNet_v11;
+
+#if defined(__LP64__)
+_Static_assert(sizeof(oxDevHandle) == 32, "ncclNetDeviceHandle_t");
+_Static_assert(sizeof(oxProps_v8) == 64, "ncclNetProperties_v8_t");
+_Static_assert(sizeof(oxProps_v10) == 104, "ncclNetProperties_v10_t");
+_Static_assert(offsetof(oxProps_v10, maxP2pBytes) == 88, "maxP2pBytes");
+_Static_assert(sizeof(oxProps_v11) == 112, "ncclNetProperties_v11_t");
+_Static_assert(offsetof(oxProps_v11, maxMultiRequestSize) == 104, "maxMultiRequestSize");
+_Static_assert(sizeof(oxNet_v8) == 19 * 8, "ncclNet_v8_t");
+_Static_assert(sizeof(oxNet_v9) == 20 * 8, "ncclNet_v9_t");
+_Static_assert(sizeof(oxNet_v10) == 20 * 8, "ncclNet_v10_t");
+_Static_assert(sizeof(oxNet_v11) == 22 * 8, "ncclNet_v11_t");
+_Static_assert(offsetof(oxNet_v11, test) == 13 * 8, "ncclNet_v11_t.test");
+#endif
+
+/* ---- the plugin's state ---- */
+
+#define OX_HELLO 0x6f78746573746e31ULL /* "oxtestn1" */
+#define OX_CTX_MAGIC 0x6f78637478ULL
+#define OX_MAX_REQUESTS 32
+
+static oxLogger_t oxLog;
+static struct in_addr oxAddr;
+
+#define OXLOG(level, ...)                                                                  \
+  do {                                                                                     \
+    if (oxLog) oxLog(level, OX_SUBSYS_NET, __FILE__, __LINE__, __VA_ARGS__);               \
+  } while (0)
+#define OXWARN(...) OXLOG(OX_LOG_WARN, __VA_ARGS__)
+
+/* What listen hands the sender. stageFd is the plugin's own state of a connect in progress
+ * (its socket + 1; 0 means none): the caller passes the same handle to each connect call. */
+struct oxHandle {
+  uint64_t magic;
+  struct sockaddr_in addr;
+  int stageFd;
+};
+_Static_assert(sizeof(struct oxHandle) <= OX_HANDLE_MAXSIZE, "handle too large");
+
+struct oxListenComm {
+  int fd;
+  int pendingFd; /* an accepted socket whose hello has not fully arrived, or -1 */
+  uint64_t hello;
+  size_t helloBytes;
+};
+
+struct oxComm;
+
+struct oxRequest {
+  struct oxComm* comm;
+  int used;
+  int done;
+  char* data;
+  size_t size;   /* a send's size, a receive's most */
+  uint64_t header;
+  size_t headerBytes;
+  size_t dataBytes;
+};
+
+struct oxComm {
+  int fd;
+  int isSend;
+  ncclResult_t failed;
+  uint64_t posted;     /* requests posted */
+  uint64_t completed;  /* requests whose bytes have all moved, in order */
+  struct oxRequest reqs[OX_MAX_REQUESTS];
+};
+
+struct oxMr {
+  char* data;
+  size_t size;
+};
+
+struct oxCtx {
+  uint64_t magic;
+  uint64_t commId;
+  int trafficClass;
+};
+
+/* ---- helpers ---- */
+
+static ncclResult_t oxSystemError(const char* what) {
+  OXWARN("NET/OxTest : %s failed: %s", what, strerror(errno));
+  return ncclSystemError;
+}
+
+static int oxWouldBlock(void) { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
+
+static ncclResult_t oxNonBlocking(int fd) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return oxSystemError("fcntl");
+  return ncclSuccess;
+}
+
+static ncclResult_t oxCheckDev(int dev) {
+  if (dev == 0) return ncclSuccess;
+  OXWARN("NET/OxTest : no device %d", dev);
+  return ncclInvalidArgument;
+}
+
+/* Move bytes [*done, size) of buf on fd; stops without error when the socket would block. */
+static ncclResult_t oxMove(int fd, int isSend, char* buf, size_t size, size_t* done) {
+  while (*done < size) {
+    ssize_t n = isSend ? send(fd, buf + *done, size - *done, MSG_NOSIGNAL)
+                       : recv(fd, buf + *done, size - *done, 0);
+    if (n > 0) {
+      *done += (size_t)n;
+    } else if (n == 0 && !isSend) {
+      OXWARN("NET/OxTest : connection closed by the peer");
+      return ncclRemoteError;
+    } else if (n < 0 && oxWouldBlock()) {
+      return ncclSuccess;
+    } else {
+      return oxSystemError(isSend ? "send" : "recv");
+    }
+  }
+  return ncclSuccess;
+}
+
+/* Progress one request; *complete once all its bytes have moved. */
+static ncclResult_t oxStep(struct oxComm* c, struct oxRequest* r, int* complete) {
+  ncclResult_t rc = oxMove(c->fd, c->isSend, (char*)&r->header, sizeof(r->header),
+                           &r->headerBytes);
+  if (rc != ncclSuccess || r->headerBytes < sizeof(r->header)) return rc;
+  if (!c->isSend && r->header > r->size) {
+    OXWARN("NET/OxTest : message truncated: received %lu bytes into a buffer of %lu",
+           (unsigned long)r->header, (unsigned long)r->size);
+    return ncclInternalError;
+  }
+  size_t size = c->isSend ? r->size : (size_t)r->header;
+  rc = oxMove(c->fd, c->isSend, r->data, size, &r->dataBytes);
+  *complete = rc == ncclSuccess && r->dataBytes == size;
+  return rc;
+}
+
+/* Progress a comm's requests in the order they were posted. */
+static ncclResult_t oxProgress(struct oxComm* c) {
+  while (c->failed == ncclSuccess && c->completed < c->posted) {
+    struct oxRequest* r = &c->reqs[c->completed % OX_MAX_REQUESTS];
+    int complete = 0;
+    c->failed = oxStep(c, r, &complete);
+    if (!complete) break;
+    r->done = 1;
+    c->completed++;
+  }
+  return c->failed;
+}
+
+static ncclResult_t oxPost(struct oxComm* c, void* data, size_t size, void* mhandle,
+                           void** request) {
+  *request = NULL;
+  if (c->failed != ncclSuccess) return c->failed;
+  struct oxMr* mr = (struct oxMr*)mhandle;
+  if (mr && size && ((char*)data < mr->data || (char*)data + size > mr->data + mr->size)) {
+    OXWARN("NET/OxTest : buffer %p+%lu is outside its registration", data,
+           (unsigned long)size);
+    return ncclInvalidArgument;
+  }
+  struct oxRequest* r = &c->reqs[c->posted % OX_MAX_REQUESTS];
+  if (r->used) return ncclSuccess; /* all slots busy: the caller tries again */
+  memset(r, 0, sizeof(*r));
+  r->comm = c;
+  r->used = 1;
+  r->data = (char*)data;
+  r->size = size;
+  if (c->isSend) r->header = size;
+  c->posted++;
+  *request = r;
+  return oxProgress(c);
+}
+
+static void oxFillProps(int dev, oxProps_v10* p) {
+  memset(p, 0, sizeof(*p));
+  p->name = (char*)"OxTest0";
+  p->pciPath = NULL;
+  p->guid = 0x6f78746573740000ULL + (uint64_t)dev;
+  p->ptrSupport = OX_PTR_HOST;
+  p->speed = 10000;
+  p->maxComms = 65536;
+  p->maxRecvs = 1;
+  p->netDeviceType = 0; /* NCCL_NET_DEVICE_HOST */
+  p->vProps.ndevs = 1;
+  p->vProps.devs[0] = dev;
+  /* test() reports sizes as int: keep every message below 2 GiB. */
+  p->maxP2pBytes = OX_MAX_NET_SIZE;
+  p->maxCollBytes = OX_MAX_NET_SIZE;
+}
+
+/* ---- the entries, once for all versions ---- */
+
+static ncclResult_t oxInit(oxLogger_t logFunction) {
+  oxLog = logFunction;
+  const char* addr = getenv("OXTEST_NET_ADDR");
+  if (addr == NULL || addr[0] == '\0') addr = "127.0.0.1";
+  if (inet_pton(AF_INET, addr, &oxAddr) != 1) {
+    OXWARN("NET/OxTest : OXTEST_NET_ADDR=%s is not an IPv4 address", addr);
+    return ncclInvalidArgument;
+  }
+#ifdef OXTEST_FAIL_INIT
+  OXWARN("NET/OxTest : built with OXTEST_FAIL_INIT, failing init");
+  return ncclInternalError;
+#endif
+  OXLOG(OX_LOG_INFO, "NET/OxTest : using %s, %d device(s), %s", addr, 1, "host memory only");
+  return ncclSuccess;
+}
+
+static ncclResult_t oxDevices(int* ndev) {
+  *ndev = 1;
+  return ncclSuccess;
+}
+
+static ncclResult_t oxListen(int dev, void* opaqueHandle, void** listenComm) {
+  *listenComm = NULL;
+  ncclResult_t rc = oxCheckDev(dev);
+  if (rc != ncclSuccess) return rc;
+  struct oxHandle* handle = (struct oxHandle*)opaqueHandle;
+  memset(handle, 0, sizeof(*handle));
+  handle->magic = OX_HELLO;
+  handle->addr.sin_family = AF_INET;
+  handle->addr.sin_addr = oxAddr;
+  handle->addr.sin_port = 0;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return oxSystemError("socket");
+  socklen_t len = sizeof(handle->addr);
+  if (bind(fd, (struct sockaddr*)&handle->addr, len) != 0 || listen(fd, 64) != 0 ||
+      getsockname(fd, (struct sockaddr*)&handle->addr, &len) != 0 ||
+      (rc = oxNonBlocking(fd)) != ncclSuccess) {
+    rc = rc != ncclSuccess ? rc : oxSystemError("bind/listen");
+    close(fd);
+    return rc;
+  }
+  struct oxListenComm* l = calloc(1, sizeof(*l));
+  if (l == NULL) {
+    close(fd);
+    return ncclSystemError;
+  }
+  l->fd = fd;
+  l->pendingFd = -1;
+  *listenComm = l;
+  OXLOG(OX_LOG_TRACE, "NET/OxTest : listening on port %d", ntohs(handle->addr.sin_port));
+  return ncclSuccess;
+}
+
+static struct oxComm* oxNewComm(int fd, int isSend) {
+  struct oxComm* c = calloc(1, sizeof(*c));
+  if (c == NULL) return NULL;
+  c->fd = fd;
+  c->isSend = isSend;
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return c;
+}
+
+/* Start the connect (first call) or finish it (a later call, once the socket is writable). */
+static ncclResult_t oxConnect(int dev, void* opaqueHandle, void** sendComm,
+                              oxDevHandle** sendDevComm) {
+  (void)sendDevComm; /* no device offload */
+  *sendComm = NULL;
+  ncclResult_t rc = oxCheckDev(dev);
+  if (rc != ncclSuccess) return rc;
+  struct oxHandle* handle = (struct oxHandle*)opaqueHandle;
+  if (handle->magic != OX_HELLO) {
+    OXWARN("NET/OxTest : connect to a handle that is not OxTest's");
+    return ncclInvalidArgument;
+  }
+  if (handle->stageFd == 0) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return oxSystemError("socket");
+    if (connect(fd, (struct sockaddr*)&handle->addr, sizeof(handle->addr)) != 0 &&
+        errno != EINPROGRESS) {
+      rc = oxSystemError("connect");
+      close(fd);
+      return rc;
+    }
+    handle->stageFd = fd + 1;
+    return ncclSuccess; /* come back later */
+  }
+  int fd = handle->stageFd - 1;
+  struct pollfd p = {.fd = fd, .events = POLLOUT};
+  int ready = poll(&p, 1, 0);
+  if (ready == 0 || (ready < 0 && errno == EINTR)) return ncclSuccess; /* not yet */
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+    errno = err ? err : errno;
+    handle->stageFd = 0;
+    close(fd);
+    return oxSystemError("connect");
+  }
+  uint64_t hello = OX_HELLO;
+  handle->stageFd = 0;
+  if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) {
+    rc = oxSystemError("send hello");
+    close(fd);
+    return rc;
+  }
+  struct oxComm* c = oxNewComm(fd, 1);
+  if (c == NULL) {
+    close(fd);
+    return ncclSystemError;
+  }
+  *sendComm = c;
+  return ncclSuccess;
+}
+
+static void oxDropPending(struct oxListenComm* l) {
+  close(l->pendingFd);
+  l->pendingFd = -1;
+  l->helloBytes = 0;
+}
+
+static ncclResult_t oxAccept(void* listenComm, void** recvComm, oxDevHandle** recvDevComm) {
+  (void)recvDevComm;
+  *recvComm = NULL;
+  struct oxListenComm* l = (struct oxListenComm*)listenComm;
+  if (l->pendingFd < 0) {
+    int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return oxWouldBlock() || errno == ECONNABORTED ? ncclSuccess : oxSystemError("accept");
+    l->pendingFd = fd;
+    l->helloBytes = 0;
+  }
+  while (l->helloBytes < sizeof(l->hello)) {
+    ssize_t n = recv(l->pendingFd, (char*)&l->hello + l->helloBytes,
+                     sizeof(l->hello) - l->helloBytes, 0);
+    if (n < 0 && oxWouldBlock()) return ncclSuccess;
+    if (n <= 0) { /* closed or failed before its hello: not a peer of ours */
+      oxDropPending(l);
+      return ncclSuccess;
+    }
+    l->helloBytes += (size_t)n;
+  }
+  if (l->hello != OX_HELLO) {
+    OXWARN("NET/OxTest : dropping a connection without OxTest's hello");
+    oxDropPending(l);
+    return ncclSuccess;
+  }
+  struct oxComm* c = oxNewComm(l->pendingFd, 0);
+  if (c == NULL) return ncclSystemError;
+  l->pendingFd = -1;
+  *recvComm = c;
+  return ncclSuccess;
+}
+
+static ncclResult_t oxRegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  (void)comm;
+  *mhandle = NULL;
+  if (type != OX_PTR_HOST) {
+    OXLOG(OX_LOG_INFO, "NET/OxTest : cannot register memory of type %d", type);
+    return ncclInternalError;
+  }
+  struct oxMr* mr = malloc(sizeof(*mr));
+  if (mr == NULL) return ncclSystemError;
+  mr->data = (char*)data;
+  mr->size = size;
+  *mhandle = mr;
+  return ncclSuccess;
+}
+
+static ncclResult_t oxRegMrDmaBuf(void* comm, void* data, size_t size, int type,
+                                  uint64_t offset, int fd, void** mhandle) {
+  (void)comm, (void)data, (void)size, (void)type, (void)offset, (void)fd;
+  *mhandle = NULL;
+  return ncclInvalidUsage;
+}
+
+static ncclResult_t oxDeregMr(void* comm, void* mhandle) {
+  (void)comm;
+  free(mhandle);
+  return ncclSuccess;
+}
+
+static ncclResult_t oxIsend(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                            void** request) {
+  (void)tag;
+  return oxPost((struct oxComm*)sendComm, data, size, mhandle, request);
+}
+
+static ncclResult_t oxIrecv(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                            void** mhandles, void** request) {
+  (void)tags;
+  if (n != 1) {
+    *request = NULL;
+    OXWARN("NET/OxTest : irecv of %d buffers, maxRecvs is 1", n);
+    return ncclInvalidArgument;
+  }
+  return oxPost((struct oxComm*)recvComm, data[0], sizes[0], mhandles[0], request);
+}
+
+static ncclResult_t oxIflush(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                             void** request) {
+  (void)recvComm, (void)n, (void)data, (void)sizes, (void)mhandles;
+  *request = NULL; /* host memory: nothing to flush */
+  return ncclSuccess;
+}
+
+static ncclResult_t oxTest(void* request, int* done, int* sizes) {
+  struct oxRequest* r = (struct oxRequest*)request;
+  *done = 0;
+  if (r == NULL || !r->used) return ncclInvalidArgument;
+  ncclResult_t rc = oxProgress(r->comm);
+  if (rc != ncclSuccess) return rc;
+  if (!r->done) return ncclSuccess;
+  *done = 1;
+  if (sizes) sizes[0] = (int)(r->comm->isSend ? r->size : r->header);
+  r->used = 0;
+  return ncclSuccess;
+}
+
+static ncclResult_t oxCloseComm(void* comm) {
+  struct oxComm* c = (struct oxComm*)comm;
+  if (c == NULL) return ncclSuccess;
+  close(c->fd);
+  free(c);
+  return ncclSuccess;
+}
+
+static ncclResult_t oxCloseListen(void* listenComm) {
+  struct oxListenComm* l = (struct oxListenComm*)listenComm;
+  if (l == NULL) return ncclSuccess;
+  if (l->pendingFd >= 0) close(l->pendingFd);
+  close(l->fd);
+  free(l);
+  return ncclSuccess;
+}
+
+/* ---- per-version entries ---- */
+
+static ncclResult_t oxGetProperties_v8(int dev, oxProps_v8* props) {
+  ncclResult_t rc = oxCheckDev(dev);
+  if (rc != ncclSuccess) return rc;
+  oxProps_v10 p;
+  oxFillProps(dev, &p);
+  memset(props, 0, sizeof(*props));
+  props->name = p.name;
+  props->pciPath = p.pciPath;
+  props->guid = p.guid;
+  props->ptrSupport = p.ptrSupport;
+  props->regIsGlobal = p.regIsGlobal;
+  props->speed = p.speed;
+  props->port = p.port;
+  props->latency = p.latency;
+  props->maxComms = p.maxComms;
+  props->maxRecvs = p.maxRecvs;
+  props->netDeviceType = p.netDeviceType;
+  props->netDeviceVersion = p.netDeviceVersion;
+  return ncclSuccess;
+}
+
+static ncclResult_t oxGetProperties_v10(int dev, oxProps_v10* props) {
+  ncclResult_t rc = oxCheckDev(dev);
+  if (rc == ncclSuccess) oxFillProps(dev, props);
+  return rc;
+}
+
+static ncclResult_t oxGetProperties_v11(int dev, oxProps_v11* props) {
+  ncclResult_t rc = oxGetProperties_v10(dev, &props->base);
+  props->maxMultiRequestSize = 1;
+  return rc;
+}
+
+static ncclResult_t oxIsend_v8(void* sendComm, void* data, int size, int tag, void* mhandle,
+                               void** request) {
+  if (size < 0) return ncclInvalidArgument;
+  return oxIsend(sendComm, data, (size_t)size, tag, mhandle, request);
+}
+
+static ncclResult_t oxIrecv_v8(void* recvComm, int n, void** data, int* sizes, int* tags,
+                               void** mhandles, void** request) {
+  size_t size = 0;
+  if (n == 1) {
+    if (sizes[0] < 0) return ncclInvalidArgument;
+    size = (size_t)sizes[0];
+  }
+  return oxIrecv(recvComm, n, data, &size, tags, mhandles, request);
+}
+
+static ncclResult_t oxInit_v10(oxLogger_t logFunction, oxProfilerCallback_t profFunction) {
+  (void)profFunction;
+  return oxInit(logFunction);
+}
+
+static ncclResult_t oxConnect_v10(int dev, oxCommConfig* config, void* handle, void** sendComm,
+                                  oxDevHandle** sendDevComm) {
+  (void)config;
+  return oxConnect(dev, handle, sendComm, sendDevComm);
+}
+
+static ncclResult_t oxIsend_v10(void* sendComm, void* data, size_t size, int tag,
+                                void* mhandle, void* phandle, void** request) {
+  (void)phandle;
+  return oxIsend(sendComm, data, size, tag, mhandle, request);
+}
+
+static ncclResult_t oxIrecv_v10(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                                void** mhandles, void** phandles, void** request) {
+  (void)phandles;
+  return oxIrecv(recvComm, n, data, sizes, tags, mhandles, request);
+}
+
+static ncclResult_t oxCheckCtx(void* ctx) {
+  if (ctx != NULL && ((struct oxCtx*)ctx)->magic == OX_CTX_MAGIC) return ncclSuccess;
+  OXWARN("NET/OxTest : called with context %p, not the one init returned", ctx);
+  return ncclInvalidArgument;
+}
+
+static ncclResult_t oxInit_v11(void** ctx, uint64_t commId, oxCommConfig* config,
+                               oxLogger_t logFunction, oxProfilerCallback_t profFunction) {
+  (void)profFunction;
+  *ctx = NULL;
+  ncclResult_t rc = oxInit(logFunction);
+  if (rc != ncclSuccess) return rc;
+  struct oxCtx* c = calloc(1, sizeof(*c));
+  if (c == NULL) return ncclSystemError;
+  c->magic = OX_CTX_MAGIC;
+  c->commId = commId;
+  c->trafficClass = config ? config->trafficClass : -1;
+  *ctx = c;
+  return ncclSuccess;
+}
+
+static ncclResult_t oxListen_v11(void* ctx, int dev, void* handle, void** listenComm) {
+  ncclResult_t rc = oxCheckCtx(ctx);
+  return rc != ncclSuccess ? rc : oxListen(dev, handle, listenComm);
+}
+
+static ncclResult_t oxConnect_v11(void* ctx, int dev, void* handle, void** sendComm,
+                                  oxDevHandle** sendDevComm) {
+  ncclResult_t rc = oxCheckCtx(ctx);
+  return rc != ncclSuccess ? rc : oxConnect(dev, handle, sendComm, sendDevComm);
+}
+
+static ncclResult_t oxFinalize(void* ctx) {
+  ncclResult_t rc = oxCheckCtx(ctx);
+  if (rc == ncclSuccess) free(ctx);
+  return rc;
+}
+
+/* ---- the exported tables ---- */
+
+#define OX_SHARED_VALUES                                                                   \
+  .devices = oxDevices, .accept = oxAccept, .regMr = oxRegMr, .regMrDmaBuf = oxRegMrDmaBuf, \
+  .deregMr = oxDeregMr, .iflush = oxIflush, .test = oxTest, .closeSend = oxCloseComm,        \
+  .closeRecv = oxCloseComm, .closeListen = oxCloseListen, .getDeviceMr = NULL,               \
+  .irecvConsumed = NULL
+
+/* The tables oxccl and NCCL look for. With -DOXTEST_EXPORT_ONLY=N only ncclNetPlugin_vN is
+ * exported (the others are kept under hidden names); N = 7 exports a table under the name of
+ * a version oxccl does not load (its contents are never read). */
+#if !defined(OXTEST_EXPORT_ONLY) || OXTEST_EXPORT_ONLY == 8
+#define OX_V8 __attribute__((visibility("default"))) const oxNet_v8 ncclNetPlugin_v8
+#else
+#define OX_V8 __attribute__((visibility("hidden"))) const oxNet_v8 oxHiddenNet_v8
+#endif
+#if !defined(OXTEST_EXPORT_ONLY) || OXTEST_EXPORT_ONLY == 9
+#define OX_V9 __attribute__((visibility("default"))) const oxNet_v9 ncclNetPlugin_v9
+#else
+#define OX_V9 __attribute__((visibility("hidden"))) const oxNet_v9 oxHiddenNet_v9
+#endif
+#if !defined(OXTEST_EXPORT_ONLY) || OXTEST_EXPORT_ONLY == 10
+#define OX_V10 __attribute__((visibility("default"))) const oxNet_v10 ncclNetPlugin_v10
+#else
+#define OX_V10 __attribute__((visibility("hidden"))) const oxNet_v10 oxHiddenNet_v10
+#endif
+#if !defined(OXTEST_EXPORT_ONLY) || OXTEST_EXPORT_ONLY == 11
+#define OX_V11 __attribute__((visibility("default"))) const oxNet_v11 ncclNetPlugin_v11
+#else
+#define OX_V11 __attribute__((visibility("hidden"))) const oxNet_v11 oxHiddenNet_v11
+#endif
+
+#if defined(OXTEST_EXPORT_ONLY) && OXTEST_EXPORT_ONLY == 7
+__attribute__((visibility("default"))) const oxNet_v8 ncclNetPlugin_v7 = {
+    .name = "OxTest", .init = oxInit, .getProperties = oxGetProperties_v8,
+    .listen = oxListen, .connect = oxConnect, .isend = oxIsend_v8, .irecv = oxIrecv_v8,
+    OX_SHARED_VALUES};
+#endif
+
+OX_V8 = {.name = "OxTest", .init = oxInit, .getProperties = oxGetProperties_v8,
+         .listen = oxListen, .connect = oxConnect, .isend = oxIsend_v8, .irecv = oxIrecv_v8,
+         OX_SHARED_VALUES};
+
+OX_V9 = {.name = "OxTest", .init = oxInit, .getProperties = oxGetProperties_v10,
+         .listen = oxListen, .connect = oxConnect, .isend = oxIsend, .irecv = oxIrecv,
+         OX_SHARED_VALUES, .makeVDevice = NULL};
+
+OX_V10 = {.name = "OxTest", .init = oxInit_v10, .getProperties = oxGetProperties_v10,
+          .listen = oxListen, .connect = oxConnect_v10, .isend = oxIsend_v10,
+          .irecv = oxIrecv_v10, OX_SHARED_VALUES, .makeVDevice = NULL};
+
+OX_V11 = {.name = "OxTest", .init = oxInit_v11, .getProperties = oxGetProperties_v11,
+          .listen = oxListen_v11, .connect = oxConnect_v11, .isend = oxIsend_v10,
+          .irecv = oxIrecv_v10, OX_SHARED_VALUES, .makeVDevice = NULL, .finalize = oxFinalize,
+          .setNetAttr = NULL};
