@@ -59,8 +59,8 @@ esac
 SECTIONS=()
 for s in ${ONLY//,/ }; do
   case "$s" in
-    ffi | matrix | bench | copy | torch) SECTIONS+=("$s") ;;
-    *) echo "one-gpu-suite: unknown section '$s' (ffi matrix bench copy torch)" >&2; exit 2 ;;
+    ffi | matrix | bench | copy | torch | net) SECTIONS+=("$s") ;;
+    *) echo "one-gpu-suite: unknown section '$s' (ffi matrix bench copy torch net)" >&2; exit 2 ;;
   esac
 done
 [ ${#SECTIONS[@]} -gt 0 ] || { echo "one-gpu-suite: no section selected" >&2; exit 2; }
@@ -75,7 +75,7 @@ TMP=$(mktemp -d /tmp/one-gpu-suite.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
-for s in ffi matrix bench copy torch; do
+for s in ffi matrix bench copy torch net; do
   for x in "${SECTIONS[@]}"; do [ "$x" = "$s" ] && : >"$OUT/$s.log"; done
 done
 
@@ -106,7 +106,7 @@ row() {
 }
 
 # ---- time: each section gets a share of what is left; a step gets min(nominal, section, run)
-declare -A WEIGHT=([ffi]=3 [matrix]=5 [bench]=3 [copy]=1 [torch]=4)
+declare -A WEIGHT=([ffi]=3 [matrix]=5 [bench]=3 [copy]=1 [torch]=4 [net]=5)
 SEC_END=$END
 section_begin() { # NAME INDEX: the section's end time, from the weights of it and those after
   local i rest=0 avail
@@ -188,7 +188,7 @@ bench_step() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do pre+=("$1"); shift; done
   shift
   # MATRIX_ONLY=REGEX: run only the matrix steps whose names match it (a re-run of a few).
-  if [ "$sec" = matrix ] && [ -n "${MATRIX_ONLY:-}" ] && ! [[ $name =~ $MATRIX_ONLY ]]; then
+  if [[ $sec == matrix || $sec == net ]] && [ -n "${MATRIX_ONLY:-}" ] && ! [[ $name =~ $MATRIX_ONLY ]]; then
     return 0
   fi
   if [ ! -x "$BENCH" ]; then
@@ -227,7 +227,7 @@ bench_step() {
   fi
   note=$(printf '%s; ' ${parts[@]+"${parts[@]}"})
   note=${note%; }
-  if [ "$sec" = matrix ]; then
+  if [[ $sec == matrix || $sec == net ]]; then
     MATRIX_RUNS=$((MATRIX_RUNS + 1))
     MATRIX_WRONG_LINES=$((MATRIX_WRONG_LINES + wlines))
     if [ "$wrong" = "?" ]; then MATRIX_UNKNOWN=$((MATRIX_UNKNOWN + 1)); else MATRIX_WRONG=$((MATRIX_WRONG + wrong)); fi
@@ -334,6 +334,43 @@ sec_matrix() {
     -p 2 --ranks-per-gpu 2 --sizes "$small" -w 0 -n 1
 }
 
+# The network transport on one GPU: ranks forced onto it in one process
+# (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), ranks claiming separate hosts (--hostid-per-rank),
+# the test net plugin under ours and under NVIDIA's, and the side-by-side with NVIDIA's socket
+# transport. Loopback only (NCCL_SOCKET_IFNAME=lo).
+sec_net() {
+  local lo=(env NCCL_SOCKET_IFNAME=lo)
+  local forced=("${lo[@]}" NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)
+  local common=(--lib "$OURS" -c all -d all -o all --inplace both --check 1 -w 0 -n 1 --timeout 30)
+  # shellcheck disable=SC2054 # commas inside the -d and -o values
+  local sub=(--lib "$OURS" -c all -d float,int8,bfloat16,double -o sum,max,premulsum --inplace both --check 1
+    -w 0 -n 1 --timeout 30)
+  local plugin=NCCL_NET_PLUGIN=$DEV/lib/liboxtest_net.so
+  bench_step net "net R=2 one process forced" 150 "${forced[@]}" -- "${common[@]}" --devices 0,0 \
+    --sizes 0,1,12,1028,65540,1048580,16777220
+  bench_step net "net R=4 one process forced" 120 "${forced[@]}" -- "${common[@]}" --devices 0,0,0,0 \
+    --sizes 0,1,12,1028,65540,1048580
+  bench_step net "net R=2 processes hostid" 150 "${lo[@]}" -- "${sub[@]}" -p 2 --hostid-per-rank \
+    --sizes 0,12,1028,65540,1048580,16777220
+  bench_step net "net R=8 one process forced subset" 90 "${forced[@]}" -- "${sub[@]}" \
+    --devices "$(zeros 8)" --sizes 0,12,65540,1048580
+  bench_step net "net R=4 processes hostid subset" 90 "${lo[@]}" -- "${sub[@]}" -p 4 --hostid-per-rank \
+    --sizes 0,12,65540,1048580
+  bench_step net "net R=2 one process forced --graph" 60 "${forced[@]}" -- "${sub[@]}" --devices 0,0 --graph \
+    --sizes 0,12,1028,1048580 -w 1 -n 2
+  bench_step net "net plugin OxTest R=2 hostid (ours)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest -- "${sub[@]}" \
+    -p 2 --hostid-per-rank --sizes 0,12,65540,1048580
+  if [ -n "$NVLIB" ]; then
+    local nsub=("${sub[@]}")
+    nsub[1]=$NVLIB
+    bench_step net "net plugin OxTest R=2 hostid (NVIDIA)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest \
+      -- "${nsub[@]}" -p 2 --hostid-per-rank --sizes 0,12,65540,1048580
+    LEAVE=30 bench_step net "net R=2 hostid: ours vs NVIDIA sockets" 200 "${lo[@]}" -- --lib "$OURS" \
+      --vs "$NVLIB" -p 2 --hostid-per-rank -c all_reduce,all_gather,sendrecv -d float -o sum -b 8 -e 128M -f 4 \
+      --inplace 0 --check 1 -w 3 -n 10 --timeout 60
+  fi
+}
+
 sec_bench() {
   local vs=()
   [ -n "$NVLIB" ] && vs=(--vs "$NVLIB")
@@ -413,7 +450,7 @@ done
 {
   echo "one-gpu-suite: sections ${SECTIONS[*]}, budget ${BUDGET} s, ran $(elapsed) s"
   echo "ours: $OURS; NVIDIA: ${NVLIB:-not found}"
-  if [[ " ${SECTIONS[*]} " == *" matrix "* ]]; then
+  if [[ " ${SECTIONS[*]} " == *" matrix "* || " ${SECTIONS[*]} " == *" net "* ]]; then
     unknown=""
     [ "$MATRIX_UNKNOWN" -gt 0 ] && unknown=" (+ $MATRIX_UNKNOWN runs that wrote no records)"
     echo "matrix: $MATRIX_RUNS runs, wrong elements in total: $MATRIX_WRONG$unknown, WRONG lines: $MATRIX_WRONG_LINES"

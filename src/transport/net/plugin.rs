@@ -22,7 +22,7 @@ mod adapter;
 mod dl;
 mod logger;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::error::Result;
 use crate::transport::net::api::Net;

@@ -378,6 +378,9 @@ impl SockComm {
                     self.fail(e);
                     return moved;
                 }
+                if self.peer_closed.load(Ordering::Acquire) {
+                    return true;
+                }
             }
             task.req.remaining.fetch_sub(1, Ordering::AcqRel);
         }
@@ -396,7 +399,6 @@ impl SockComm {
         if header == GOODBYE {
             // The receive stays pending for good: the sender closed in order.
             self.peer_closed.store(true, Ordering::Release);
-            req.remaining.fetch_add(1, Ordering::AcqRel);
             return Ok(());
         }
         let size = header as usize;

@@ -390,6 +390,32 @@ fn the_proxy_moves_simple_and_ll_steps_between_two_ranks() {
     }
 }
 
+#[test]
+fn the_proxy_moves_simple_and_ll_steps_over_a_net_plugin() {
+    let Some(lib) = super::plugin::tests::plugin() else {
+        return;
+    };
+    let net = super::plugin::open_path(lib).expect("the test plugin loads");
+    let (sc, rc) = connect_pair(net.as_ref());
+    let (sb, rb) = (Block::new(Dir::Send), Block::new(Dir::Recv));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let flag = AtomicBool::new(false);
+    let p0 = proxy(0, &errors);
+    let p1 = proxy(1, &errors);
+    p0.add(side(&net, sc, Dir::Send, 1, &sb));
+    p1.add(side(&net, rc, Dir::Recv, 0, &rb));
+    let steps = schedule();
+    std::thread::scope(|s| {
+        let (sb, rb, steps, flag) = (&sb, &rb, &steps, &flag);
+        let send = s.spawn(move || stand_in_sender(&sb.host, steps, flag));
+        let recv = s.spawn(move || stand_in_receiver(&rb.host, steps, flag));
+        send.join().unwrap().unwrap();
+        recv.join().unwrap().unwrap();
+    });
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+    drop((p0, p1));
+}
+
 // ---- across processes: the test binary runs itself as the sending rank ----
 
 const CHILD_ENV: &str = "OXCCL_NET_TEST_CHILD";
@@ -503,10 +529,14 @@ fn receive_from_child(
         );
     }
     let r = stand_in_receiver(&block.host, &steps[..n_recv], &flag);
-    if r.is_err() {
-        let _ = child.kill();
-    }
     let out = child.wait_with_output().unwrap();
+    if let Err(e) = &r {
+        panic!(
+            "{e}; the child: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("CHILD_OK"),

@@ -382,7 +382,7 @@ enum Source {
 }
 
 /// The test plugin as it is built by ffi-tests/run.sh, compiled once per test run.
-fn plugin() -> Option<&'static str> {
+pub(crate) fn plugin() -> Option<&'static str> {
     static LIB: OnceLock<Option<String>> = OnceLock::new();
     LIB.get_or_init(|| compile("default", Source::Plugin, &[]))
         .as_deref()

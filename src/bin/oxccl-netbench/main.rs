@@ -1,0 +1,201 @@
+//! oxccl-netbench: the built-in socket network beside a plain pair of TCP sockets, between two
+//! processes of this machine over loopback, with host buffers, in one run. The parent sends,
+//! a child process (this program again) receives; each message size is timed both ways.
+//!
+//! Usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4]
+//! The socket network's shape comes from NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD.
+
+use nccl::bootstrap::socket::NetIf;
+use nccl::transport::net::api::{Comm, Handle, MemType, Net, Request, HANDLE_BYTES};
+use nccl::transport::net::socket::{Shape, SocketNet};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHILD: &str = "OXCCL_NETBENCH_CHILD";
+
+fn lo() -> NetIf {
+    NetIf {
+        name: "lo".into(),
+        ip: "127.0.0.1".parse().unwrap(),
+        scope_id: 0,
+    }
+}
+
+fn parse_size(s: &str) -> usize {
+    let (num, mul) = match s.chars().last() {
+        Some('K') => (&s[..s.len() - 1], 1 << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().expect("a size like 64K, 1M or 1G") * mul
+}
+
+struct Opts {
+    sizes: Vec<usize>,
+    total: usize,
+    inflight: usize,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        sizes: vec![64 << 10, 1 << 20, 4 << 20, 16 << 20],
+        total: 1 << 30,
+        inflight: 4,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    for pair in args.chunks(2) {
+        let v = pair.get(1).map(String::as_str).unwrap_or("");
+        match pair[0].as_str() {
+            "--sizes" => o.sizes = v.split(',').map(parse_size).collect(),
+            "--total" => o.total = parse_size(v),
+            "--inflight" => o.inflight = v.parse().expect("--inflight N"),
+            other => panic!("oxccl-netbench: unknown argument {other} (see the source's header)"),
+        }
+    }
+    o
+}
+
+/// Wait for a request, calling `test` until it is done.
+fn wait(net: &dyn Net, r: Request) -> usize {
+    let start = Instant::now();
+    loop {
+        if let Some(n) = net.test(r).expect("test") {
+            return n;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "a request hung");
+    }
+}
+
+/// Move `count` messages of `size` bytes over `comm`, `inflight` at a time.
+fn stream(net: &dyn Net, comm: Comm, size: usize, count: usize, inflight: usize, send: bool) {
+    let mut bufs: Vec<Vec<u8>> = (0..inflight).map(|_| vec![1u8; size]).collect();
+    let mh = net.reg_mr(comm, bufs[0].as_mut_ptr(), size, MemType::Host).expect("reg_mr");
+    let mut pending: VecDeque<(usize, Request)> = VecDeque::new();
+    for i in 0..count {
+        let b = i % inflight;
+        if pending.len() == inflight {
+            let (_, r) = pending.pop_front().unwrap();
+            wait(net, r);
+        }
+        let p = bufs[b].as_mut_ptr();
+        let r = if send {
+            net.isend(comm, p, size, 0, mh)
+        } else {
+            net.irecv(comm, p, size, 0, mh)
+        };
+        pending.push_back((b, r.expect("post").expect("a request")));
+    }
+    for (_, r) in pending {
+        wait(net, r);
+    }
+}
+
+fn child(spec: &str) {
+    let mut parts = spec.split(',');
+    let kind = parts.next().unwrap();
+    let size: usize = parts.next().unwrap().parse().unwrap();
+    let count: usize = parts.next().unwrap().parse().unwrap();
+    let inflight: usize = parts.next().unwrap().parse().unwrap();
+    let mut out = std::io::stdout();
+    if kind == "tcp" {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        writeln!(out, "{}", l.local_addr().unwrap().port()).unwrap();
+        out.flush().unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; size];
+        for _ in 0..count {
+            s.read_exact(&mut buf).unwrap();
+        }
+        s.write_all(&[1]).unwrap();
+        return;
+    }
+    let net = SocketNet::new(lo(), Shape::from_env());
+    let (h, l) = net.listen(0).unwrap();
+    let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
+    writeln!(out, "{hex}").unwrap();
+    out.flush().unwrap();
+    let comm = loop {
+        if let Some(c) = net.accept(l).unwrap() {
+            break c;
+        }
+    };
+    stream(&net, comm, size, count, inflight, false);
+    // The acknowledgement: one more message back would need a second comm; the parent
+    // times until its sends complete and then waits for this process to exit.
+    net.close_recv(comm).unwrap();
+}
+
+fn spawn(kind: &str, size: usize, count: usize, inflight: usize) -> (std::process::Child, String) {
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .env(CHILD, format!("{kind},{size},{count},{inflight}"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    (c, line.trim().to_string())
+}
+
+/// Seconds to move `count` messages of `size` over a plain TCP pair (until the receiver has
+/// read them all).
+fn plain_tcp(size: usize, count: usize) -> f64 {
+    let (mut c, port) = spawn("tcp", size, count, 1);
+    let mut s = TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).unwrap();
+    s.set_nodelay(true).unwrap();
+    let buf = vec![1u8; size];
+    let start = Instant::now();
+    for _ in 0..count {
+        s.write_all(&buf).unwrap();
+    }
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack).unwrap();
+    let t = start.elapsed().as_secs_f64();
+    c.wait().unwrap();
+    t
+}
+
+/// Seconds to move the same over the socket network (until the receiving process is done).
+fn socket_net(size: usize, count: usize, inflight: usize) -> f64 {
+    let (mut c, hex) = spawn("net", size, count, inflight);
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let handle = Handle(<[u8; HANDLE_BYTES]>::try_from(bytes).unwrap());
+    let net = SocketNet::new(lo(), Shape::from_env());
+    let comm = net.connect(0, &handle).unwrap().unwrap();
+    let start = Instant::now();
+    stream(&net, comm, size, count, inflight, true);
+    c.wait().unwrap();
+    let t = start.elapsed().as_secs_f64();
+    net.close_send(comm).unwrap();
+    t
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var(CHILD) {
+        child(&spec);
+        return;
+    }
+    let o = opts();
+    let shape = Shape::from_env();
+    println!(
+        "# oxccl-netbench: loopback, two processes, {} MiB per size; socket network: {} thread(s), {} socket(s), {} in flight",
+        o.total >> 20,
+        shape.nthreads,
+        shape.nsocks,
+        o.inflight
+    );
+    println!("{:>12} {:>14} {:>14} {:>8}", "size", "plain GB/s", "oxccl GB/s", "ratio");
+    for &size in &o.sizes {
+        let count = (o.total / size).max(8);
+        let gb = (size * count) as f64 / 1e9;
+        let plain = gb / plain_tcp(size, count);
+        let ours = gb / socket_net(size, count, o.inflight);
+        println!("{size:>12} {plain:>14.2} {ours:>14.2} {:>8.2}", ours / plain);
+    }
+}
