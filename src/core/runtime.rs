@@ -128,8 +128,8 @@ pub struct Runtime {
     /// Bytes per connection slot (`NCCL_BUFFSIZE` / slots per connection).
     slot_bytes: u32,
     conns: Connections,
-    /// A u32 kernels poll; non-zero asks them to stop.
-    device_abort: HostMapped,
+    /// A u32 kernels poll; non-zero asks them to stop (shared with `DeviceAbort` handles).
+    device_abort: Arc<HostMapped>,
     arena: WorkArena,
     /// Recorded after each launch that took its items by value.
     inline_done: Event,
@@ -242,6 +242,18 @@ mod tests {
     }
 }
 
+/// Stops a communicator's kernels: the abort flag they poll, shared with its runtime.
+#[derive(Clone)]
+pub struct DeviceAbort(Arc<HostMapped>);
+
+impl DeviceAbort {
+    /// Ask running kernels to stop.
+    pub fn signal(&self) {
+        // SAFETY: the flag is a live (kept by this handle), aligned u32 in pinned host memory.
+        unsafe { std::ptr::write_volatile(self.0.host() as *mut u32, 1) };
+    }
+}
+
 /// Which event marks a launch's completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Done {
@@ -269,7 +281,7 @@ impl Runtime {
             threads: threads_setting(),
             slot_bytes: slot_bytes_setting(),
             conns: Connections::default(),
-            device_abort: HostMapped::new(64)?,
+            device_abort: Arc::new(HostMapped::new(64)?),
             arena: WorkArena::new()?,
             inline_done: Event::new()?,
             join: Event::new()?,
@@ -292,13 +304,30 @@ impl Runtime {
 
     /// Ask running kernels to stop (they poll this flag).
     pub fn signal_device_abort(&self) {
-        // SAFETY: the flag is a live, aligned u32 in pinned host memory.
-        unsafe { std::ptr::write_volatile(self.device_abort.host() as *mut u32, 1) };
+        self.device_abort_handle().signal();
+    }
+
+    /// A handle that stops this communicator's kernels without the runtime's lock (which a
+    /// launch waiting for a stuck kernel may hold): the watchdog's.
+    pub fn device_abort_handle(&self) -> DeviceAbort {
+        DeviceAbort(self.device_abort.clone())
+    }
+
+    /// Record `marker` on `stream` (the caller's own, never a user's) behind the latest eager
+    /// launch, so that it completes when that launch has; false when nothing was launched yet.
+    /// Launches of a communicator run in order, so it also marks every earlier one.
+    pub fn mark_after_last_launch(&self, marker: &Event, stream: CUstream) -> Result<bool> {
+        let Some(last) = self.last_event() else {
+            return Ok(false);
+        };
+        last.wait_on(stream)?;
+        marker.record(stream)?;
+        Ok(true)
     }
 
     /// Clear the device abort flag (after a revoke has drained the kernels).
     pub fn clear_device_abort(&self) {
-        // SAFETY: as in signal_device_abort.
+        // SAFETY: as in DeviceAbort::signal (the runtime keeps the flag alive).
         unsafe { std::ptr::write_volatile(self.device_abort.host() as *mut u32, 0) };
     }
 
