@@ -21,6 +21,7 @@
 pub mod completion;
 pub mod report;
 pub mod stall;
+pub mod status;
 pub mod wire;
 
 #[cfg(test)]
@@ -111,6 +112,8 @@ pub struct Slot {
     names: Mutex<Option<(CommName, Vec<Ident>)>>,
     /// The last hang report's line (for the on-demand status and tests).
     last_report: Mutex<Option<String>>,
+    /// Who waits for an on-demand status of this communicator.
+    status_waiters: Mutex<Vec<std::sync::mpsc::Sender<String>>>,
 }
 
 impl Slot {
@@ -120,11 +123,13 @@ impl Slot {
     }
 }
 
-/// Start `comm`'s watchdog from its runtime (a communicator of one rank needs none).
+/// Start `comm`'s watchdog from its runtime (a communicator of one rank needs none), and the
+/// process's status endpoint with the first one.
 pub fn start(comm: &Arc<Comm>) {
     if comm.nranks() < 2 {
         return;
     }
+    status::serve_once();
     let parts = {
         let rt = comm.rt.lock();
         let Some(rt) = rt.as_ref() else {
@@ -158,7 +163,10 @@ pub fn spawn(comm: &Arc<Comm>, parts: Parts) {
         .name(format!("oxccl-watch-{}", comm.rank()))
         .spawn(move || Watch::new(weak, parts).run(&flag));
     match spawned {
-        Ok(thread) => *comm.watch.handle.lock() = Some(Handle { stop, link, thread }),
+        Ok(thread) => {
+            *comm.watch.handle.lock() = Some(Handle { stop, link, thread });
+            farewell_at_exit(comm);
+        }
         Err(e) => crate::warn!(
             "rank {}: cannot start the watchdog thread ({e}): no hang reports or dead-rank \
              errors for this communicator",
@@ -176,11 +184,16 @@ pub fn stop(comm: &Comm, how: Departure) {
     h.stop.store(true, Ordering::Release);
     h.link.wake();
     let _ = h.thread.join();
+    say_farewell(comm, &h.link, how);
+}
+
+/// The farewell: how far this rank got, for each peer it is connected to.
+fn say_farewell(comm: &Comm, link: &Link, how: Departure) {
     let p = &comm.progress;
-    // Destroy waited for every operation; an abort ends those still running unfinished.
+    // Destroy waited for every operation; an abort or an exit ends those still running.
     let done = match how {
         Departure::Destroyed => p.enqueued(),
-        Departure::Aborted => p.completed(),
+        Departure::Aborted | Departure::Exited => p.completed(),
     };
     let counts = p.counts_at(done).unwrap_or_default();
     let farewell_for = |peer| {
@@ -191,7 +204,41 @@ pub fn stop(comm: &Comm, how: Departure) {
             recvs_done: counts.p2p_with(peer, false),
         })
     };
-    h.link.farewell(farewell_for, SEND_LIMIT);
+    link.farewell(farewell_for, SEND_LIMIT);
+}
+
+/// Communicators with a watchdog, for the farewell at process exit.
+static WATCHED: Mutex<Vec<Weak<Comm>>> = Mutex::new(Vec::new());
+
+/// Say farewell for `comm` when the process exits normally while it is still live (a
+/// program that ends without `ncclCommDestroy` is not a dead rank); a killed process runs
+/// no exit handler, and its peers see a close without a farewell.
+fn farewell_at_exit(comm: &Arc<Comm>) {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    let mut watched = WATCHED.lock();
+    watched.retain(|w| w.strong_count() > 0);
+    watched.push(Arc::downgrade(comm));
+    REGISTERED.call_once(|| {
+        // SAFETY: registers a function of this library that never unwinds (it catches
+        // panics); the library is not unloaded before exit (NCCL is never dlclosed in use).
+        unsafe { libc::atexit(say_farewells_at_exit) };
+    });
+}
+
+extern "C" fn say_farewells_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(watched) = WATCHED.try_lock() else {
+            return;
+        };
+        for comm in watched.iter().filter_map(Weak::upgrade) {
+            // Not joined: the thread may be in a send; exit ends it.
+            let Some(h) = comm.watch.handle.try_lock().and_then(|mut h| h.take()) else {
+                continue;
+            };
+            h.stop.store(true, Ordering::Release);
+            say_farewell(&comm, &h.link, Departure::Exited);
+        }
+    });
 }
 
 /// For transports (the network proxy, for one): `peer` failed, as `what` says. The
@@ -226,7 +273,37 @@ impl FailureReporter {
     }
 }
 
-/// A hang report under way: the query sent and the answers so far, by rank.
+/// The status of every communicator of this process with a watchdog, each as its rank here
+/// sees all of its ranks (asked of every rank within `limit`).
+pub fn status_report(limit: Duration) -> String {
+    let comms: Vec<Arc<Comm>> = WATCHED.lock().iter().filter_map(Weak::upgrade).collect();
+    let mut asked = Vec::new();
+    for comm in &comms {
+        if let Some(h) = comm.watch.handle.lock().as_ref() {
+            let (tx, rx) = std::sync::mpsc::channel();
+            comm.watch.status_waiters.lock().push(tx);
+            h.link.wake();
+            asked.push((comm.clone(), rx));
+        }
+    }
+    let deadline = Instant::now() + limit;
+    let mut out = String::new();
+    for (comm, rx) in asked {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(text) => out.push_str(&text),
+            Err(_) => out.push_str(&format!(
+                "comm {:p} rank {}: no status within {} s\n",
+                Arc::as_ptr(&comm),
+                comm.rank(),
+                limit.as_secs()
+            )),
+        }
+    }
+    out
+}
+
+/// A progress exchange under way: the query sent and the answers so far, by rank.
 struct Exchange {
     round: u64,
     started: Instant,
@@ -234,6 +311,12 @@ struct Exchange {
     mine: RankState,
     stuck: Duration,
     answers: Vec<Option<Answer>>,
+}
+
+impl Exchange {
+    fn status(&self) -> bool {
+        self.query.status
+    }
 }
 
 /// What a peer's connection says about it.
@@ -308,6 +391,7 @@ impl Watch {
                 completion.poll(&comm);
                 self.check_abort_due(&comm);
                 self.check_stall(&comm);
+                self.check_status_request(&comm);
                 self.continue_exchange(&comm);
             }
             drop(comm);
@@ -417,16 +501,16 @@ impl Watch {
     /// Tell `asker` where this rank is; if this rank is not stuck itself, say once why the
     /// asker waits on it.
     fn answer(&mut self, comm: &Comm, asker: i32, q: &Query) {
-        let state = self.state_for(comm, asker, Some(&q.waiting));
+        let state = self.state_for(comm, asker, q.waiting.as_ref());
         let reply = wire::encode_reply(q.round, &state);
         let _ = self.link.send(asker, wire::TAG_REPLY, &reply, SEND_LIMIT);
         // A rank with pending work of its own reports it itself when its time comes.
-        if self.stuck.is_some() || self.behind_logged == Some(q.waiting) {
+        if self.stuck.is_some() || self.behind_logged.is_some() && self.behind_logged == q.waiting {
             return;
         }
         let line = report::behind_report(self.name, self.me, &self.idents, &state, asker, q);
         if let Some(line) = line {
-            self.behind_logged = Some(q.waiting);
+            self.behind_logged = q.waiting;
             crate::warn!("{line}");
             *comm.watch.last_report.lock() = Some(line);
         }
@@ -485,7 +569,7 @@ impl Watch {
                 Some(Some(f)) => {
                     crate::info!(
                         INIT,
-                        "{} rank {}: rank {peer} left with {} after completing {} collective(s)",
+                        "{} rank {}: rank {peer} left ({}) after completing {} collective(s)",
                         self.name,
                         self.me,
                         f.reason.call(),
@@ -511,7 +595,7 @@ impl Watch {
             Some((who, msg)) if who == peer => format!("it failed: {msg}"),
             _ => format!(
                 "its bootstrap connection to rank {} closed without a goodbye (the process was \
-                 killed or crashed, or exited without ncclCommDestroy/ncclCommAbort)",
+                 killed or crashed, or ended without running its exit handlers)",
                 self.me
             ),
         }
@@ -567,7 +651,7 @@ impl Watch {
                 let what =
                     stranded.map_or("an operation".into(), |r| report::describe(&(&r).into()));
                 failure = Some(format!(
-                    "{}: {} left with {} after completing {} collective(s), but rank {} has \
+                    "{}: {} left ({}) after completing {} collective(s), but rank {} has \
                      enqueued {what}, which can never complete",
                     self.name,
                     report::who(peer, &self.idents),
@@ -593,23 +677,32 @@ impl Watch {
         };
         if self.exchange.is_none() && !self.failed && self.stall.report_due(self.stuck, after) {
             self.stall.reported();
-            self.start_exchange(comm);
+            self.start_exchange(comm, false);
         }
     }
 
-    /// Ask every other rank where it is (those known gone or departed answer for themselves).
-    fn start_exchange(&mut self, comm: &Comm) {
-        let mine = self.state_for(comm, self.me, None);
-        let Some(waiting) = mine.waiting else {
+    /// Someone asked for this communicator's status (`status_report`).
+    fn check_status_request(&mut self, comm: &Comm) {
+        if self.exchange.is_none() && !comm.watch.status_waiters.lock().is_empty() {
+            self.start_exchange(comm, true);
+        }
+    }
+
+    /// Ask every other rank where it is (those known gone or departed answer for themselves):
+    /// for a hang report, or for a status (`status`).
+    fn start_exchange(&mut self, comm: &Comm, status: bool) {
+        let waiting = self.state_for(comm, self.me, None).waiting;
+        if waiting.is_none() && !status {
             return;
-        };
-        let mine = self.state_for(comm, self.me, Some(&waiting));
+        }
+        let mine = self.state_for(comm, self.me, waiting.as_ref());
         self.round += 1;
         let stuck = self.stuck.unwrap_or_default();
         let query = Query {
             round: self.round,
             waiting,
             stalled_s: stuck.as_secs() as u32,
+            status,
         };
         let encoded = wire::encode_query(&query);
         let mut answers: Vec<Option<Answer>> = (0..self.nranks).map(|_| None).collect();
@@ -649,6 +742,7 @@ impl Watch {
             return;
         }
         let ex = self.exchange.take().expect("checked above");
+        let status = ex.status();
         let silent = || Answer::Silent(format!("none within {} s", EXCHANGE_LIMIT.as_secs()));
         let answers: Vec<(i32, Answer)> = ex
             .answers
@@ -657,6 +751,17 @@ impl Watch {
             .filter(|(r, _)| *r != me)
             .map(|(r, a)| (r as i32, a.unwrap_or_else(silent)))
             .collect();
+        if status {
+            let mut text =
+                report::status_text(self.name, self.me, &self.idents, &ex.mine, &answers);
+            if let Some(line) = comm.watch.last_report() {
+                text.push_str(&format!("  last report: {line}\n"));
+            }
+            for waiter in comm.watch.status_waiters.lock().drain(..) {
+                let _ = waiter.send(text.clone());
+            }
+            return;
+        }
         let verdict = report::hang_report(&Findings {
             name: self.name,
             me: self.me,

@@ -349,7 +349,7 @@ fn absent_findings(f: &Findings<'_>, waiting: &OpDesc, parts: &mut Vec<String>) 
             Answer::State(_) => continue,
             Answer::Silent(why) => format!("no answer from {}: {why}", who(*r, f.idents)),
             Answer::Left(fw) => format!(
-                "{} left with {} after completing {} collective(s)",
+                "{} left ({}) after completing {} collective(s)",
                 who(*r, f.idents),
                 fw.reason.call(),
                 fw.collectives_done
@@ -358,6 +358,66 @@ fn absent_findings(f: &Findings<'_>, waiting: &OpDesc, parts: &mut Vec<String>) 
         };
         parts.push(text);
     }
+}
+
+/// "ncclAllReduce #3 (4096 × float)", "none" or "collective #3" (older than the history).
+fn last_text(d: &Option<OpDesc>, n: u64) -> String {
+    match d {
+        Some(d) => describe(d),
+        None if n == 0 => "none".into(),
+        None => format!("collective #{}", count_text(n)),
+    }
+}
+
+/// One rank's line of an on-demand status.
+fn status_line(s: &RankState) -> String {
+    let doing = match &s.waiting {
+        Some(w) if s.stalled_s > 0 => {
+            format!("waiting in {} for {} s", describe(w), s.stalled_s)
+        }
+        Some(w) => format!("running {}", describe(w)),
+        None => "idle".into(),
+    };
+    format!(
+        "last enqueued {}, last completed {}, {} operation(s) enqueued, {} completed; {doing}",
+        last_text(&s.last_collective, s.collectives),
+        last_text(&s.last_collective_done, s.collectives_done),
+        s.enqueued,
+        s.completed
+    )
+}
+
+/// The on-demand status of one communicator: a header, then one line per rank.
+pub fn status_text(
+    name: CommName,
+    me: i32,
+    idents: &[Ident],
+    mine: &RankState,
+    answers: &[(i32, Answer)],
+) -> String {
+    let mut rows: Vec<(i32, String)> = vec![(me, status_line(mine))];
+    for (r, a) in answers {
+        let text = match a {
+            Answer::State(s) => status_line(s),
+            Answer::Silent(why) => format!("no answer: {why}"),
+            Answer::Left(f) => format!(
+                "left ({}) after completing {} collective(s)",
+                f.reason.call(),
+                f.collectives_done
+            ),
+            Answer::Lost(why) => format!("gone: {why}"),
+        };
+        rows.push((*r, text));
+    }
+    rows.sort_by_key(|(r, _)| *r);
+    let mut out = format!(
+        "{name}: {} ranks, as rank {me} sees them\n",
+        idents.len().max(rows.len())
+    );
+    for (r, text) in rows {
+        out.push_str(&format!("  {}: {text}\n", who(r, idents)));
+    }
+    out
 }
 
 /// The one WARN line of a rank that is not stuck itself, asked by a stuck one about an
@@ -370,7 +430,7 @@ pub fn behind_report(
     asker: i32,
     q: &Query,
 ) -> Option<String> {
-    let w = &q.waiting;
+    let w = q.waiting.as_ref().filter(|_| !q.status)?;
     let head = format!("{name} {}", who(me, idents));
     let waited = format!(
         "rank {asker} has waited {} s in {}",

@@ -62,6 +62,11 @@ fn bootstraps(n: i32) -> Vec<Bootstrap> {
 
 /// `n` ranks, each with a watchdog unless its rank is in `without`.
 fn ranks_with(n: i32, s: Settings, without: &[i32]) -> Vec<Rank> {
+    ranks_named(n, s, without, 0xfeed)
+}
+
+/// `ranks_with` for a communicator of this hash.
+fn ranks_named(n: i32, s: Settings, without: &[i32], hash: u64) -> Vec<Rank> {
     bootstraps(n)
         .into_iter()
         .enumerate()
@@ -76,7 +81,7 @@ fn ranks_with(n: i32, s: Settings, without: &[i32]) -> Vec<Rank> {
                     idents: (0..n).map(ident).collect(),
                     name: CommName {
                         handle: 0x1000 + r as usize,
-                        hash: 0xfeed,
+                        hash,
                     },
                     completion: Box::new(|| Box::new(Manual)),
                     stop_kernels: Box::new(move || flag.store(true, Ordering::Release)),
@@ -360,8 +365,8 @@ fn an_orderly_destroy_is_no_error_until_work_is_stranded() {
     let msg = error_of(&all[0]);
     assert!(
         msg.contains(
-            "rank 1 (host node1, pid 1001, cudaDev 1, busId 0000:11:00.0) left with \
-             ncclCommDestroy after completing 2 collective(s), but rank 0 has enqueued \
+            "rank 1 (host node1, pid 1001, cudaDev 1, busId 0000:11:00.0) left \
+             (ncclCommDestroy) after completing 2 collective(s), but rank 0 has enqueued \
              ncclAllReduce #3 (4096 × float), which can never complete"
         ),
         "{msg}"
@@ -404,6 +409,51 @@ fn a_transport_report_names_the_peer_here_and_reaches_every_rank() {
         "{}",
         error_of(&all[1])
     );
+    stop_all(&mut all);
+}
+
+#[test]
+fn the_status_endpoint_answers_with_every_rank_of_every_communicator() {
+    use std::io::{Read, Write};
+    let mut all = ranks_named(2, settings(60, false), &[], 0xbeef1);
+    warm_up(&all, 3);
+    launch(&all[0], CollKind::AllReduce, 4096, 0);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || status::serve(listener));
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"CLIENT PROTOCOL 2\nTIMEOUT 5\nSTATUS\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(
+        text.starts_with("SERVER PROTOCOL 2\nOK\nNCCL 2.28.9+oxccl status of process "),
+        "{text}"
+    );
+    let block = |r: usize| {
+        let head = format!(
+            "comm {:#x} commHash 0x00000000000beef1: 2 ranks, as rank {r} sees them\n",
+            0x1000 + r
+        );
+        let at = text
+            .find(&head)
+            .unwrap_or_else(|| panic!("no block for rank {r}: {text}"));
+        text[at..].lines().take(3).collect::<Vec<_>>().join("\n")
+    };
+    for r in 0..2 {
+        let b = block(r);
+        assert!(
+            b.contains("  rank 0 (host node0, pid 1000, cudaDev 0, busId 0000:10:00.0): last enqueued \
+                 ncclAllReduce #4 (4096 × float), last completed ncclAllReduce #3 (4096 × float), 4 \
+                 operation(s) enqueued, 3 completed; ")
+                && b.contains("ncclAllReduce #4 (4096 × float)\n")
+                && b.contains("  rank 1 (host node1, pid 1001, cudaDev 1, busId 0000:11:00.0): last enqueued \
+                 ncclAllReduce #3 (4096 × float), last completed ncclAllReduce #3 (4096 × float), 3 \
+                 operation(s) enqueued, 3 completed; idle"),
+            "{b}"
+        );
+    }
     stop_all(&mut all);
 }
 
@@ -456,18 +506,26 @@ fn child_entry() {
     };
     spawn(&comm, parts);
     boot.barrier().unwrap();
-    // Rank 0 waits in a collective rank 1 never calls.
-    comm.progress.record(&task(CollKind::AllReduce, 8, 0), 0);
-    comm.progress.mark_launched();
     if rank == 1 {
         if mode == "kill" {
             // SAFETY: sends a signal to this process.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
+        if mode == "exit" {
+            // The communicator stays live (as in the registry) until the process exits.
+            std::mem::forget((comm, boot));
+            println!("CHILD_DONE");
+            return;
+        }
         stop(&comm, Departure::Destroyed);
         drop(boot);
         println!("CHILD_DONE");
         return;
+    }
+    if mode == "kill" {
+        // Rank 0 waits in a collective rank 1 never calls: its kernels must be released.
+        comm.progress.record(&task(CollKind::AllReduce, 8, 0), 0);
+        comm.progress.mark_launched();
     }
     let started = Instant::now();
     let limit = Duration::from_secs(if mode == "kill" { 12 } else { 3 });
@@ -559,6 +617,13 @@ fn a_killed_process_is_named_by_its_peer_within_10_s() {
 #[test]
 fn a_process_that_destroys_in_order_raises_no_error() {
     let (out, _) = two_processes("destroy");
+    assert!(out.contains("RESULT ncclSuccess after"), "{out}");
+    assert!(!out.contains("KERNELS STOPPED"), "{out}");
+}
+
+#[test]
+fn a_process_that_exits_without_destroying_raises_no_error() {
+    let (out, _) = two_processes("exit");
     assert!(out.contains("RESULT ncclSuccess after"), "{out}");
     assert!(!out.contains("KERNELS STOPPED"), "{out}");
 }

@@ -74,12 +74,14 @@ pub struct RankState {
     pub p2p: P2pCounts,
 }
 
-/// A stuck rank asking the others where they are.
+/// A rank asking the others where they are: stuck (`waiting` in an operation for
+/// `stalled_s`), or for an on-demand status (`status`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Query {
     pub round: u64,
-    pub waiting: OpDesc,
+    pub waiting: Option<OpDesc>,
     pub stalled_s: u32,
+    pub status: bool,
 }
 
 /// Why a rank left in order, as its farewell says.
@@ -87,13 +89,17 @@ pub struct Query {
 pub enum Departure {
     Destroyed,
     Aborted,
+    /// The process exited (normally, running its exit handlers) with the communicator live.
+    Exited,
 }
 
 impl Departure {
+    /// How the rank left, as messages say it.
     pub fn call(self) -> &'static str {
         match self {
             Departure::Destroyed => "ncclCommDestroy",
             Departure::Aborted => "ncclCommAbort",
+            Departure::Exited => "its process exited without ncclCommDestroy",
         }
     }
 }
@@ -217,19 +223,28 @@ impl Reader<'_> {
 
 pub fn encode_query(q: &Query) -> Vec<u8> {
     let mut w = Writer::new();
-    w.u64(q.round).op(&Some(q.waiting)).u32(q.stalled_s);
+    w.u64(q.round)
+        .op(&q.waiting)
+        .u32(q.stalled_s)
+        .u8(q.status as u8);
     w.0
 }
 
 pub fn decode_query(b: &[u8]) -> Option<Query> {
     let mut r = Reader::new(b)?;
     let round = r.u64()?;
-    let waiting = r.op()??;
+    let waiting = r.op()?;
     let stalled_s = r.u32()?;
+    let status = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
     r.done(Query {
         round,
         waiting,
         stalled_s,
+        status,
     })
 }
 
@@ -302,6 +317,7 @@ pub fn decode_farewell(b: &[u8]) -> Option<Farewell> {
     let reason = match r.u8()? {
         0 => Departure::Destroyed,
         1 => Departure::Aborted,
+        2 => Departure::Exited,
         _ => return None,
     };
     let f = Farewell {
@@ -355,8 +371,9 @@ mod tests {
     fn every_message_decodes_to_what_was_encoded() {
         let q = Query {
             round: 7,
-            waiting: op(CollKind::AllReduce, 57, 4096),
+            waiting: Some(op(CollKind::AllReduce, 57, 4096)),
             stalled_s: 3,
+            status: true,
         };
         assert_eq!(decode_query(&encode_query(&q)), Some(q));
         assert_eq!(
@@ -398,8 +415,9 @@ mod tests {
             encode_reply(1, &state()),
             encode_query(&Query {
                 round: 1,
-                waiting: op(CollKind::Reduce, 1, 1),
+                waiting: Some(op(CollKind::Reduce, 1, 1)),
                 stalled_s: 0,
+                status: false,
             }),
             encode_lost(&Lost {
                 rank: 1,
