@@ -9,7 +9,8 @@
 //! least every 100 ms (`socket.rs`).
 //!
 //! Collectives (`allgather`, `barrier`) must be called in the same order on every rank, as
-//! in NCCL; `send`/`recv` may be used from any thread.
+//! in NCCL; `send`/`recv` may be used from any thread. While the communicator lives, its
+//! watchdog uses the same connections through a `Link` (`link.rs`).
 
 pub mod id;
 pub mod link;

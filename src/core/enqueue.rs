@@ -21,6 +21,9 @@ pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()>
     if noop {
         if super::group::depth() == 0 {
             comm.progress.mark_launched();
+            if let Some(rt) = comm.rt.lock().as_mut() {
+                rt.note_launched(comm.progress.launched());
+            }
         }
         return Ok(());
     }

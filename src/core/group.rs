@@ -198,6 +198,7 @@ fn execute(inits: Vec<InitWork>, ops: Vec<Op>) -> Result<()> {
             rt.launch_group(comm.rank(), comm.nranks(), tasks, streams, &comm.abort)?;
             // Under the runtime's lock, so the watchdog sees the launch and its count together.
             comm.progress.mark_launched();
+            rt.note_launched(comm.progress.launched());
             Ok(())
         })?;
     }

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::sched::{self, Geometry, Plan, Task};
 use crate::topo::Topology;
 use crate::transport::{Connections, Setup};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +19,10 @@ pub const ARENA_SLOT_BYTES: usize = 64 * 1024;
 const _: () = assert!(ARENA_SLOT_BYTES / sched::device::WORK_SIZE <= sched::device::MAX_ITEMS);
 /// Launch slots in the arena (launches in flight before the host waits for the oldest).
 pub const ARENA_SLOTS: usize = 64;
+/// Completion events of launches that take their items by value, used round-robin.
+const INLINE_EVENTS: usize = 64;
+/// Launches whose completion the watchdog can still ask about (`completed_ordinal`).
+const NOTED_LAUNCHES: usize = 256;
 
 /// Host-mapped memory for work items. Eager launches use slots round-robin, a slot being reused
 /// only after the launch that read it has finished; a captured launch gets its own allocation,
@@ -131,8 +135,15 @@ pub struct Runtime {
     /// A u32 kernels poll; non-zero asks them to stop (shared with `DeviceAbort` handles).
     device_abort: Arc<HostMapped>,
     arena: WorkArena,
-    /// Recorded after each launch that took its items by value.
-    inline_done: Event,
+    /// Recorded after each launch that took its items by value (the next one each time, so a
+    /// launch's event describes it until `INLINE_EVENTS` later launches).
+    inline_done: Vec<Event>,
+    next_inline: usize,
+    /// Eager kernel launches so far, and the ones `note_launched` has seen.
+    eager_launches: u64,
+    noted_launches: u64,
+    /// (operation ordinal, its launch's completion event if it had one of its own), oldest first.
+    noted: VecDeque<(u64, Option<Done>)>,
     /// Ordering events for groups spanning several streams.
     join: Event,
     /// Where the copy-engine copies of a plan run beside its kernel (`Plan::copies`), with
@@ -258,7 +269,7 @@ impl DeviceAbort {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Done {
     Slot(usize),
-    Inline,
+    Inline(usize),
 }
 
 // SAFETY: the CUDA handles inside are usable from any thread; the Runtime is always accessed
@@ -283,7 +294,13 @@ impl Runtime {
             conns: Connections::default(),
             device_abort: Arc::new(HostMapped::new(64)?),
             arena: WorkArena::new()?,
-            inline_done: Event::new()?,
+            inline_done: (0..INLINE_EVENTS)
+                .map(|_| Event::new())
+                .collect::<Result<_>>()?,
+            next_inline: 0,
+            eager_launches: 0,
+            noted_launches: 0,
+            noted: VecDeque::new(),
             join: Event::new()?,
             side: cuda::Stream::new()?,
             fork: Event::new()?,
@@ -313,18 +330,6 @@ impl Runtime {
         DeviceAbort(self.device_abort.clone())
     }
 
-    /// Record `marker` on `stream` (the caller's own, never a user's) behind the latest eager
-    /// launch, so that it completes when that launch has; false when nothing was launched yet.
-    /// Launches of a communicator run in order, so it also marks every earlier one.
-    pub fn mark_after_last_launch(&self, marker: &Event, stream: CUstream) -> Result<bool> {
-        let Some(last) = self.last_event() else {
-            return Ok(false);
-        };
-        last.wait_on(stream)?;
-        marker.record(stream)?;
-        Ok(true)
-    }
-
     /// Clear the device abort flag (after a revoke has drained the kernels).
     pub fn clear_device_abort(&self) {
         // SAFETY: as in DeviceAbort::signal (the runtime keeps the flag alive).
@@ -334,8 +339,39 @@ impl Runtime {
     fn last_event(&self) -> Option<&Event> {
         self.last.map(|(_, done)| match done {
             Done::Slot(slot) => &self.arena.done[slot],
-            Done::Inline => &self.inline_done,
+            Done::Inline(i) => &self.inline_done[i],
         })
+    }
+
+    /// The operations up to `ordinal` were handed over by the launch just made (or needed no
+    /// GPU work): remember which event tells when they are done.
+    pub fn note_launched(&mut self, ordinal: u64) {
+        let own = (self.eager_launches != self.noted_launches).then(|| self.last.map(|l| l.1));
+        self.noted_launches = self.eager_launches;
+        if self.noted.len() == NOTED_LAUNCHES {
+            self.noted.pop_front();
+        }
+        self.noted.push_back((ordinal, own.flatten()));
+    }
+
+    /// The ordinal of the last operation known finished, from the launches noted: launches run
+    /// in order, so the oldest unfinished one ends the scan. An event reused by a later launch
+    /// describes that later one, whose end implies this one's: never a false "done".
+    pub fn completed_ordinal(&mut self) -> Result<Option<u64>> {
+        let mut completed = None;
+        while let Some(&(ordinal, done)) = self.noted.front() {
+            let finished = match done {
+                Some(Done::Slot(slot)) => self.arena.done[slot].done()?,
+                Some(Done::Inline(i)) => self.inline_done[i].done()?,
+                None => true,
+            };
+            if !finished {
+                break;
+            }
+            completed = Some(ordinal);
+            self.noted.pop_front();
+        }
+        Ok(completed)
     }
 
     /// Wait until the latest launch finished (polling `abort`).
@@ -492,10 +528,15 @@ impl Runtime {
                 blob,
                 8 + plan.items.len(),
             )?;
-            Done::Inline
+            self.next_inline = (self.next_inline + 1) % INLINE_EVENTS;
+            Done::Inline(self.next_inline)
         } else {
             let (done, items) = if capturing {
-                (Done::Inline, self.arena.write_graph(&cached.arena, stream)?)
+                // Under capture no eager event is recorded (see below); the index is unused.
+                (
+                    Done::Inline(0),
+                    self.arena.write_graph(&cached.arena, stream)?,
+                )
             } else {
                 let (slot, items) = self.arena.write_eager(&cached.arena, abort)?;
                 (Done::Slot(slot), items)
@@ -520,7 +561,7 @@ impl Runtime {
         let done_event = match (capturing, done) {
             (true, _) => &self.join,
             (false, Done::Slot(slot)) => &self.arena.done[slot],
-            (false, Done::Inline) => &self.inline_done,
+            (false, Done::Inline(i)) => &self.inline_done[i],
         };
         if !capturing || !others.is_empty() {
             done_event.record(stream)?;
@@ -530,6 +571,7 @@ impl Runtime {
         }
         if !capturing {
             self.last = Some((streams[0], done));
+            self.eager_launches += 1;
         }
         Ok(())
     }

@@ -14,7 +14,7 @@
 //! - answers: it answers the other ranks' progress queries, so a rank that is not stuck, or
 //!   has finished everything, still says where it is.
 //!
-//! Completion is seen through marker events behind the communicator's launches
+//! Completion is seen through the runtime's own launch events
 //! (`completion.rs`), progress numbers come from `core::progress`, the messages are in
 //! `wire.rs`, and when a communicator counts as stuck is `stall.rs`.
 
@@ -311,6 +311,8 @@ struct Exchange {
     mine: RankState,
     stuck: Duration,
     answers: Vec<Option<Answer>>,
+    /// Whether this is the second round of a hang report.
+    refined: bool,
 }
 
 impl Exchange {
@@ -509,10 +511,16 @@ impl Watch {
             return;
         }
         let line = report::behind_report(self.name, self.me, &self.idents, &state, asker, q);
-        if let Some(line) = line {
+        if let Some((line, called_otherwise)) = line {
             self.behind_logged = q.waiting;
-            crate::warn!("{line}");
-            *comm.watch.last_report.lock() = Some(line);
+            *comm.watch.last_report.lock() = Some(line.clone());
+            // Called something else: under OXCCL_HANG_ERROR this side fails too (a rank that
+            // only has not got there yet may still do so).
+            if self.settings.hang_error && called_otherwise {
+                self.fail(comm, Error::remote(line), true);
+            } else {
+                crate::warn!("{line}");
+            }
         }
     }
 
@@ -695,7 +703,16 @@ impl Watch {
         if waiting.is_none() && !status {
             return;
         }
-        let mine = self.state_for(comm, self.me, waiting.as_ref());
+        self.start_round(comm, waiting, status, false);
+    }
+
+    /// One round of questions about `waiting`; `refined`: the second round of a hang report,
+    /// about the operation the first round's answers showed this rank waits in.
+    fn start_round(&mut self, comm: &Comm, waiting: Option<OpDesc>, status: bool, refined: bool) {
+        let mut mine = self.state_for(comm, self.me, waiting.as_ref());
+        if !status {
+            mine.waiting = waiting;
+        }
         self.round += 1;
         let stuck = self.stuck.unwrap_or_default();
         let query = Query {
@@ -724,7 +741,40 @@ impl Watch {
             mine,
             stuck,
             answers,
+            refined,
         });
+    }
+
+    /// The collective this rank really waits in, when the answers show it is a later one than
+    /// its own view (launches that finished between two of its looks count as pending until
+    /// a later marker completes): every collective another rank completed, every rank took
+    /// part in, so this rank's copy completes too.
+    fn refined_waiting(
+        &self,
+        comm: &Comm,
+        mine: &RankState,
+        answers: &[(i32, Answer)],
+    ) -> Option<OpDesc> {
+        let w = mine.waiting.filter(|w| {
+            !matches!(
+                w.kind,
+                crate::sched::CollKind::Send | crate::sched::CollKind::Recv
+            )
+        })?;
+        let others_done = answers
+            .iter()
+            .filter_map(|(_, a)| match a {
+                Answer::State(s) if s.collectives_done != u64::MAX => Some(s.collectives_done),
+                _ => None,
+            })
+            .max()?;
+        // A rank that completed its own, different call under the number this rank is stuck
+        // in does not move it past its last enqueued collective.
+        let target = (others_done + 1).min(mine.collectives);
+        if target <= w.seq {
+            return None;
+        }
+        comm.progress.collective(target).map(|r| OpDesc::from(&r))
     }
 
     /// Once every rank answered, or the limit passed: the report.
@@ -751,6 +801,12 @@ impl Watch {
             .filter(|(r, _)| *r != me)
             .map(|(r, a)| (r as i32, a.unwrap_or_else(silent)))
             .collect();
+        if !status && !ex.refined {
+            if let Some(better) = self.refined_waiting(comm, &ex.mine, &answers) {
+                self.start_round(comm, Some(better), false, true);
+                return;
+            }
+        }
         if status {
             let mut text =
                 report::status_text(self.name, self.me, &self.idents, &ex.mine, &answers);
@@ -771,9 +827,11 @@ impl Watch {
             answers: &answers,
         });
         debug_assert_eq!(ex.query.round, ex.round);
-        crate::warn!("{}", verdict.line);
         *comm.watch.last_report.lock() = Some(verdict.line.clone());
-        if self.settings.hang_error {
+        // One line: as the failure's own WARN line under OXCCL_HANG_ERROR.
+        if !self.settings.hang_error {
+            crate::warn!("{}", verdict.line);
+        } else {
             let code = if verdict.blames_others {
                 ncclResult_t::ncclRemoteError
             } else {

@@ -244,8 +244,17 @@ fn collective_findings(f: &Findings<'_>, waiting: &OpDesc, parts: &mut Vec<Strin
     if let Some(text) = mismatch_text(&callers) {
         parts.push(text);
     }
+    // A collective some rank completed, every rank took part in: whoever still counts it as
+    // pending has only not seen its end yet.
+    let known_done = |s: &RankState| Some(s.collectives_done).filter(|&d| d != u64::MAX);
+    let done_somewhere = states(f)
+        .filter_map(|(_, s)| known_done(s))
+        .chain(known_done(f.mine))
+        .max()
+        .unwrap_or(0);
     for (r, s) in states(f) {
-        if let Some(w) = s.waiting.filter(|w| !w.is_p2p() && w.seq < n) {
+        let earlier = |w: &OpDesc| !w.is_p2p() && w.seq < n && w.seq > done_somewhere;
+        if let Some(w) = s.waiting.filter(earlier) {
             parts.push(format!(
                 "{} still waits in {}",
                 who(r, f.idents),
@@ -421,7 +430,8 @@ pub fn status_text(
 }
 
 /// The one WARN line of a rank that is not stuck itself, asked by a stuck one about an
-/// operation it has not called or called differently; None when it has nothing to add.
+/// operation it has not called or called differently (then `true`); None when it has nothing
+/// to add.
 pub fn behind_report(
     name: CommName,
     me: i32,
@@ -429,7 +439,7 @@ pub fn behind_report(
     mine: &RankState,
     asker: i32,
     q: &Query,
-) -> Option<String> {
+) -> Option<(String, bool)> {
     let w = q.waiting.as_ref().filter(|_| !q.status)?;
     let head = format!("{name} {}", who(me, idents));
     let waited = format!(
@@ -466,12 +476,10 @@ pub fn behind_report(
     };
     if !reached {
         let sep = if w.is_p2p() { ", but" } else { "," };
-        return Some(format!("{head}: {waited}{sep} {how}"));
+        return Some((format!("{head}: {waited}{sep} {how}"), false));
     }
     let asked = mine.asked?;
     let text = mismatch_text(&[(asker, *w), (me, asked)])?;
-    Some(format!(
-        "{head}: {text} (rank {asker} has waited {} s)",
-        q.stalled_s
-    ))
+    let line = format!("{head}: {text} (rank {asker} has waited {} s)", q.stalled_s);
+    Some((line, true))
 }

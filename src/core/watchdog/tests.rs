@@ -212,6 +212,34 @@ fn a_rank_that_skips_a_collective_is_named_by_every_waiting_rank() {
 }
 
 #[test]
+fn the_other_ranks_answers_place_a_rank_that_saw_no_completion_in_the_right_collective() {
+    let mut all = ranks(2, settings(1, false));
+    // Rank 0's four launches came between two looks of its watchdog: none is known complete.
+    for _ in 0..4 {
+        launch(&all[0], CollKind::AllReduce, 4096, 0);
+    }
+    for _ in 0..3 {
+        launch(&all[1], CollKind::AllReduce, 4096, 0);
+    }
+    complete(&all[1]);
+    assert!(eventually(Duration::from_secs(15), || !report_of(&all[0])
+        .is_empty()
+        && !report_of(&all[1]).is_empty()));
+    let line = report_of(&all[0]);
+    assert!(
+        line.contains("ncclAllReduce #4 (4096 × float) has made no progress")
+            && line.contains("not called by 1 rank: rank 1 (host node1"),
+        "{line}"
+    );
+    let behind = report_of(&all[1]);
+    assert!(
+        behind.contains("in ncclAllReduce #4 (4096 × float), which rank 1 has not called"),
+        "{behind}"
+    );
+    stop_all(&mut all);
+}
+
+#[test]
 fn a_rank_that_calls_another_collective_is_named_with_both_calls() {
     let mut all = ranks(3, settings(1, false));
     warm_up(&all, 56);
@@ -447,7 +475,8 @@ fn the_status_endpoint_answers_with_every_rank_of_every_communicator() {
             b.contains("  rank 0 (host node0, pid 1000, cudaDev 0, busId 0000:10:00.0): last enqueued \
                  ncclAllReduce #4 (4096 × float), last completed ncclAllReduce #3 (4096 × float), 4 \
                  operation(s) enqueued, 3 completed; ")
-                && b.contains("ncclAllReduce #4 (4096 × float)\n")
+                && (b.contains("3 completed; running ncclAllReduce #4 (4096 × float)\n")
+                    || b.contains("3 completed; waiting in ncclAllReduce #4 (4096 × float) for"))
                 && b.contains("  rank 1 (host node1, pid 1001, cudaDev 1, busId 0000:11:00.0): last enqueued \
                  ncclAllReduce #3 (4096 × float), last completed ncclAllReduce #3 (4096 × float), 3 \
                  operation(s) enqueued, 3 completed; idle"),
