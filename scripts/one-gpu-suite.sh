@@ -5,16 +5,20 @@
 # .device/bin/<name> for every ffi-tests/gpu/<name>.c).
 #
 # usage: scripts/one-gpu-suite.sh [--only SECTIONS] [--budget SECONDS | SECONDS]
-#   SECTIONS  a comma list of: ffi matrix bench copy torch, run in the order given (default:
-#             all, in this order)
+#   SECTIONS  a comma list of: ffi faults matrix bench copy torch, run in the order given
+#             (default: all, in this order)
 #   SECONDS   the whole run's time budget (default 540): every step runs under `timeout`, a
 #             step that no longer fits is reported as SKIP (budget), and the run ends within
 #             the budget. With several sections each gets a share of what is left when it
-#             starts (weights ffi 3, matrix 5, bench 3, copy 1, torch 4); time a section
-#             does not use passes on to the next.
+#             starts (weights ffi 3, faults 2, matrix 5, bench 3, copy 1, torch 4); time a
+#             section does not use passes on to the next.
 # Sections:
 #   ffi     lifecycle -n 1 (ours); shared_gpu (ours); shared_gpu against NVIDIA's library as
 #           a reference (it refuses shared GPUs: those cases print SKIP)
+#   faults  faults -n 2, then -n 4 if time is left (ffi-tests/gpu/faults.c, ours; issue 13):
+#           a rank that skips collective #4 (report only, then as an error), calls another
+#           collective, another count, or is SIGKILLed mid-collective; the reports and errors
+#           must name the right rank and operation and nothing may hang (each case bounded)
 #   matrix  oxccl-bench correctness matrix, ours, NCCL_MULTI_RANK_GPU_ENABLE=1, ranks on GPU
 #           0: one process of 1, 2, 4, 8 ranks (--devices 0,..,0) and one process per rank for
 #           2 and 4 (-p R --ranks-per-gpu R); every collective, type and op, in and out of
@@ -32,8 +36,8 @@
 #           times of ours and NVIDIA's at the same sizes
 #   torch   scripts/torch-all.sh --same-gpu --gpus 4 --ours .device/lib/libnccl.so.2
 #           --steps 50 (NVIDIA's refusal of shared GPUs is recorded as a reference line)
-# Output in ${OUT:-./out}, 7 files: summary.txt (also printed last), machine.log, ffi.log,
-# matrix.log, bench.log, copy.log, torch.log (each kept under 16 MiB).
+# Output in ${OUT:-./out}, 8 files: summary.txt (also printed last), machine.log, ffi.log,
+# faults.log, matrix.log, bench.log, copy.log, torch.log (each kept under 16 MiB).
 # Exit status: 0 when no step failed (reference runs and budget skips do not count), else 1.
 set -u -o pipefail
 
@@ -42,7 +46,7 @@ export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 unset NCCL_MULTI_RANK_GPU_ENABLE LD_PRELOAD # set per step where it is meant
 
 BUDGET=540
-ONLY="ffi,matrix,bench,copy,torch"
+ONLY="ffi,faults,matrix,bench,copy,torch"
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="${2:-}"; shift ;;
@@ -59,8 +63,8 @@ esac
 SECTIONS=()
 for s in ${ONLY//,/ }; do
   case "$s" in
-    ffi | matrix | bench | copy | torch | net) SECTIONS+=("$s") ;;
-    *) echo "one-gpu-suite: unknown section '$s' (ffi matrix bench copy torch net)" >&2; exit 2 ;;
+    ffi | faults | matrix | bench | copy | torch | net) SECTIONS+=("$s") ;;
+    *) echo "one-gpu-suite: unknown section '$s' (ffi faults matrix bench copy torch net)" >&2; exit 2 ;;
   esac
 done
 [ ${#SECTIONS[@]} -gt 0 ] || { echo "one-gpu-suite: no section selected" >&2; exit 2; }
@@ -75,7 +79,7 @@ TMP=$(mktemp -d /tmp/one-gpu-suite.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
-for s in ffi matrix bench copy torch net; do
+for s in ffi faults matrix bench copy torch net; do
   for x in "${SECTIONS[@]}"; do [ "$x" = "$s" ] && : >"$OUT/$s.log"; done
 done
 
@@ -106,7 +110,7 @@ row() {
 }
 
 # ---- time: each section gets a share of what is left; a step gets min(nominal, section, run)
-declare -A WEIGHT=([ffi]=3 [matrix]=5 [bench]=3 [copy]=1 [torch]=4 [net]=5)
+declare -A WEIGHT=([ffi]=3 [faults]=2 [matrix]=5 [bench]=3 [copy]=1 [torch]=4 [net]=5)
 SEC_END=$END
 section_begin() { # NAME INDEX: the section's end time, from the weights of it and those after
   local i rest=0 avail
@@ -288,6 +292,24 @@ sec_ffi() {
     test_step ffi "shared_gpu (NVIDIA reference)" "$lim" 1 env LD_LIBRARY_PATH="$NVDIR" \
       "$DEV/bin/shared_gpu" -T $((lim - 12))
   fi
+}
+
+sec_faults() {
+  if [ ! -x "$DEV/bin/faults" ]; then
+    row faults "faults" SKIP - 0 "$DEV/bin/faults missing (scripts/stage-device)"
+    return 0
+  fi
+  local n leave
+  for n in 2 4; do
+    leave=0
+    [ "$n" = 2 ] && leave=120
+    # faults' own -T stops it starting cases it has no time for (reported as not run).
+    if plan faults "faults -n $n (ours)" 330 "$leave"; then
+      local lim=$LIMIT
+      LEAVE=$leave test_step faults "faults -n $n (ours)" "$lim" 0 env LD_LIBRARY_PATH="$DEV/lib" \
+        "$DEV/bin/faults" -n "$n" -T $((lim - 12))
+    fi
+  done
 }
 
 sec_matrix() {

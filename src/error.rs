@@ -135,6 +135,11 @@ impl LastError {
         }
         h.push(to_cstring(msg));
     }
+    /// The newest message, if one was recorded.
+    pub fn text(&self) -> Option<String> {
+        let h = self.history.lock();
+        h.last().map(|c| c.to_string_lossy().into_owned())
+    }
     /// Pointer to the newest message, or None if none was recorded.
     pub fn ptr(&self) -> Option<*const std::os::raw::c_char> {
         self.history.lock().last().map(|c| c.as_ptr())

@@ -236,7 +236,18 @@ pub extern "C" fn ncclCommGetAsyncError(
     export!(ncclCommGetAsyncError, name);
     entry(name, comm, || {
         let c = find_comm(comm)?;
-        out(asyncError, "asyncError")?.write(c.async_error());
+        let code = c.async_error();
+        out(asyncError, "asyncError")?.write(code);
+        // Callers that then ask ncclGetLastError(NULL) (PyTorch) get the reason, as with
+        // NVIDIA's library, whose WARN lines set the thread's last error.
+        if !matches!(
+            code,
+            ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress
+        ) {
+            if let Some(text) = c.last_error.text() {
+                crate::error::set_thread_last_error(&text);
+            }
+        }
         Ok(())
     })
 }

@@ -9,15 +9,17 @@
 //! least every 100 ms (`socket.rs`).
 //!
 //! Collectives (`allgather`, `barrier`) must be called in the same order on every rank, as
-//! in NCCL; `send`/`recv` may be used from any thread.
+//! in NCCL; `send`/`recv` may be used from any thread. While the communicator lives, its
+//! watchdog uses the same connections through a `Link` (`link.rs`).
 
 pub mod id;
+pub mod link;
 pub mod peers;
 pub mod root;
 pub mod socket;
 
 #[cfg(test)]
-mod fuzz;
+pub(crate) mod fuzz;
 #[cfg(test)]
 mod tests;
 
@@ -99,7 +101,7 @@ pub struct Bootstrap {
     nranks: i32,
     secret: Secret,
     cfg: BootstrapConfig,
-    peers: Peers,
+    peers: Arc<Peers>,
     abort: Arc<AtomicBool>,
 }
 
@@ -174,7 +176,7 @@ impl Bootstrap {
         cfg: BootstrapConfig,
         abort: Arc<AtomicBool>,
     ) -> Result<Bootstrap> {
-        let peers = Peers::start(listener, rank, nranks, secret)?;
+        let peers = Arc::new(Peers::start(listener, rank, nranks, secret)?);
         peers.set_addr(rank, peers.listen_addr());
         Ok(Bootstrap {
             rank,
@@ -365,6 +367,11 @@ impl Bootstrap {
 
     pub fn abort_flag(&self) -> &Arc<AtomicBool> {
         &self.abort
+    }
+
+    /// The out-of-band channel over this bootstrap's connections, for the watchdog.
+    pub fn link(&self) -> link::Link {
+        link::Link::new(self.rank, self.nranks, self.peers.clone())
     }
 
     /// Every rank's listening address (known after init).

@@ -35,6 +35,12 @@ pub const KIND_SUB: u32 = 2;
 pub const KIND_RING: u32 = 3;
 /// A rank reporting that it failed (payload: its error message).
 const KIND_FAIL: u32 = 4;
+/// Out-of-band messages of a live communicator's watchdog (`core::watchdog`: progress
+/// queries and answers, lost-rank notices); the tag says which.
+pub const KIND_WATCH: u32 = 5;
+/// The last frame of an orderly close (payload: the sender's farewell). Kept per peer rather
+/// than filed, so that the close which follows it is known to be orderly.
+pub const KIND_BYE: u32 = 6;
 
 /// Largest payload of one frame: a failure report or a ring hello is a line of text, anything
 /// else at most this (the bootstrap carries setup messages and small allgathers, never bulk
@@ -48,7 +54,7 @@ const MAX_QUEUED_BYTES: usize = 1 << 30;
 /// The payload limit of a frame kind.
 fn frame_limit(kind: u32) -> usize {
     match kind {
-        KIND_FAIL | KIND_RING => MAX_TEXT_FRAME,
+        KIND_FAIL | KIND_RING | KIND_WATCH | KIND_BYE => MAX_TEXT_FRAME,
         _ => MAX_FRAME,
     }
 }
@@ -68,6 +74,8 @@ struct Inbox {
     connected: Vec<bool>,
     /// Frames and bytes each peer has waiting, unreceived.
     queued: Vec<(usize, usize)>,
+    /// The farewell each peer sent before closing in order (`KIND_BYE`), if it did.
+    farewell: Vec<Option<Vec<u8>>>,
 }
 
 impl Inbox {
@@ -176,6 +184,7 @@ impl Peers {
                 closed: vec![false; nranks as usize],
                 connected: vec![false; nranks as usize],
                 queued: vec![(0, 0); nranks as usize],
+                farewell: vec![None; nranks as usize],
                 ..Default::default()
             }),
             arrived: Condvar::new(),
@@ -234,31 +243,69 @@ impl Peers {
         }
         let mut slot = self.outgoing[peer as usize].lock();
         if slot.is_none() {
-            let addr = self.addrs.lock()[peer as usize].ok_or_else(|| {
-                Error::internal(format!(
-                    "bootstrap: rank {me} does not know rank {peer}'s address"
-                ))
-            })?;
-            let what = format!("rank {me} connecting to rank {peer} at {addr}");
-            let stream = socket::connect(&addr, false, limits).map_err(|e| match e {
-                WaitError::Io(io) if io.kind() == ErrorKind::ConnectionRefused => {
-                    self.reported_failure().unwrap_or_else(|| {
-                        Error::remote(format!(
-                            "bootstrap: rank {peer} is not listening at {addr} any more (process exited or aborted?)"
-                        ))
-                    })
-                }
-                e => e.into_error(limits, &what),
-            })?;
-            let mut hello = [0u8; HELLO_LEN];
-            hello[..8].copy_from_slice(HELLO_MAGIC);
-            hello[8..8 + SECRET_LEN].copy_from_slice(&self.shared.secret);
-            hello[8 + SECRET_LEN..12 + SECRET_LEN].copy_from_slice(&me.to_le_bytes());
-            hello[12 + SECRET_LEN..].copy_from_slice(&self.shared.nranks.to_le_bytes());
-            socket::write_all(&stream, &hello, limits).map_err(|e| e.into_error(limits, &what))?;
-            *slot = Some(stream);
+            *slot = Some(self.connect(peer, limits)?);
         }
-        let stream = slot.as_ref().unwrap();
+        self.write_frame(peer, slot, kind, tag, data, limits)
+    }
+
+    /// Send one message to `peer` only over a connection that is already open (never
+    /// connects, e.g. for a farewell): false when there is none.
+    pub fn send_if_connected(
+        &self,
+        peer: i32,
+        kind: u32,
+        tag: u64,
+        data: &[u8],
+        limits: &Limits<'_>,
+    ) -> Result<bool> {
+        let slot = self.outgoing[peer as usize].lock();
+        if slot.is_none() {
+            return Ok(false);
+        }
+        self.write_frame(peer, slot, kind, tag, data, limits)
+            .map(|_| true)
+    }
+
+    /// Open this rank's connection to `peer` and say hello.
+    fn connect(&self, peer: i32, limits: &Limits<'_>) -> Result<TcpStream> {
+        let me = self.shared.rank;
+        let addr = self.addrs.lock()[peer as usize].ok_or_else(|| {
+            Error::internal(format!(
+                "bootstrap: rank {me} does not know rank {peer}'s address"
+            ))
+        })?;
+        let what = format!("rank {me} connecting to rank {peer} at {addr}");
+        let stream = socket::connect(&addr, false, limits).map_err(|e| match e {
+            WaitError::Io(io) if io.kind() == ErrorKind::ConnectionRefused => {
+                self.reported_failure().unwrap_or_else(|| {
+                    Error::remote(format!(
+                        "bootstrap: rank {peer} is not listening at {addr} any more (process exited or aborted?)"
+                    ))
+                })
+            }
+            e => e.into_error(limits, &what),
+        })?;
+        let mut hello = [0u8; HELLO_LEN];
+        hello[..8].copy_from_slice(HELLO_MAGIC);
+        hello[8..8 + SECRET_LEN].copy_from_slice(&self.shared.secret);
+        hello[8 + SECRET_LEN..12 + SECRET_LEN].copy_from_slice(&me.to_le_bytes());
+        hello[12 + SECRET_LEN..].copy_from_slice(&self.shared.nranks.to_le_bytes());
+        socket::write_all(&stream, &hello, limits).map_err(|e| e.into_error(limits, &what))?;
+        Ok(stream)
+    }
+
+    /// Write one frame on the open connection in `slot` (dropped if the write fails).
+    fn write_frame(
+        &self,
+        peer: i32,
+        mut slot: parking_lot::MutexGuard<'_, Option<TcpStream>>,
+        kind: u32,
+        tag: u64,
+        data: &[u8],
+        limits: &Limits<'_>,
+    ) -> Result<()> {
+        let me = self.shared.rank;
+        let stream = slot.as_ref().expect("an open connection");
         let mut header = [0u8; HEADER_LEN];
         header[..4].copy_from_slice(&kind.to_le_bytes());
         header[8..16].copy_from_slice(&tag.to_le_bytes());
@@ -354,6 +401,43 @@ impl Peers {
         }
     }
 
+    /// The oldest message of `kind` waiting from any peer: (peer, tag, payload).
+    pub fn take_any(&self, kind: u32) -> Option<(i32, u64, Vec<u8>)> {
+        let mut inbox = self.shared.inbox.lock();
+        let key = *inbox.queues.keys().find(|k| k.1 == kind)?;
+        let msg = inbox.take(&key)?;
+        Some((key.0, key.2, msg))
+    }
+
+    /// Wait at most `limit` for something to arrive or a connection to change (or for
+    /// `wake_waiters`).
+    pub fn wait_arrival(&self, limit: Duration) {
+        let mut inbox = self.shared.inbox.lock();
+        self.shared.arrived.wait_for(&mut inbox, limit);
+    }
+
+    /// End every `wait_arrival` now.
+    pub fn wake_waiters(&self) {
+        let _inbox = self.shared.inbox.lock();
+        self.shared.arrived.notify_all();
+    }
+
+    /// How `peer`'s connection to this rank stands.
+    pub fn link_state(&self, peer: i32) -> LinkState {
+        let inbox = self.shared.inbox.lock();
+        if !inbox.closed[peer as usize] {
+            return LinkState::Open;
+        }
+        LinkState::Closed {
+            farewell: inbox.farewell[peer as usize].clone(),
+        }
+    }
+
+    /// The first failure a peer reported (or a protocol violation found): (peer, message).
+    pub fn remote_failure(&self) -> Option<(i32, String)> {
+        self.shared.inbox.lock().remote_failure.clone()
+    }
+
     /// Tell peers that this rank failed, best effort and bounded: every peer whose address is
     /// known when the failure started here, else (a failure reported by another rank) only
     /// the peers we are connected to, so the report precedes the close they will see.
@@ -423,6 +507,16 @@ impl Drop for Peers {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// How a peer's connection to this rank stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkState {
+    /// Open, or never opened.
+    Open,
+    /// Ended: after a farewell (an orderly close) or without one (the process died, or its
+    /// bootstrap failed).
+    Closed { farewell: Option<Vec<u8>> },
 }
 
 /// An accepted connection and what has been read from it.
@@ -623,6 +717,9 @@ fn parse(conn: &mut Conn, shared: &Shared) -> Parsed {
             guard
                 .remote_failure
                 .get_or_insert((peer, socket::printable(&payload)));
+            true
+        } else if kind == KIND_BYE {
+            guard.farewell[peer as usize].get_or_insert(payload);
             true
         } else {
             guard.file((peer, kind, tag), payload)
@@ -849,7 +946,9 @@ mod tests {
             KIND_SUB,
             KIND_RING,
             KIND_FAIL,
-            5,
+            KIND_WATCH,
+            KIND_BYE,
+            7,
             u32::MAX,
         ];
         let kind = if rng.one_in(8) {

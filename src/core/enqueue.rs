@@ -2,7 +2,9 @@
 //! one). Zero-count collectives are no-ops, as in NVIDIA's library, and so are in-place
 //! collectives of a one-rank communicator that leave the data as it is (all but PreMulSum):
 //! like NVIDIA's, they enqueue no GPU work at all. Every operation, no-ops included, is
-//! numbered first (`Comm::progress`), so that all ranks number the same calls alike.
+//! numbered first (`Comm::progress`), so that all ranks number the same calls alike; a no-op
+//! outside a group counts as launched (and so, once what came before it finishes, done) at
+//! once.
 
 use super::Comm;
 use crate::abi::cudaStream_t;
@@ -14,10 +16,15 @@ use std::sync::Arc;
 pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()> {
     comm.progress.record(&task, stream as usize);
     let p2p = matches!(task.kind, CollKind::Send | CollKind::Recv);
-    if task.count == 0 && !p2p {
-        return Ok(());
-    }
-    if !p2p && comm.nranks() == 1 && is_one_rank_noop(&task) && comm.is_ready() {
+    let noop = !p2p
+        && (task.count == 0 || comm.nranks() == 1 && is_one_rank_noop(&task) && comm.is_ready());
+    if noop {
+        if super::group::depth() == 0 {
+            comm.progress.mark_launched();
+            if let Some(rt) = comm.rt.lock().as_mut() {
+                rt.note_launched(comm.progress.launched());
+            }
+        }
         return Ok(());
     }
     crate::trace!(

@@ -195,7 +195,11 @@ fn execute(inits: Vec<InitWork>, ops: Vec<Op>) -> Result<()> {
     for (comm, tasks, streams) in &per_comm {
         with_runtime(comm, |rt| {
             rt.connect_for(comm.rank(), comm.nranks(), tasks)?;
-            rt.launch_group(comm.rank(), comm.nranks(), tasks, streams, &comm.abort)
+            rt.launch_group(comm.rank(), comm.nranks(), tasks, streams, &comm.abort)?;
+            // Under the runtime's lock, so the watchdog sees the launch and its count together.
+            comm.progress.mark_launched();
+            rt.note_launched(comm.progress.launched());
+            Ok(())
         })?;
     }
     Ok(())

@@ -5,6 +5,7 @@
 
 use super::group;
 use super::runtime::Runtime;
+use super::watchdog::{self, wire::Departure};
 use super::{Comm, CommConfig};
 use crate::abi::{
     ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId, NCCL_SHRINK_ABORT, NCCL_SPLIT_NOCOLOR,
@@ -250,6 +251,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         cuda_dev: comm.cuda_dev,
         nvlinks: topo::nvml::nvlink_count(&bus_id),
         bus_id,
+        host: crate::debug::hostname(),
     };
     let peers = bootstrap
         .allgather(&me.to_bytes())?
@@ -276,6 +278,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         async_error_sink(comm),
     )?;
     *comm.rt.lock() = Some(rt);
+    super::watchdog::start(comm);
     crate::info!(
         INIT,
         "ncclCommInitRank comm {:p} rank {} nranks {} cudaDev {} - Init COMPLETE ({:.3} s)",
@@ -427,9 +430,14 @@ pub fn finalize(comm: &Arc<Comm>) -> Result<()> {
 pub fn destroy(handle: ncclComm_t, abort: bool) -> Result<()> {
     let comm = Comm::from_handle(handle)?;
     if abort {
+        // The farewell says what completed before the abort ends the rest.
+        watchdog::stop(&comm, Departure::Aborted);
         abort_operations(&comm);
-    } else if let Some(rt) = comm.rt.lock().as_ref() {
-        rt.quiesce(&comm.abort)?;
+    } else {
+        if let Some(rt) = comm.rt.lock().as_ref() {
+            rt.quiesce(&comm.abort)?;
+        }
+        watchdog::stop(&comm, Departure::Destroyed);
     }
     comm.mark_destroyed();
     Comm::unregister(handle);

@@ -8,6 +8,7 @@ pub mod lifecycle;
 pub mod progress;
 pub mod registry;
 pub mod runtime;
+pub mod watchdog;
 
 /// Reduction operators live with the scheduler (which must import nothing above it).
 pub use crate::sched::redop;
@@ -48,6 +49,8 @@ pub struct Comm {
     pub redops: redop::RedOpTable,
     /// The operations enqueued, numbered as every rank numbers them.
     pub progress: progress::Progress,
+    /// The watchdog thread (dead ranks, hang reports) and what transports report to it.
+    pub watch: watchdog::Slot,
     destroyed: AtomicBool,
 }
 
@@ -72,6 +75,7 @@ impl Comm {
             abort: Arc::new(AtomicBool::new(false)),
             redops: redop::RedOpTable::default(),
             progress: progress::Progress::default(),
+            watch: watchdog::Slot::default(),
             destroyed: AtomicBool::new(false),
         }
     }

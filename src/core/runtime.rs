@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::sched::{self, Geometry, Plan, Task};
 use crate::topo::Topology;
 use crate::transport::{Connections, ErrorSink, Setup};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +19,10 @@ pub const ARENA_SLOT_BYTES: usize = 64 * 1024;
 const _: () = assert!(ARENA_SLOT_BYTES / sched::device::WORK_SIZE <= sched::device::MAX_ITEMS);
 /// Launch slots in the arena (launches in flight before the host waits for the oldest).
 pub const ARENA_SLOTS: usize = 64;
+/// Completion events of launches that take their items by value, used round-robin.
+const INLINE_EVENTS: usize = 64;
+/// Launches whose completion the watchdog can still ask about (`completed_ordinal`).
+const NOTED_LAUNCHES: usize = 256;
 
 /// Host-mapped memory for work items. Eager launches use slots round-robin, a slot being reused
 /// only after the launch that read it has finished; a captured launch gets its own allocation,
@@ -128,11 +132,18 @@ pub struct Runtime {
     /// Bytes per connection slot (`NCCL_BUFFSIZE` / slots per connection).
     slot_bytes: u32,
     conns: Connections,
-    /// A u32 kernels poll; non-zero asks them to stop.
-    device_abort: HostMapped,
+    /// A u32 kernels poll; non-zero asks them to stop (shared with `DeviceAbort` handles).
+    device_abort: Arc<HostMapped>,
     arena: WorkArena,
-    /// Recorded after each launch that took its items by value.
-    inline_done: Event,
+    /// Recorded after each launch that took its items by value (the next one each time, so a
+    /// launch's event describes it until `INLINE_EVENTS` later launches).
+    inline_done: Vec<Event>,
+    next_inline: usize,
+    /// Eager kernel launches so far, and the ones `note_launched` has seen.
+    eager_launches: u64,
+    noted_launches: u64,
+    /// (operation ordinal, its launch's completion event if it had one of its own), oldest first.
+    noted: VecDeque<(u64, Option<Done>)>,
     /// Ordering events for groups spanning several streams.
     join: Event,
     /// Where the copy-engine copies of a plan run beside its kernel (`Plan::copies`), with
@@ -245,11 +256,23 @@ mod tests {
     }
 }
 
+/// Stops a communicator's kernels: the abort flag they poll, shared with its runtime.
+#[derive(Clone)]
+pub struct DeviceAbort(Arc<HostMapped>);
+
+impl DeviceAbort {
+    /// Ask running kernels to stop.
+    pub fn signal(&self) {
+        // SAFETY: the flag is a live (kept by this handle), aligned u32 in pinned host memory.
+        unsafe { std::ptr::write_volatile(self.0.host() as *mut u32, 1) };
+    }
+}
+
 /// Which event marks a launch's completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Done {
     Slot(usize),
-    Inline,
+    Inline(usize),
 }
 
 // SAFETY: the CUDA handles inside are usable from any thread; the Runtime is always accessed
@@ -274,9 +297,15 @@ impl Runtime {
             threads: threads_setting(),
             slot_bytes: slot_bytes_setting(),
             conns: Connections::default(),
-            device_abort: HostMapped::new(64)?,
+            device_abort: Arc::new(HostMapped::new(64)?),
             arena: WorkArena::new()?,
-            inline_done: Event::new()?,
+            inline_done: (0..INLINE_EVENTS)
+                .map(|_| Event::new())
+                .collect::<Result<_>>()?,
+            next_inline: 0,
+            eager_launches: 0,
+            noted_launches: 0,
+            noted: VecDeque::new(),
             join: Event::new()?,
             side: cuda::Stream::new()?,
             fork: Event::new()?,
@@ -299,21 +328,57 @@ impl Runtime {
 
     /// Ask running kernels to stop (they poll this flag).
     pub fn signal_device_abort(&self) {
-        // SAFETY: the flag is a live, aligned u32 in pinned host memory.
-        unsafe { std::ptr::write_volatile(self.device_abort.host() as *mut u32, 1) };
+        self.device_abort_handle().signal();
+    }
+
+    /// A handle that stops this communicator's kernels without the runtime's lock (which a
+    /// launch waiting for a stuck kernel may hold): the watchdog's.
+    pub fn device_abort_handle(&self) -> DeviceAbort {
+        DeviceAbort(self.device_abort.clone())
     }
 
     /// Clear the device abort flag (after a revoke has drained the kernels).
     pub fn clear_device_abort(&self) {
-        // SAFETY: as in signal_device_abort.
+        // SAFETY: as in DeviceAbort::signal (the runtime keeps the flag alive).
         unsafe { std::ptr::write_volatile(self.device_abort.host() as *mut u32, 0) };
     }
 
     fn last_event(&self) -> Option<&Event> {
         self.last.map(|(_, done)| match done {
             Done::Slot(slot) => &self.arena.done[slot],
-            Done::Inline => &self.inline_done,
+            Done::Inline(i) => &self.inline_done[i],
         })
+    }
+
+    /// The operations up to `ordinal` were handed over by the launch just made (or needed no
+    /// GPU work): remember which event tells when they are done.
+    pub fn note_launched(&mut self, ordinal: u64) {
+        let own = (self.eager_launches != self.noted_launches).then(|| self.last.map(|l| l.1));
+        self.noted_launches = self.eager_launches;
+        if self.noted.len() == NOTED_LAUNCHES {
+            self.noted.pop_front();
+        }
+        self.noted.push_back((ordinal, own.flatten()));
+    }
+
+    /// The ordinal of the last operation known finished, from the launches noted: launches run
+    /// in order, so the oldest unfinished one ends the scan. An event reused by a later launch
+    /// describes that later one, whose end implies this one's: never a false "done".
+    pub fn completed_ordinal(&mut self) -> Result<Option<u64>> {
+        let mut completed = None;
+        while let Some(&(ordinal, done)) = self.noted.front() {
+            let finished = match done {
+                Some(Done::Slot(slot)) => self.arena.done[slot].done()?,
+                Some(Done::Inline(i)) => self.inline_done[i].done()?,
+                None => true,
+            };
+            if !finished {
+                break;
+            }
+            completed = Some(ordinal);
+            self.noted.pop_front();
+        }
+        Ok(completed)
     }
 
     /// Wait until the latest launch finished (polling `abort`).
@@ -474,10 +539,15 @@ impl Runtime {
                 blob,
                 8 + plan.items.len(),
             )?;
-            Done::Inline
+            self.next_inline = (self.next_inline + 1) % INLINE_EVENTS;
+            Done::Inline(self.next_inline)
         } else {
             let (done, items) = if capturing {
-                (Done::Inline, self.arena.write_graph(&cached.arena, stream)?)
+                // Under capture no eager event is recorded (see below); the index is unused.
+                (
+                    Done::Inline(0),
+                    self.arena.write_graph(&cached.arena, stream)?,
+                )
             } else {
                 let (slot, items) = self.arena.write_eager(&cached.arena, abort)?;
                 (Done::Slot(slot), items)
@@ -502,7 +572,7 @@ impl Runtime {
         let done_event = match (capturing, done) {
             (true, _) => &self.join,
             (false, Done::Slot(slot)) => &self.arena.done[slot],
-            (false, Done::Inline) => &self.inline_done,
+            (false, Done::Inline(i)) => &self.inline_done[i],
         };
         if !capturing || !others.is_empty() {
             done_event.record(stream)?;
@@ -512,6 +582,7 @@ impl Runtime {
         }
         if !capturing {
             self.last = Some((streams[0], done));
+            self.eager_launches += 1;
         }
         Ok(())
     }

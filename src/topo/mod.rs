@@ -26,11 +26,31 @@ pub struct PeerInfo {
     pub bus_id: String,
     /// NVLink links active on this GPU (0 without NVML or NVLink).
     pub nvlinks: u32,
+    /// The host's name (for messages that name a rank), at most `HOST_BYTES` bytes.
+    pub host: String,
 }
 
 const BUS_ID_BYTES: usize = 32;
+const HOST_BYTES: usize = 64;
 /// Size of a serialised `PeerInfo`.
-pub const PEER_INFO_BYTES: usize = 4 + 8 + 4 + 4 + 4 + BUS_ID_BYTES;
+pub const PEER_INFO_BYTES: usize = 4 + 8 + 4 + 4 + 4 + BUS_ID_BYTES + HOST_BYTES;
+
+/// `text` in a NUL-padded field of `N` bytes (cut at a character boundary).
+fn padded<const N: usize>(text: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut end = text.len().min(N);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    out[..end].copy_from_slice(&text.as_bytes()[..end]);
+    out
+}
+
+/// The text of a NUL-padded field.
+fn unpadded(field: &[u8]) -> String {
+    let end = field.iter().position(|&c| c == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end]).into_owned()
+}
 
 impl PeerInfo {
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -40,10 +60,8 @@ impl PeerInfo {
         v.extend_from_slice(&self.pid.to_le_bytes());
         v.extend_from_slice(&self.cuda_dev.to_le_bytes());
         v.extend_from_slice(&self.nvlinks.to_le_bytes());
-        let mut bus = [0u8; BUS_ID_BYTES];
-        let b = self.bus_id.as_bytes();
-        bus[..b.len().min(BUS_ID_BYTES)].copy_from_slice(&b[..b.len().min(BUS_ID_BYTES)]);
-        v.extend_from_slice(&bus);
+        v.extend_from_slice(&padded::<BUS_ID_BYTES>(&self.bus_id));
+        v.extend_from_slice(&padded::<HOST_BYTES>(&self.host));
         v
     }
 
@@ -56,15 +74,15 @@ impl PeerInfo {
         }
         let i32_at = |o: usize| i32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-        let bus = &b[24..24 + BUS_ID_BYTES];
-        let end = bus.iter().position(|&c| c == 0).unwrap_or(BUS_ID_BYTES);
+        let host_at = 24 + BUS_ID_BYTES;
         Ok(PeerInfo {
             rank: i32_at(0),
             host_hash: u64::from_le_bytes(b[4..12].try_into().unwrap()),
             pid: u32_at(12),
             cuda_dev: i32_at(16),
             nvlinks: u32_at(20),
-            bus_id: String::from_utf8_lossy(&bus[..end]).into_owned(),
+            bus_id: unpadded(&b[24..host_at]),
+            host: unpadded(&b[host_at..host_at + HOST_BYTES]),
         })
     }
 }
@@ -399,6 +417,7 @@ mod tests {
             cuda_dev: dev,
             bus_id: format!("0000:{:02x}:00.0", dev + 1),
             nvlinks: links,
+            host: format!("host{host}"),
         }
     }
 

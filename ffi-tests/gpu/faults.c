@@ -1,0 +1,478 @@
+/* Faults among ranks sharing GPU 0, one process per rank (issue 13): the hang report, the
+ * mismatch report and the dead-rank error must name the right rank and operation, and nothing
+ * may hang. Every case runs NRANKS rank processes (this binary re-executed with --rank), each
+ * with NCCL_MULTI_RANK_GPU_ENABLE=1 on device 0, OXCCL_HANG_REPORT_S=3 and its log in
+ * NCCL_DEBUG_FILE (a temporary folder, printed afterwards). Every rank runs 3 all-reduces of
+ * 4096 floats (checked idle), then the last rank ("the culprit") misbehaves in collective #4:
+ *
+ *   skip-report  the culprit never calls #4; OXCCL_HANG_ERROR unset: each waiting rank's log
+ *                has exactly one "has made no progress" line for ncclAllReduce #4 (4096 ×
+ *                float) naming the culprit (rank, host, pid) and its last enqueued/completed
+ *                #3; the culprit's log says it has not called it; the async error stays
+ *                ncclSuccess; then ncclCommAbort releases the waiting ranks
+ *   skip         the same with OXCCL_HANG_ERROR=1: the waiting ranks get ncclRemoteError
+ *                whose ncclGetLastError(comm) (and ncclGetLastError(NULL) after
+ *                ncclCommGetAsyncError) names the culprit; their streams go idle (kernels
+ *                released) without ncclCommAbort
+ *   collective   the culprit calls ncclAllGather (1024 floats) as #4: every rank's error says
+ *                "rank C called ncclAllGather #4 (1024 × float) where ... called
+ *                ncclAllReduce #4 (4096 × float)"
+ *   count        the culprit calls ncclAllReduce with 2048 floats: the error names both
+ *                counts; if the collective completes instead, the case prints NOTE (a count
+ *                mismatch that does not hang is not detected: no per-collective check yet)
+ *   kill         every rank calls #4; the culprit SIGKILLs itself 1 s later: the others get
+ *                ncclRemoteError naming it (rank, pid, "is gone") within 10 s and their
+ *                streams go idle (kernels released) before ncclCommAbort
+ * After each case every rank tears down (ncclCommAbort after an error, else ncclCommDestroy);
+ * a rank process has an 80 s alarm and the case a 100 s limit, after which it is killed.
+ *
+ * Prints one line per case and 'N passed, M failed, K skipped, J not run'; exit 0 iff nothing
+ * failed and nothing was left out.
+ *
+ * usage: faults [-n NRANKS] [-c LIST] [-T SECONDS] [-l] | --rank CASE R N HEX DIR
+ *   -n NRANKS   ranks per case, 2..8 (default 2)
+ *   -c LIST     only these cases (comma list of names or prefixes)
+ *   -T SECONDS  time budget (default 600): a case gets at most what is left less 5 s (and
+ *               100 s); with under 25 s left it is not started
+ *   -l          list the cases */
+#define _GNU_SOURCE
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <nccl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXR 8
+#define COUNT 4096
+#define CASE_LIMIT 100.0
+#define EXIT_SKIP 77
+
+static const char *CASES[] = {"skip-report", "skip", "collective", "count", "kill"};
+#define NCASES (int)(sizeof CASES / sizeof CASES[0])
+
+static char self_exe[4096];
+static int n_fail, n_checks;
+static char tag[64] = "main";
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define CHECK(cond, ...)                                 \
+  do {                                                   \
+    if (cond) {                                          \
+      n_checks++;                                        \
+    } else {                                             \
+      n_fail++;                                          \
+      printf("  [%s] FAIL (line %d) ", tag, __LINE__);   \
+      printf(__VA_ARGS__);                               \
+      printf("\n");                                      \
+      fflush(stdout);                                    \
+    }                                                    \
+  } while (0)
+
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] = "  FAIL rank process: 80 s alarm (a wait never ended)\n";
+  if (write(1, msg, sizeof msg - 1) < 0) _exit(3);
+  _exit(3);
+}
+
+/* What rank processes of one case share: a file mapped by each. */
+struct shared {
+  volatile int pid[MAXR];
+  volatile int ready[MAXR];
+  volatile int done[MAXR];
+};
+
+static struct shared *map_shared(const char *dir, int create) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/shared", dir);
+  int fd = open(path, O_RDWR | (create ? O_CREAT : 0), 0600);
+  if (fd < 0) return NULL;
+  if (create && ftruncate(fd, sizeof(struct shared)) != 0) {
+    close(fd);
+    return NULL;
+  }
+  void *p = mmap(NULL, sizeof(struct shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  return p == MAP_FAILED ? NULL : (struct shared *)p;
+}
+
+/* The whole of a rank's log (malloc'ed, NUL-terminated; empty if none). */
+static char *read_log(const char *dir, int r) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/rank%d.log", dir, r);
+  FILE *f = fopen(path, "r");
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  if (!buf) return NULL;
+  if (f) {
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - 1 - len, f)) > 0) {
+      len += got;
+      if (len + 1 == cap) {
+        char *bigger = realloc(buf, cap *= 2);
+        if (!bigger) break;
+        buf = bigger;
+      }
+    }
+    fclose(f);
+  }
+  buf[len] = 0;
+  return buf;
+}
+
+static int count_of(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, what)); p += strlen(what)) n++;
+  return n;
+}
+
+/* Whether `s` is idle within `secs` (polling, never blocking). */
+static int stream_idle_within(cudaStream_t s, double secs) {
+  double t0 = now();
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e != cudaErrorNotReady) {
+      cudaGetLastError();
+      return 1;
+    }
+    if (now() - t0 > secs) return 0;
+    usleep(2000);
+  }
+}
+
+static ncclResult_t async_error(ncclComm_t comm) {
+  ncclResult_t e = ncclSuccess;
+  ncclCommGetAsyncError(comm, &e);
+  return e;
+}
+
+static const char *text_of(const char *m) { return m && *m ? m : "(no message)"; }
+
+/* Collective #4 as the case wants it from rank r (the culprit is the last rank). */
+static void call_fourth(const char *c, int r, int n, ncclComm_t comm, float *buf, float *big, cudaStream_t s) {
+  int culprit = r == n - 1;
+  ncclResult_t res = ncclSuccess;
+  if ((!strncmp(c, "skip", 4) || !strcmp(c, "kill")) && culprit) return;
+  if (!strcmp(c, "collective") && culprit)
+    res = ncclAllGather(buf, big, 1024, ncclFloat, comm, s);
+  else if (!strcmp(c, "count") && culprit)
+    res = ncclAllReduce(buf, buf, COUNT / 2, ncclFloat, ncclSum, comm, s);
+  else
+    res = ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, s);
+  /* A culprit whose different call needs new connections waits for them on the host, in the
+   * call, until the others give up: an error return is its end then. */
+  if (culprit && (!strcmp(c, "collective") || !strcmp(c, "count")))
+    printf("  [%s] collective #4 returned %s\n", tag, ncclGetErrorString(res));
+  else
+    CHECK(res == ncclSuccess, "collective #4 on rank %d: %s", r, ncclGetErrorString(res));
+}
+
+/* What a rank that waits in #4 must find in its error (or log line), naming culprit c. */
+static void check_named(const char *c, const char *msg, int culprit, int pid) {
+  char want[256];
+  if (!strncmp(c, "skip", 4)) {
+    CHECK(strstr(msg, "ncclAllReduce #4 (4096 × float) has made no progress"), "no stuck operation in: %s", msg);
+    snprintf(want, sizeof want, "not called by 1 rank: rank %d (host ", culprit);
+    CHECK(strstr(msg, want), "'%s' not in: %s", want, msg);
+    CHECK(strstr(msg, "last enqueued ncclAllReduce #3 (4096 × float), last completed ncclAllReduce #3"),
+          "no last enqueued/completed in: %s", msg);
+  } else if (!strcmp(c, "collective")) {
+    snprintf(want, sizeof want, "rank %d called ncclAllGather #4 (1024 × float) where ", culprit);
+    CHECK(strstr(msg, want) && strstr(msg, "called ncclAllReduce #4 (4096 × float)"), "'%s' not in: %s", want, msg);
+  } else if (!strcmp(c, "count")) {
+    snprintf(want, sizeof want, "rank %d called ncclAllReduce #4 (2048 × float) where ", culprit);
+    CHECK(strstr(msg, want) && strstr(msg, "called ncclAllReduce #4 (4096 × float)"), "'%s' not in: %s", want, msg);
+  } else {
+    snprintf(want, sizeof want, "rank %d (host ", culprit);
+    CHECK(strstr(msg, want) && strstr(msg, "is gone"), "'%s ... is gone' not in: %s", want, msg);
+  }
+  if (strcmp(c, "collective") && strcmp(c, "count")) {
+    snprintf(want, sizeof want, "pid %d,", pid);
+    CHECK(strstr(msg, want), "culprit's '%s' not in: %s", want, msg);
+  }
+}
+
+/* Wait until every rank but `skip` finished observing (bounded). */
+static void wait_all_done(struct shared *sh, int n, int skip, double secs) {
+  double t0 = now();
+  for (;;) {
+    int all = 1;
+    for (int q = 0; q < n; q++) all &= q == skip || sh->done[q];
+    if (all || now() - t0 > secs) return;
+    usleep(10000);
+  }
+}
+
+static int rank_main(const char *c, int r, int n, const char *hex, const char *dir) {
+  snprintf(tag, sizeof tag, "%s rank %d", c, r);
+  signal(SIGALRM, on_alarm);
+  alarm(80);
+  struct shared *sh = map_shared(dir, 0);
+  if (!sh) {
+    printf("  [%s] FAIL cannot map %s/shared\n", tag, dir);
+    return 1;
+  }
+  sh->pid[r] = getpid();
+  ncclUniqueId id;
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
+    unsigned v = 0;
+    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 1;
+    id.internal[i] = (char)v;
+  }
+  if (cudaSetDevice(0) != cudaSuccess) return 1;
+  ncclComm_t comm = NULL;
+  ncclResult_t res = ncclCommInitRank(&comm, n, id, r);
+  if (res != ncclSuccess) {
+    printf("  [%s] init refused: %s / %s\n", tag, ncclGetErrorString(res), text_of(ncclGetLastError(NULL)));
+    return res == ncclInvalidUsage ? EXIT_SKIP : 1;
+  }
+  cudaStream_t s;
+  float *buf = NULL, *big = NULL;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc((void **)&buf, COUNT * sizeof(float)) != cudaSuccess ||
+      cudaMalloc((void **)&big, 1024 * MAXR * sizeof(float)) != cudaSuccess)
+    return 1;
+  cudaMemset(buf, 0, COUNT * sizeof(float));
+  cudaDeviceSynchronize();
+  for (int i = 0; i < 3; i++) ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, s);
+  CHECK(stream_idle_within(s, 30), "3 good all-reduces not done within 30 s");
+  sh->ready[r] = 1;
+  for (double t0 = now(); now() - t0 < 30;) {
+    int all = 1;
+    for (int q = 0; q < n; q++) all &= sh->ready[q];
+    if (all) break;
+    usleep(10000);
+  }
+  int culprit = n - 1, is_culprit = r == culprit;
+  int kill_case = !strcmp(c, "kill"), report_only = !strcmp(c, "skip-report");
+  call_fourth(c, r, n, comm, buf, big, s);
+  if (kill_case && is_culprit) {
+    usleep(1000000);
+    kill(getpid(), SIGKILL);
+  }
+  /* Observe: an error, a report line in the log, or the stream idle (bounded). */
+  double t0 = now(), seen = -1;
+  ncclResult_t err = ncclSuccess;
+  int idle = 0, reported = 0;
+  while (now() - t0 < (kill_case ? 12 : 30)) {
+    err = async_error(comm);
+    if (err != ncclSuccess) break;
+    if (cudaStreamQuery(s) == cudaSuccess) {
+      idle = 1;
+      break;
+    }
+    cudaGetLastError();
+    if (report_only) {
+      char *log = read_log(dir, r);
+      reported = log && strstr(log, "has made no progress");
+      free(log);
+      if (reported) break;
+    }
+    usleep(20000);
+  }
+  seen = now() - t0;
+  char msg[2048];
+  snprintf(msg, sizeof msg, "%s", text_of(ncclGetLastError(comm)));
+  int waits = !is_culprit;
+  printf("  [%s] after %.1f s: %s%s%s\n", tag, seen, ncclGetErrorString(err), err != ncclSuccess ? ": " : "",
+         err != ncclSuccess ? msg : (idle ? "(stream idle)" : reported ? "(report logged)" : "(still waiting)"));
+  if (report_only && waits) {
+    CHECK(reported && err == ncclSuccess, "no report line within 30 s, or an error (%s)", ncclGetErrorString(err));
+    char *log = read_log(dir, r);
+    if (log) {
+      CHECK(count_of(log, "has made no progress") == 1, "%d report lines, want 1", count_of(log, "has made no progress"));
+      const char *line = strstr(log, "has made no progress");
+      const char *start = line;
+      while (start && start > log && start[-1] != '\n') start--;
+      check_named(c, start ? start : "", culprit, sh->pid[culprit]);
+      free(log);
+    }
+  } else if (waits) {
+    CHECK(err == ncclRemoteError, "async error %s, want ncclRemoteError", ncclGetErrorString(err));
+    if (kill_case) CHECK(seen < 10, "the dead rank's error took %.1f s (limit 10)", seen);
+    check_named(c, msg, culprit, sh->pid[culprit]);
+    const char *thread_msg = text_of(ncclGetLastError(NULL));
+    CHECK(strstr(thread_msg, msg) != NULL, "ncclGetLastError(NULL) after the async error: %s", thread_msg);
+    if (err != ncclSuccess)
+      CHECK(stream_idle_within(s, 15), "kernels not released within 15 s of the error (before any abort)");
+  }
+  if (is_culprit) {
+    /* The culprit answers the others and says, once, why they wait on it. */
+    wait_all_done(sh, n, r, 45);
+    char *log = read_log(dir, r);
+    char want[128];
+    if (!strncmp(c, "skip", 4))
+      snprintf(want, sizeof want, "in ncclAllReduce #4 (4096 × float), which rank %d has not called", r);
+    else if (!strcmp(c, "collective"))
+      snprintf(want, sizeof want, "rank %d called ncclAllGather #4 (1024 × float) where ", r);
+    else
+      snprintf(want, sizeof want, "rank %d called ncclAllReduce #4 (2048 × float) where ", r);
+    CHECK(log && count_of(log, want) == 1, "culprit's log: %d lines with '%s'", log ? count_of(log, want) : 0, want);
+    free(log);
+  }
+  sh->done[r] = 1;
+  /* A killed culprit never finishes; one whose different collective needs new connections
+   * waits for them on the host until the others tear down. */
+  wait_all_done(sh, n, kill_case || !strcmp(c, "collective") ? culprit : -1, 45);
+  double ta = now();
+  int aborting = err != ncclSuccess || report_only;
+  res = aborting ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+  printf("  [%s] %s: %s in %.2f s\n", tag, aborting ? "ncclCommAbort" : "ncclCommDestroy", ncclGetErrorString(res),
+         now() - ta);
+  CHECK(res == ncclSuccess, "teardown: %s", ncclGetErrorString(res));
+  CHECK(stream_idle_within(s, 15), "stream still busy 15 s after the teardown");
+  fflush(stdout);
+  return n_fail > 76 ? 76 : n_fail;
+}
+
+/* Print a rank's log lines that matter (the watchdog's WARN lines). */
+static void print_log(const char *dir, int r) {
+  char *log = read_log(dir, r);
+  if (!log) return;
+  for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
+    if (strstr(line, " WARN ")) printf("    rank %d log: %.1200s\n", r, line);
+  free(log);
+}
+
+/* One case: its rank processes, bounded; 0 ok, 1 failed, 2 skipped. */
+static int run_case(const char *c, int n, double limit) {
+  char dir[] = "/tmp/oxccl-faults.XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  struct shared *sh = map_shared(dir, 1);
+  ncclUniqueId id;
+  if (!sh || ncclGetUniqueId(&id) != ncclSuccess) return 1;
+  char hex[2 * NCCL_UNIQUE_ID_BYTES + 1], nstr[8], rstr[MAXR][8];
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)id.internal[i]);
+  snprintf(nstr, sizeof nstr, "%d", n);
+  pid_t pids[MAXR];
+  int status[MAXR] = {0}, done[MAXR] = {0};
+  fflush(stdout);
+  double t0 = now();
+  for (int r = 0; r < n; r++) {
+    snprintf(rstr[r], sizeof rstr[r], "%d", r);
+    pid_t parent = getpid();
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      char logpath[4200];
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      snprintf(logpath, sizeof logpath, "%s/rank%d.log", dir, r);
+      setenv("NCCL_DEBUG_FILE", logpath, 1);
+      setenv("NCCL_DEBUG", "WARN", 1);
+      setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+      setenv("OXCCL_HANG_REPORT_S", "3", 1);
+      if (strcmp(c, "skip-report")) setenv("OXCCL_HANG_ERROR", "1", 1);
+      else unsetenv("OXCCL_HANG_ERROR");
+      char *argv[] = {self_exe, "--rank", (char *)c, rstr[r], nstr, hex, dir, NULL};
+      execv(self_exe, argv);
+      _exit(127);
+    }
+  }
+  for (int left = n; left > 0 && now() - t0 < limit;) {
+    left = 0;
+    for (int r = 0; r < n; r++) {
+      if (done[r] || pids[r] <= 0) continue;
+      if (waitpid(pids[r], &status[r], WNOHANG) == pids[r]) done[r] = 1;
+      else left++;
+    }
+    usleep(20000);
+  }
+  int bad = 0, skips = 0;
+  for (int r = 0; r < n; r++) {
+    if (pids[r] <= 0) {
+      bad++;
+      continue;
+    }
+    if (!done[r]) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], &status[r], 0);
+      printf("  FAIL rank process %d still running after %.0f s: killed (a hang)\n", r, limit);
+      bad++;
+      continue;
+    }
+    int st = status[r];
+    int expect_kill = !strcmp(c, "kill") && r == n - 1;
+    if (expect_kill) {
+      if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+        printf("  FAIL the culprit was meant to die by SIGKILL\n");
+        bad++;
+      }
+    } else if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_SKIP) {
+      skips++;
+    } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      printf("  rank process %d: %s %d\n", r, WIFEXITED(st) ? "exit status" : "signal",
+             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+      bad++;
+    }
+  }
+  for (int r = 0; r < n; r++) print_log(dir, r);
+  printf("%s %s (%d ranks on GPU 0) in %.1f s\n", bad ? "FAIL" : skips ? "SKIP" : "PASS", c, n, now() - t0);
+  fflush(stdout);
+  munmap(sh, sizeof *sh);
+  return bad ? 1 : skips ? 2 : 0;
+}
+
+static int selected(const char *c, const char *list) {
+  if (!list) return 1;
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", list);
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
+    if (!strncmp(c, tok, strlen(tok))) return 1;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  ssize_t len = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+  if (len <= 0) return 2;
+  self_exe[len] = 0;
+  if (argc == 7 && !strcmp(argv[1], "--rank")) return rank_main(argv[2], atoi(argv[3]), atoi(argv[4]), argv[5], argv[6]);
+  int n = 2, budget = 600, opt;
+  const char *list = NULL;
+  while ((opt = getopt(argc, argv, "n:c:T:l")) != -1) {
+    switch (opt) {
+    case 'n': n = atoi(optarg); break;
+    case 'c': list = optarg; break;
+    case 'T': budget = atoi(optarg); break;
+    case 'l':
+      for (int i = 0; i < NCASES; i++) printf("%s\n", CASES[i]);
+      return 0;
+    default: fprintf(stderr, "usage: faults [-n NRANKS] [-c LIST] [-T SECONDS] [-l]\n"); return 2;
+    }
+  }
+  if (n < 2 || n > MAXR) {
+    fprintf(stderr, "faults: -n must be 2..%d\n", MAXR);
+    return 2;
+  }
+  double t0 = now();
+  int passed = 0, failed = 0, skipped = 0, not_run = 0;
+  for (int i = 0; i < NCASES; i++) {
+    if (!selected(CASES[i], list)) continue;
+    double left = budget - (now() - t0);
+    if (left < 25) {
+      printf("NOT RUN %s (time budget)\n", CASES[i]);
+      not_run++;
+      continue;
+    }
+    int r = run_case(CASES[i], n, left - 5 < CASE_LIMIT ? left - 5 : CASE_LIMIT);
+    if (r == 0) passed++;
+    else if (r == 1) failed++;
+    else skipped++;
+  }
+  printf("%d passed, %d failed, %d skipped, %d not run\n", passed, failed, skipped, not_run);
+  return failed || not_run ? 1 : 0;
+}

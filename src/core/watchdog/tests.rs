@@ -1,0 +1,658 @@
+//! The watchdog among ranks on threads and processes of one host (bootstrap over loopback,
+//! no GPU: the tests number operations and say what completed themselves): hang reports
+//! naming the rank that skipped a collective, called another one or another count, a send
+//! without its receive; the hang error; dead and departed ranks; a transport's report.
+
+use super::report::{CommName, Ident};
+use super::wire::Departure;
+use super::*;
+use crate::abi::ncclDataType_t;
+use crate::bootstrap::{get_unique_id_with, Bootstrap, BootstrapConfig};
+use crate::core::CommConfig;
+use crate::sched::redop::RedOp;
+use crate::sched::{CollKind, Task};
+
+/// Counts nothing: the tests say what completed (`Progress::set_completed`).
+struct Manual;
+
+impl Completion for Manual {
+    fn poll(&mut self, _: &Comm) {}
+}
+
+struct Rank {
+    comm: Arc<Comm>,
+    boot: Option<Bootstrap>,
+    kernels_stopped: Arc<AtomicBool>,
+}
+
+fn ident(r: i32) -> Ident {
+    Ident {
+        host: format!("node{r}"),
+        pid: 1000 + r as u32,
+        cuda_dev: r,
+        bus_id: format!("0000:{:02x}:00.0", 0x10 + r),
+    }
+}
+
+fn settings(report_s: u64, hang_error: bool) -> Settings {
+    Settings {
+        report_after: Some(Duration::from_secs(report_s)),
+        hang_error,
+    }
+}
+
+fn bootstraps(n: i32) -> Vec<Bootstrap> {
+    let cfg = BootstrapConfig {
+        timeout: Duration::from_secs(20),
+    };
+    let id = get_unique_id_with(&cfg).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let cfg = &cfg;
+                s.spawn(move || {
+                    let abort = Arc::new(AtomicBool::new(false));
+                    Bootstrap::init_with(&[id], r, n, abort, cfg).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `n` ranks, each with a watchdog unless its rank is in `without`.
+fn ranks_with(n: i32, s: Settings, without: &[i32]) -> Vec<Rank> {
+    ranks_named(n, s, without, 0xfeed)
+}
+
+/// `ranks_with` for a communicator of this hash.
+fn ranks_named(n: i32, s: Settings, without: &[i32], hash: u64) -> Vec<Rank> {
+    bootstraps(n)
+        .into_iter()
+        .enumerate()
+        .map(|(r, boot)| {
+            let r = r as i32;
+            let comm = Arc::new(Comm::new(r, n, r, CommConfig::default()));
+            let stopped = Arc::new(AtomicBool::new(false));
+            if !without.contains(&r) {
+                let flag = stopped.clone();
+                let parts = Parts {
+                    link: boot.link(),
+                    idents: (0..n).map(ident).collect(),
+                    name: CommName {
+                        handle: 0x1000 + r as usize,
+                        hash,
+                    },
+                    completion: Box::new(|| Box::new(Manual)),
+                    stop_kernels: Box::new(move || flag.store(true, Ordering::Release)),
+                    settings: s,
+                };
+                spawn(&comm, parts);
+            }
+            Rank {
+                comm,
+                boot: Some(boot),
+                kernels_stopped: stopped,
+            }
+        })
+        .collect()
+}
+
+fn ranks(n: i32, s: Settings) -> Vec<Rank> {
+    ranks_with(n, s, &[])
+}
+
+fn task(kind: CollKind, count: usize, root: i32) -> Task {
+    Task {
+        kind,
+        dtype: ncclDataType_t::ncclFloat32,
+        op: RedOp::Sum,
+        count,
+        sendbuff: 0,
+        recvbuff: 0,
+        root,
+    }
+}
+
+/// Enqueue and launch one operation (not completed).
+fn launch(r: &Rank, kind: CollKind, count: usize, root: i32) {
+    r.comm.progress.record(&task(kind, count, root), 0);
+    r.comm.progress.mark_launched();
+}
+
+/// Everything launched so far completed.
+fn complete(r: &Rank) {
+    r.comm.progress.set_completed(r.comm.progress.launched());
+}
+
+/// `n` all-reduces of 4096 floats on every rank, completed.
+fn warm_up(all: &[Rank], n: usize) {
+    for r in all {
+        for _ in 0..n {
+            launch(r, CollKind::AllReduce, 4096, 0);
+        }
+        complete(r);
+    }
+}
+
+/// Wait up to `limit` for `cond`; whether it came true.
+fn eventually(limit: Duration, cond: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+fn report_of(r: &Rank) -> String {
+    r.comm.watch.last_report().unwrap_or_default()
+}
+
+fn error_of(r: &Rank) -> String {
+    r.comm.last_error.text().unwrap_or_default()
+}
+
+fn stop_all(all: &mut [Rank]) {
+    for r in all.iter() {
+        stop(&r.comm, Departure::Destroyed);
+    }
+    for r in all.iter_mut() {
+        r.boot.take();
+    }
+}
+
+#[test]
+fn a_rank_that_skips_a_collective_is_named_by_every_waiting_rank() {
+    let mut all = ranks(3, settings(1, false));
+    warm_up(&all, 3);
+    launch(&all[0], CollKind::AllReduce, 4096, 0);
+    launch(&all[2], CollKind::AllReduce, 4096, 0);
+    let limit = Duration::from_secs(15);
+    assert!(eventually(limit, || !report_of(&all[0]).is_empty()
+        && !report_of(&all[2]).is_empty()
+        && !report_of(&all[1]).is_empty()));
+    let lagging = "not called by 1 rank: rank 1 (host node1, pid 1001, cudaDev 1, busId \
+                   0000:11:00.0) (last enqueued ncclAllReduce #3 (4096 × float), last completed \
+                   ncclAllReduce #3)";
+    for r in [0, 2] {
+        let line = report_of(&all[r]);
+        let head = format!(
+            "comm {:#x} commHash 0x000000000000feed rank {r} (host node{r}, pid 100{r}, cudaDev \
+             {r}, busId 0000:1{r}:00.0): ncclAllReduce #4 (4096 × float) has made no progress for",
+            0x1000 + r
+        );
+        assert!(line.starts_with(&head), "{line}");
+        assert!(line.contains(lagging), "{line}");
+        assert!(
+            !line.contains("rank 2 (") || r == 2,
+            "only the laggard is named: {line}"
+        );
+    }
+    let behind = report_of(&all[1]);
+    assert!(
+        behind.contains("has waited")
+            && behind.contains(
+                "in ncclAllReduce #4 (4096 × float), which rank 1 has not called \
+                 (last enqueued ncclAllReduce #3 (4096 × float), last completed ncclAllReduce #3)"
+            ),
+        "{behind}"
+    );
+    for r in &all {
+        assert_eq!(
+            r.comm.async_error(),
+            ncclResult_t::ncclSuccess,
+            "reports only"
+        );
+        assert!(!r.kernels_stopped.load(Ordering::Acquire));
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn the_other_ranks_answers_place_a_rank_that_saw_no_completion_in_the_right_collective() {
+    let mut all = ranks(2, settings(1, false));
+    // Rank 0's four launches came between two looks of its watchdog: none is known complete.
+    for _ in 0..4 {
+        launch(&all[0], CollKind::AllReduce, 4096, 0);
+    }
+    for _ in 0..3 {
+        launch(&all[1], CollKind::AllReduce, 4096, 0);
+    }
+    complete(&all[1]);
+    assert!(eventually(Duration::from_secs(15), || !report_of(&all[0])
+        .is_empty()
+        && !report_of(&all[1]).is_empty()));
+    let line = report_of(&all[0]);
+    assert!(
+        line.contains("ncclAllReduce #4 (4096 × float) has made no progress")
+            && line.contains("not called by 1 rank: rank 1 (host node1"),
+        "{line}"
+    );
+    let behind = report_of(&all[1]);
+    assert!(
+        behind.contains("in ncclAllReduce #4 (4096 × float), which rank 1 has not called"),
+        "{behind}"
+    );
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_rank_that_calls_another_collective_is_named_with_both_calls() {
+    let mut all = ranks(3, settings(1, false));
+    warm_up(&all, 56);
+    launch(&all[0], CollKind::AllReduce, 4096, 0);
+    launch(&all[1], CollKind::AllGather, 1024, 0);
+    launch(&all[2], CollKind::AllReduce, 4096, 0);
+    assert!(eventually(Duration::from_secs(15), || all
+        .iter()
+        .all(|r| !report_of(r).is_empty())));
+    let mismatch = "rank 1 called ncclAllGather #57 (1024 × float) where ranks 0,2 called \
+                    ncclAllReduce #57 (4096 × float)";
+    for r in &all {
+        let line = report_of(r);
+        assert!(line.contains(mismatch), "{line}");
+        assert!(!line.contains("not called by"), "{line}");
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn another_count_under_hang_error_fails_every_rank_naming_it() {
+    let mut all = ranks(2, settings(1, true));
+    warm_up(&all, 3);
+    launch(&all[0], CollKind::AllReduce, 4096, 0);
+    launch(&all[1], CollKind::AllReduce, 2048, 0);
+    let failed = |r: &Rank| r.comm.async_error() == ncclResult_t::ncclRemoteError;
+    assert!(eventually(Duration::from_secs(15), || all
+        .iter()
+        .all(failed)));
+    let mismatch = "rank 1 called ncclAllReduce #4 (2048 × float) where rank 0 called \
+                    ncclAllReduce #4 (4096 × float)";
+    for r in &all {
+        assert!(error_of(r).contains(mismatch), "{}", error_of(r));
+        assert!(
+            r.kernels_stopped.load(Ordering::Acquire),
+            "kernels released"
+        );
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_send_without_its_receive_names_the_peer() {
+    let mut all = ranks(2, settings(1, false));
+    warm_up(&all, 1);
+    launch(&all[0], CollKind::Send, 100, 1);
+    assert!(eventually(Duration::from_secs(15), || !report_of(&all[0]).is_empty()));
+    let line = report_of(&all[0]);
+    assert!(
+        line.contains("ncclSend #1 to rank 1 (100 × float) has made no progress")
+            && line.contains(
+                "rank 1 (host node1, pid 1001, cudaDev 1, busId 0000:11:00.0) has not called the \
+                 matching ncclRecv #1 from rank 0 (its receives from rank 0: 0 enqueued, 0 \
+                 completed)"
+            ),
+        "{line}"
+    );
+    let behind = report_of(&all[1]);
+    assert!(
+        behind.contains("rank 0 has waited")
+            && behind.contains("but rank 1 has not called the matching ncclRecv #1 from rank 0"),
+        "{behind}"
+    );
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_stall_every_rank_reached_blames_nobody() {
+    let mut all = ranks(2, settings(1, true));
+    for r in &all {
+        launch(r, CollKind::Broadcast, 10, 1);
+    }
+    let failed = |r: &Rank| r.comm.async_error() == ncclResult_t::ncclInternalError;
+    assert!(eventually(Duration::from_secs(15), || all
+        .iter()
+        .all(failed)));
+    let line = error_of(&all[0]);
+    assert!(
+        line.contains("ncclBroadcast #1 (10 × float, root 1) has made no progress")
+            && line.contains("every rank has called it"),
+        "{line}"
+    );
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_rank_whose_bootstrap_closes_without_a_goodbye_fails_every_other_rank() {
+    let mut all = ranks_with(3, settings(60, false), &[1]);
+    warm_up(&all, 2);
+    // Ranks 0 and 2 wait in a collective that needs rank 1: their kernels must be released.
+    launch(&all[0], CollKind::AllReduce, 4096, 0);
+    launch(&all[2], CollKind::AllReduce, 4096, 0);
+    let started = Instant::now();
+    // Rank 1 vanishes: its connections close with no farewell, as when a process is killed.
+    all[1].boot.take();
+    let failed = |r: &Rank| r.comm.async_error() == ncclResult_t::ncclRemoteError;
+    assert!(eventually(Duration::from_secs(10), || failed(&all[0])
+        && failed(&all[2])));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let named = "rank 1 (host node1, pid 1001, cudaDev 1, busId 0000:11:00.0) is gone: its \
+                 bootstrap connection to rank 2 closed without a goodbye";
+    assert!(error_of(&all[2]).contains(named), "{}", error_of(&all[2]));
+    // Rank 0 has no connection from rank 1 (the ring runs 1 -> 2): rank 2 told it.
+    assert!(
+        error_of(&all[0]).contains(named) && error_of(&all[0]).contains("(noticed by rank 2)"),
+        "{}",
+        error_of(&all[0])
+    );
+    let released = || {
+        [0, 2]
+            .iter()
+            .all(|&r| all[r].kernels_stopped.load(Ordering::Acquire))
+    };
+    assert!(eventually(Duration::from_secs(5), released));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    stop_all(&mut all);
+}
+
+#[test]
+fn kernels_that_no_longer_need_a_lost_rank_may_finish() {
+    let mut all = ranks_with(2, settings(60, false), &[1]);
+    warm_up(&all, 2);
+    // Rank 0's last collective is still finishing when rank 1 vanishes, and then completes.
+    launch(&all[0], CollKind::AllReduce, 4096, 0);
+    all[1].boot.take();
+    let gone = || all[0].comm.async_error() == ncclResult_t::ncclRemoteError;
+    assert!(eventually(Duration::from_secs(5), gone));
+    complete(&all[0]);
+    std::thread::sleep(LOST_GRACE + Duration::from_millis(500));
+    assert!(!all[0].kernels_stopped.load(Ordering::Acquire));
+    stop_all(&mut all);
+}
+
+#[test]
+fn an_orderly_destroy_is_no_error_until_work_is_stranded() {
+    let mut all = ranks(2, settings(60, false));
+    warm_up(&all, 2);
+    stop(&all[1].comm, Departure::Destroyed);
+    all[1].boot.take();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        all[0].comm.async_error(),
+        ncclResult_t::ncclSuccess,
+        "{}",
+        error_of(&all[0])
+    );
+    // A collective rank 1 will never call.
+    launch(&all[0], CollKind::AllReduce, 4096, 0);
+    let failed = || all[0].comm.async_error() == ncclResult_t::ncclRemoteError;
+    assert!(eventually(Duration::from_secs(8), failed));
+    let msg = error_of(&all[0]);
+    assert!(
+        msg.contains(
+            "rank 1 (host node1, pid 1001, cudaDev 1, busId 0000:11:00.0) left \
+             (ncclCommDestroy) after completing 2 collective(s), but rank 0 has enqueued \
+             ncclAllReduce #3 (4096 × float), which can never complete"
+        ),
+        "{msg}"
+    );
+    stop_all(&mut all);
+}
+
+#[test]
+fn an_abort_after_completed_work_is_no_error_for_ranks_that_completed_it_too() {
+    let mut all = ranks(2, settings(60, false));
+    warm_up(&all, 3);
+    stop(&all[0].comm, Departure::Aborted);
+    all[0].boot.take();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        all[1].comm.async_error(),
+        ncclResult_t::ncclSuccess,
+        "{}",
+        error_of(&all[1])
+    );
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_transport_report_names_the_peer_here_and_reaches_every_rank() {
+    let mut all = ranks(3, settings(60, false));
+    report_peer_failure(&all[0].comm, 2, "net: connection reset by peer");
+    assert_eq!(all[0].comm.async_error(), ncclResult_t::ncclRemoteError);
+    assert!(
+        error_of(&all[0]).contains("rank 2 (host node2, pid 1002, cudaDev 2, busId 0000:12:00.0) failed: net: connection reset by peer"),
+        "{}",
+        error_of(&all[0])
+    );
+    let reached = || all[1].comm.async_error() == ncclResult_t::ncclRemoteError;
+    assert!(eventually(Duration::from_secs(5), reached));
+    assert!(
+        error_of(&all[1]).contains(
+            "net: connection reset by peer (reported by rank 0's transport) (noticed by rank 0)"
+        ),
+        "{}",
+        error_of(&all[1])
+    );
+    stop_all(&mut all);
+}
+
+#[test]
+fn the_status_endpoint_answers_with_every_rank_of_every_communicator() {
+    use std::io::{Read, Write};
+    let mut all = ranks_named(2, settings(60, false), &[], 0xbeef1);
+    warm_up(&all, 3);
+    launch(&all[0], CollKind::AllReduce, 4096, 0);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || status::serve(listener));
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"CLIENT PROTOCOL 2\nTIMEOUT 5\nSTATUS\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(
+        text.starts_with("SERVER PROTOCOL 2\nOK\nNCCL 2.28.9+oxccl status of process "),
+        "{text}"
+    );
+    let block = |r: usize| {
+        let head = format!(
+            "comm {:#x} commHash 0x00000000000beef1: 2 ranks, as rank {r} sees them\n",
+            0x1000 + r
+        );
+        let at = text
+            .find(&head)
+            .unwrap_or_else(|| panic!("no block for rank {r}: {text}"));
+        text[at..].lines().take(3).collect::<Vec<_>>().join("\n")
+    };
+    for r in 0..2 {
+        let b = block(r);
+        assert!(
+            b.contains("  rank 0 (host node0, pid 1000, cudaDev 0, busId 0000:10:00.0): last enqueued \
+                 ncclAllReduce #4 (4096 × float), last completed ncclAllReduce #3 (4096 × float), 4 \
+                 operation(s) enqueued, 3 completed; ")
+                && (b.contains("3 completed; running ncclAllReduce #4 (4096 × float)\n")
+                    || b.contains("3 completed; waiting in ncclAllReduce #4 (4096 × float) for"))
+                && b.contains("  rank 1 (host node1, pid 1001, cudaDev 1, busId 0000:11:00.0): last enqueued \
+                 ncclAllReduce #3 (4096 × float), last completed ncclAllReduce #3 (4096 × float), 3 \
+                 operation(s) enqueued, 3 completed; idle"),
+            "{b}"
+        );
+    }
+    stop_all(&mut all);
+}
+
+// ---- One process per rank: a rank killed with SIGKILL, or leaving in order. ----
+
+const CHILD_ENV: &str = "OXCCL_WATCHDOG_TEST_CHILD";
+
+/// In a child process (the variable names its rank, the id and what rank 1 does): join, then
+/// rank 1 kills itself or destroys in order, and rank 0 prints what its communicator says.
+#[test]
+fn child_entry() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split(',').collect();
+    let (rank, mode) = (parts[0].parse::<i32>().unwrap(), parts[2]);
+    let id = crate::bootstrap::id::id_from_hex(parts[1]).unwrap();
+    let cfg = BootstrapConfig {
+        timeout: Duration::from_secs(20),
+    };
+    let abort = Arc::new(AtomicBool::new(false));
+    let boot = Bootstrap::init_with(&[id], rank, 2, abort, &cfg).unwrap();
+    let mine = format!("{},{}", crate::debug::hostname(), std::process::id());
+    let idents: Vec<Ident> = boot
+        .allgather(mine.as_bytes())
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let text = String::from_utf8_lossy(b).into_owned();
+            let (host, pid) = text.split_once(',').unwrap();
+            Ident {
+                host: host.into(),
+                pid: pid.parse().unwrap(),
+                cuda_dev: 0,
+                bus_id: "0000:18:00.0".into(),
+            }
+        })
+        .collect();
+    let comm = Arc::new(Comm::new(rank, 2, 0, CommConfig::default()));
+    let parts = Parts {
+        link: boot.link(),
+        idents,
+        name: CommName {
+            handle: 0x1000,
+            hash: 0xfeed,
+        },
+        completion: Box::new(|| Box::new(Manual)),
+        stop_kernels: Box::new(|| println!("KERNELS STOPPED")),
+        settings: settings(60, false),
+    };
+    spawn(&comm, parts);
+    boot.barrier().unwrap();
+    if rank == 1 {
+        if mode == "kill" {
+            // SAFETY: sends a signal to this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        if mode == "exit" {
+            // The communicator stays live (as in the registry) until the process exits.
+            std::mem::forget((comm, boot));
+            println!("CHILD_DONE");
+            return;
+        }
+        stop(&comm, Departure::Destroyed);
+        drop(boot);
+        println!("CHILD_DONE");
+        return;
+    }
+    if mode == "kill" {
+        // Rank 0 waits in a collective rank 1 never calls: its kernels must be released.
+        comm.progress.record(&task(CollKind::AllReduce, 8, 0), 0);
+        comm.progress.mark_launched();
+    }
+    let started = Instant::now();
+    let limit = Duration::from_secs(if mode == "kill" { 12 } else { 3 });
+    while started.elapsed() < limit && comm.async_error() == ncclResult_t::ncclSuccess {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The kernels are released after the grace.
+    std::thread::sleep(LOST_GRACE + Duration::from_millis(500));
+    println!(
+        "RESULT {:?} after {:.1} s: {}",
+        comm.async_error(),
+        started.elapsed().as_secs_f64(),
+        comm.last_error.text().unwrap_or_default()
+    );
+    stop(&comm, Departure::Destroyed);
+    println!("CHILD_DONE");
+}
+
+/// Run the two ranks as processes; rank 0's output, and rank 1's pid.
+fn two_processes(mode: &str) -> (String, u32) {
+    let cfg = BootstrapConfig {
+        timeout: Duration::from_secs(20),
+    };
+    let id = get_unique_id_with(&cfg).unwrap();
+    let hex = crate::bootstrap::id::id_to_hex(&id);
+    let spawn_rank = |rank: i32| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "core::watchdog::tests::child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, format!("{rank},{hex},{mode}"))
+            .env("NCCL_DEBUG", "WARN")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (r0, r1) = (spawn_rank(0), spawn_rank(1));
+    let pid1 = r1.id();
+    let out1 = r1.wait_with_output().unwrap();
+    let out0 = r0.wait_with_output().unwrap();
+    let text0 = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out0.stdout),
+        String::from_utf8_lossy(&out0.stderr)
+    );
+    assert!(
+        out0.status.success() && text0.contains("CHILD_DONE"),
+        "{text0}"
+    );
+    if mode == "kill" {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out1.status.signal(), Some(libc::SIGKILL));
+    } else {
+        assert!(
+            out1.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out1.stderr)
+        );
+    }
+    (text0, pid1)
+}
+
+#[test]
+fn a_killed_process_is_named_by_its_peer_within_10_s() {
+    let (out, pid1) = two_processes("kill");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("RESULT"))
+        .unwrap_or_default();
+    assert!(line.starts_with("RESULT ncclRemoteError after "), "{out}");
+    let secs: f64 = line["RESULT ncclRemoteError after ".len()..]
+        .split(' ')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    assert!(secs < 10.0, "{line}");
+    let named = format!("rank 1 (host {}, pid {pid1}, ", crate::debug::hostname());
+    assert!(
+        line.contains(&named) && line.contains("closed without a goodbye"),
+        "{line}"
+    );
+    assert!(out.contains("KERNELS STOPPED"), "{out}");
+}
+
+#[test]
+fn a_process_that_destroys_in_order_raises_no_error() {
+    let (out, _) = two_processes("destroy");
+    assert!(out.contains("RESULT ncclSuccess after"), "{out}");
+    assert!(!out.contains("KERNELS STOPPED"), "{out}");
+}
+
+#[test]
+fn a_process_that_exits_without_destroying_raises_no_error() {
+    let (out, _) = two_processes("exit");
+    assert!(out.contains("RESULT ncclSuccess after"), "{out}");
+    assert!(!out.contains("KERNELS STOPPED"), "{out}");
+}
