@@ -372,23 +372,23 @@ sec_net() {
     --sizes 0,1,12,1028,65540,1048580,16777220
   bench_step net "net R=4 one process forced" 120 "${forced[@]}" -- "${common[@]}" --devices 0,0,0,0 \
     --sizes 0,1,12,1028,65540,1048580
-  bench_step net "net R=2 processes hostid" 150 "${lo[@]}" -- "${sub[@]}" -p 2 --hostid-per-rank \
+  bench_step net "net R=2 processes hostid" 150 "${lo[@]}" -- "${sub[@]}" -p 2 --ranks-per-gpu 2 --hostid-per-rank \
     --sizes 0,12,1028,65540,1048580,16777220
   bench_step net "net R=8 one process forced subset" 90 "${forced[@]}" -- "${sub[@]}" \
     --devices "$(zeros 8)" --sizes 0,12,65540,1048580
-  bench_step net "net R=4 processes hostid subset" 90 "${lo[@]}" -- "${sub[@]}" -p 4 --hostid-per-rank \
+  bench_step net "net R=4 processes hostid subset" 90 "${lo[@]}" -- "${sub[@]}" -p 4 --ranks-per-gpu 4 --hostid-per-rank \
     --sizes 0,12,65540,1048580
   bench_step net "net R=2 one process forced --graph" 60 "${forced[@]}" -- "${sub[@]}" --devices 0,0 --graph \
     --sizes 0,12,1028,1048580 -w 1 -n 2
   bench_step net "net plugin OxTest R=2 hostid (ours)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest -- "${sub[@]}" \
-    -p 2 --hostid-per-rank --sizes 0,12,65540,1048580
+    -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
   if [ -n "$NVLIB" ]; then
     local nsub=("${sub[@]}")
     nsub[1]=$NVLIB
     bench_step net "net plugin OxTest R=2 hostid (NVIDIA)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest \
-      -- "${nsub[@]}" -p 2 --hostid-per-rank --sizes 0,12,65540,1048580
+      -- "${nsub[@]}" -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
     LEAVE=30 bench_step net "net R=2 hostid: ours vs NVIDIA sockets" 200 "${lo[@]}" -- --lib "$OURS" \
-      --vs "$NVLIB" -p 2 --hostid-per-rank -c all_reduce,all_gather,sendrecv -d float -o sum -b 8 -e 128M -f 4 \
+      --vs "$NVLIB" -p 2 --ranks-per-gpu 2 --hostid-per-rank -c all_reduce,all_gather,sendrecv -d float -o sum -b 8 -e 128M -f 4 \
       --inplace 0 --check 1 -w 3 -n 10 --timeout 60
   fi
 }

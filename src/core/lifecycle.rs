@@ -422,9 +422,14 @@ pub fn finalize(comm: &Arc<Comm>) -> Result<()> {
     }
     if let Some(rt) = comm.rt.lock().as_ref() {
         rt.quiesce(&comm.abort)?;
+        rt.drain_network(NETWORK_DRAIN_LIMIT);
     }
     Ok(())
 }
+
+/// How long an orderly finalize or destroy lets the network proxy send what finished kernels
+/// left for it (a peer still receiving it takes it; a dead peer fails it at once).
+const NETWORK_DRAIN_LIMIT: Duration = Duration::from_secs(300);
 
 /// `ncclCommDestroy` (waits for issued work) / `ncclCommAbort` (stops it).
 pub fn destroy(handle: ncclComm_t, abort: bool) -> Result<()> {
@@ -436,6 +441,7 @@ pub fn destroy(handle: ncclComm_t, abort: bool) -> Result<()> {
     } else {
         if let Some(rt) = comm.rt.lock().as_ref() {
             rt.quiesce(&comm.abort)?;
+            rt.drain_network(NETWORK_DRAIN_LIMIT);
         }
         watchdog::stop(&comm, Departure::Destroyed);
     }

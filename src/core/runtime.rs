@@ -389,6 +389,17 @@ impl Runtime {
         }
     }
 
+    /// Let the network proxy send what the finished kernels left for it (at most `limit`);
+    /// warns if it could not.
+    pub fn drain_network(&self, limit: Duration) {
+        if !self.conns.drain_network(limit) {
+            crate::warn!(
+                "data for the network was still unsent {} s into the communicator's teardown",
+                limit.as_secs()
+            );
+        }
+    }
+
     /// Wait at most `limit` for the latest launch (used by abort, after signalling kernels).
     pub fn drain(&self, limit: Duration) -> bool {
         let Some(ev) = self.last_event() else {

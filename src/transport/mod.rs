@@ -54,6 +54,14 @@ pub struct Connections {
     proxy: Option<net::proxy::Proxy>,
 }
 
+impl Connections {
+    /// Let the proxy send what finished kernels left in network staging (an orderly
+    /// destroy); false if that did not happen within `limit`.
+    pub fn drain_network(&self, limit: std::time::Duration) -> bool {
+        self.proxy.as_ref().is_none_or(|p| p.drain(limit))
+    }
+}
+
 impl Drop for Connections {
     fn drop(&mut self) {
         drop(self.proxy.take());

@@ -73,7 +73,9 @@ fn wait(net: &dyn Net, r: Request) -> usize {
 /// Move `count` messages of `size` bytes over `comm`, `inflight` at a time.
 fn stream(net: &dyn Net, comm: Comm, size: usize, count: usize, inflight: usize, send: bool) {
     let mut bufs: Vec<Vec<u8>> = (0..inflight).map(|_| vec![1u8; size]).collect();
-    let mh = net.reg_mr(comm, bufs[0].as_mut_ptr(), size, MemType::Host).expect("reg_mr");
+    let mh = net
+        .reg_mr(comm, bufs[0].as_mut_ptr(), size, MemType::Host)
+        .expect("reg_mr");
     let mut pending: VecDeque<(usize, Request)> = VecDeque::new();
     for i in 0..count {
         let b = i % inflight;
@@ -136,7 +138,9 @@ fn spawn(kind: &str, size: usize, count: usize, inflight: usize) -> (std::proces
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     (c, line.trim().to_string())
 }
 
@@ -190,12 +194,18 @@ fn main() {
         shape.nsocks,
         o.inflight
     );
-    println!("{:>12} {:>14} {:>14} {:>8}", "size", "plain GB/s", "oxccl GB/s", "ratio");
+    println!(
+        "{:>12} {:>14} {:>14} {:>8}",
+        "size", "plain GB/s", "oxccl GB/s", "ratio"
+    );
     for &size in &o.sizes {
         let count = (o.total / size).max(8);
         let gb = (size * count) as f64 / 1e9;
         let plain = gb / plain_tcp(size, count);
         let ours = gb / socket_net(size, count, o.inflight);
-        println!("{size:>12} {plain:>14.2} {ours:>14.2} {:>8.2}", ours / plain);
+        println!(
+            "{size:>12} {plain:>14.2} {ours:>14.2} {:>8.2}",
+            ours / plain
+        );
     }
 }

@@ -31,6 +31,9 @@ const TRAILER: usize = 8;
 /// How long the proxy keeps spinning after the last thing it moved before it naps.
 const SPIN: Duration = Duration::from_millis(5);
 const NAP: Duration = Duration::from_micros(50);
+/// After this long without moving anything while work is posted, the proxy logs where every
+/// side stands (once per stall).
+const STALL_REPORT: Duration = Duration::from_secs(10);
 
 /// Host addresses of one network side's counters and buffers (all in memory the GPU maps).
 #[derive(Clone, Copy, Debug)]
@@ -79,6 +82,14 @@ struct Driven {
     next: u64,
     /// Posted requests in step order.
     inflight: VecDeque<(u64, Request)>,
+}
+
+impl Driven {
+    /// Nothing of this side is waiting to go out: no send in flight and no filled slot
+    /// unsent (a receiving side has nothing to deliver to the network).
+    fn drained(&self) -> bool {
+        self.side.dir == Dir::Recv || (self.inflight.is_empty() && self.filled(self.next).is_none())
+    }
 }
 
 fn load(p: *const u64) -> u64 {
@@ -293,6 +304,22 @@ impl Driven {
         Ok(())
     }
 
+    /// Where this side stands, for a stall report.
+    fn state(&self) -> String {
+        let s = &self.side;
+        let k = self.next;
+        // SAFETY: the words array has nslots entries.
+        let word = load(unsafe { s.block.words.add((k % s.nslots as u64) as usize) });
+        format!(
+            "{}: next step {k}, {} posted, tail {}, head {}, step word of the next slot {:#x}",
+            self.what(),
+            self.inflight.len(),
+            load(s.block.tail),
+            load(s.block.head),
+            word
+        )
+    }
+
     fn close(&self) {
         let s = &self.side;
         let _ = s.net.dereg_mr(s.comm, s.mh);
@@ -308,6 +335,9 @@ impl Driven {
 
 struct Shared {
     stop: AtomicBool,
+    /// Set by `drain`; the thread answers with `drained` once every send side is empty.
+    drain: AtomicBool,
+    drained: AtomicBool,
     /// The communicator's abort flag.
     abort: Arc<AtomicBool>,
     incoming: Mutex<Vec<NetSide>>,
@@ -334,6 +364,8 @@ impl Proxy {
     ) -> Result<Proxy> {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            drain: AtomicBool::new(false),
+            drained: AtomicBool::new(false),
             abort,
             incoming: Mutex::new(Vec::new()),
             has_incoming: AtomicBool::new(false),
@@ -358,6 +390,25 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Wait (at most `limit`) until everything the kernels have filled has gone out: a
+    /// sending kernel finishes once its last slot is filled, so an orderly destroy must let
+    /// the proxy send it before stopping, or the peer would wait for it forever. False when
+    /// the limit passed, the communicator was aborted or the proxy failed.
+    pub fn drain(&self, limit: Duration) -> bool {
+        let start = Instant::now();
+        self.shared.drained.store(false, Ordering::Release);
+        self.shared.drain.store(true, Ordering::Release);
+        while !self.shared.drained.load(Ordering::Acquire) {
+            if start.elapsed() > limit || self.shared.abort.load(Ordering::Acquire) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        true
+    }
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
@@ -376,6 +427,7 @@ fn run(rank: i32, shared: &Shared) {
     let mut sides: Vec<Driven> = Vec::new();
     let mut last_moved = Instant::now();
     let mut failed = false;
+    let mut stall_reported = false;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.has_incoming.swap(false, Ordering::AcqRel) {
             sides.extend(shared.incoming.lock().drain(..).map(|side| Driven {
@@ -397,8 +449,16 @@ fn run(rank: i32, shared: &Shared) {
                 }
             }
         }
+        if shared.drain.load(Ordering::Acquire) && (failed || sides.iter().all(Driven::drained)) {
+            shared.drain.store(false, Ordering::Release);
+            shared.drained.store(!failed, Ordering::Release);
+        }
         if moved {
             last_moved = Instant::now();
+            stall_reported = false;
+        } else if !stall_reported && last_moved.elapsed() > STALL_REPORT && !sides.is_empty() {
+            report_stall(rank, &sides, last_moved.elapsed());
+            stall_reported = true;
         } else if last_moved.elapsed() > SPIN || failed {
             std::thread::sleep(NAP);
         } else {
@@ -408,6 +468,25 @@ fn run(rank: i32, shared: &Shared) {
     for d in &sides {
         d.close();
     }
+}
+
+/// Log every side's position after a long time without movement (a hang's evidence: which
+/// peer's data is missing). Sides that were never used are left out.
+fn report_stall(rank: i32, sides: &[Driven], quiet: Duration) {
+    let busy: Vec<String> = sides
+        .iter()
+        .filter(|d| d.next > 0 || !d.inflight.is_empty())
+        .map(Driven::state)
+        .collect();
+    if busy.is_empty() {
+        return;
+    }
+    crate::info!(
+        NET,
+        "rank {rank}: proxy idle for {} s; {}",
+        quiet.as_secs(),
+        busy.join("; ")
+    );
 }
 
 /// A side failed: the communicator's error names the peer; the kernels are released.

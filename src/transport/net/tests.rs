@@ -575,3 +575,88 @@ fn a_peer_killed_mid_transfer_is_an_error_naming_it_not_a_hang() {
     );
     assert_eq!(e.code, crate::abi::ncclResult_t::ncclRemoteError);
 }
+
+#[test]
+fn both_directions_at_once_with_full_slots_do_not_stall() {
+    let net: Arc<dyn Net> = Arc::new(SocketNet::new(lo(), Shape::new(0, 1)));
+    let (ab_s, ab_r) = connect_pair(net.as_ref());
+    let (ba_s, ba_r) = connect_pair(net.as_ref());
+    let blocks = [
+        Block::new(Dir::Send),
+        Block::new(Dir::Recv),
+        Block::new(Dir::Send),
+        Block::new(Dir::Recv),
+    ];
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let flag = AtomicBool::new(false);
+    // Rank a drives a->b's send and b->a's receive; rank b the other two.
+    let pa = proxy(0, &errors);
+    let pb = proxy(1, &errors);
+    pa.add(side(&net, ab_s, Dir::Send, 1, &blocks[0]));
+    pb.add(side(&net, ab_r, Dir::Recv, 0, &blocks[1]));
+    pb.add(side(&net, ba_s, Dir::Send, 0, &blocks[2]));
+    pa.add(side(&net, ba_r, Dir::Recv, 1, &blocks[3]));
+    let simple_max = (SLOT - SLOT / LL_REGION_DIV) as usize;
+    let steps: Vec<(usize, bool)> = (0..300)
+        .map(|i| (simple_max - (i % 3) * 8, false))
+        .collect();
+    std::thread::scope(|s| {
+        let (steps, flag) = (&steps, &flag);
+        let hs: Vec<_> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                s.spawn(move || {
+                    if i % 2 == 0 {
+                        stand_in_sender(&b.host, steps, flag)
+                    } else {
+                        stand_in_receiver(&b.host, steps, flag)
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap().unwrap();
+        }
+    });
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+}
+
+#[test]
+fn an_orderly_teardown_first_sends_what_the_kernels_left() {
+    let net: Arc<dyn Net> = Arc::new(SocketNet::new(lo(), Shape::new(0, 1)));
+    let (sc, rc) = connect_pair(net.as_ref());
+    let (sb, rb) = (Block::new(Dir::Send), Block::new(Dir::Recv));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let flag = AtomicBool::new(false);
+    let receiver_proxy = proxy(1, &errors);
+    receiver_proxy.add(side(&net, rc, Dir::Recv, 0, &rb));
+    let simple_max = (SLOT - SLOT / LL_REGION_DIV) as usize;
+    let steps: Vec<(usize, bool)> = (0..40).map(|_| (simple_max, false)).collect();
+    std::thread::scope(|s| {
+        let (rb, steps, flag) = (&rb, &steps, &flag);
+        // The receiving kernel is late: the last slots are still in the sender's staging
+        // when its kernel is done and its communicator goes away.
+        let recv = s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            stand_in_receiver(&rb.host, steps, flag)
+        });
+        let sender_proxy = proxy(0, &errors);
+        sender_proxy.add(side(&net, sc, Dir::Send, 1, &sb));
+        stand_in_sender(&sb.host, steps, flag).unwrap();
+        assert!(
+            sender_proxy.drain(Duration::from_secs(10)),
+            "the drain timed out"
+        );
+        // Every filled slot went out before the drain returned (the receiver has not even
+        // started), so the proxy may stop now.
+        assert_eq!(
+            load(sb.host.head),
+            steps.len() as u64,
+            "the drain left slots unsent"
+        );
+        drop(sender_proxy);
+        recv.join().unwrap().unwrap();
+    });
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+}
