@@ -46,7 +46,7 @@
 #define OX_STEP_WORDS_OFFSET 128
 
 // Set in a step word for a step moved with the LL protocol.
-#define OX_STEP_LL 0x80000000
+#define OX_STEP_LL 2147483648
 
 // Most slots a connection may have: its step words fit the tail's page.
 #define OX_MAX_NSLOTS ((4096 - OX_STEP_WORDS_OFFSET) / 8)
