@@ -384,15 +384,12 @@ fn log_process_sharing(topo: &Topology, sharing: &[i32]) {
     }
 }
 
-/// Where `comm`'s transports report an error found after the call that caused it returned
-/// (a network connection failing under the proxy): the communicator's async error.
+/// Where `comm`'s transports report a peer's connection failing after the call that used it
+/// returned (the network proxy): the watchdog's peer failure, which sets the communicator's
+/// async error naming the peer, stops its kernels and tells the other ranks.
 fn async_error_sink(comm: &Arc<Comm>) -> crate::transport::ErrorSink {
-    let weak = Arc::downgrade(comm);
-    Arc::new(move |e: Error| {
-        if let Some(c) = weak.upgrade() {
-            c.set_async_error(&e);
-        }
-    })
+    let reporter = watchdog::FailureReporter::new(comm);
+    Arc::new(move |peer: i32, e: Error| reporter.report(peer, &e.msg))
 }
 
 /// Abort: every host wait of `comm` gives up, and its kernels stop.

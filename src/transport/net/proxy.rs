@@ -23,8 +23,9 @@ use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Where errors of the proxy go (the communicator's async error).
-pub type ErrorSink = Arc<dyn Fn(Error) + Send + Sync>;
+/// Where errors of the proxy go, with the peer whose connection failed (the communicator's
+/// async error, and its watchdog, which tells the other ranks).
+pub type ErrorSink = Arc<dyn Fn(i32, Error) + Send + Sync>;
 
 /// Bytes of the trailer that follows every message's payload.
 const TRAILER: usize = 8;
@@ -497,7 +498,7 @@ fn fail(rank: i32, shared: &Shared, d: &Driven, e: Error) {
         e.msg
     );
     crate::warn!("{msg}");
-    (shared.sink)(Error::new(e.code, msg));
+    (shared.sink)(d.side.peer, Error::new(e.code, msg));
     if shared.device_abort != 0 {
         // SAFETY: the device abort flag is a live, aligned u32 that outlives the proxy
         // (Proxy::start's contract).

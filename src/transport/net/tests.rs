@@ -325,7 +325,7 @@ fn proxy(rank: i32, errors: &Arc<Mutex<Vec<Error>>>) -> Proxy {
         rank,
         Arc::new(AtomicBool::new(false)),
         0,
-        Arc::new(move |err: Error| e.lock().push(err)),
+        Arc::new(move |_peer: i32, err: Error| e.lock().push(err)),
     )
     .unwrap()
 }
