@@ -2,9 +2,10 @@
 //! is `NCCL_SOCKET_NTHREADS` × `NCCL_NSOCKS_PERTHREAD` sockets (at least one); a message is an
 //! 8-byte size header on socket 0, then its bytes cut into one chunk per socket (at least
 //! 64 KiB each), chunk j on socket j. Every socket is non-blocking and serves a FIFO of tasks
-//! (a header or a chunk); with no helper threads (the default, as NVIDIA's) the caller's
-//! `test` moves bytes, else each helper thread serves its share of the sockets. Both ends cut
-//! a message alike from its size, so the chunks meet in order.
+//! (a header or a chunk). The caller's `test` moves bytes (with no helper threads, the default
+//! as NVIDIA's, it alone), and each helper thread serves its share of the sockets. Both ends
+//! cut a message alike from its size, so the chunks meet in order. A sender closing in order
+//! says goodbye (a header of `u64::MAX`); an end of stream without it is a dead peer.
 //!
 //! The interface is the bootstrap's (`NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`): one device.
 
@@ -745,9 +746,9 @@ impl Net for SocketNet {
             .get(&r.0)
             .cloned()
             .ok_or_else(|| Error::internal(format!("NET/Socket: no request {}", r.0)))?;
-        if !req.comm.threaded {
-            req.comm.progress_all();
-        }
+        // The caller moves bytes too: with helper threads it only helps (a small message
+        // then goes out without waiting for a helper to wake up).
+        req.comm.progress_all();
         if let Some(e) = req.comm.error() {
             self.objects.lock().requests.remove(&r.0);
             return Err(e);
