@@ -192,3 +192,42 @@ pub fn decompose(
     lowering.pair_self_copies()?;
     Ok((lowering.pieces, lowering.copies))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::device::WorkKind;
+    use crate::sched::redop::RedOp;
+
+    fn small_all_reduce() -> Task {
+        Task {
+            kind: CollKind::AllReduce,
+            dtype: crate::abi::ncclDataType_t::ncclFloat32,
+            op: RedOp::Sum,
+            count: 2,
+            sendbuff: 0x1000,
+            recvbuff: 0x2000,
+            root: 0,
+        }
+    }
+
+    fn kinds(net: bool) -> Vec<u32> {
+        let (pieces, _) = decompose(0, 4, 8, net, &[small_all_reduce()]).unwrap();
+        pieces.iter().map(|p| p.work.kind).collect()
+    }
+
+    #[test]
+    fn no_one_shot_all_reduce_over_the_network() {
+        // Without the network an 8-byte all-reduce of 4 ranks takes the one-shot path ...
+        assert!(kinds(false).contains(&(WorkKind::DirectAllReduce as u32)));
+        // ... over it, the ring: the proxy moves data only between steps that have step words.
+        let over_net = kinds(true);
+        assert!(!over_net.is_empty());
+        assert!(
+            over_net
+                .iter()
+                .all(|&k| k == WorkKind::RingAllReduce as u32),
+            "{over_net:?}"
+        );
+    }
+}
