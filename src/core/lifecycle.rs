@@ -268,7 +268,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     let nchannels =
         (crate::sched::NCHANNELS as i32).clamp(comm.config.min_ctas, comm.config.max_ctas) as u32;
     let nchannels = shared_gpu_channels(&topo, &bootstrap, comm.cuda_dev, nchannels)?;
-    let rt = Runtime::new(
+    let mut rt = Runtime::new(
         ctx,
         bootstrap,
         topo,
@@ -277,6 +277,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         comm.abort.clone(),
         async_error_sink(comm),
     )?;
+    rt.set_net_name(comm.config.net_name.clone());
     *comm.rt.lock() = Some(rt);
     super::watchdog::start(comm);
     crate::info!(

@@ -166,6 +166,8 @@ pub struct Runtime {
     /// The communicator's abort flag, and where a failed network connection is reported.
     abort: Arc<AtomicBool>,
     sink: ErrorSink,
+    /// The network asked for (`ncclConfig_t.netName`, else `NCCL_NET`).
+    net_name: Option<String>,
 }
 
 /// What decides the connections a task needs: its kind, type, count and root (or peer).
@@ -317,6 +319,7 @@ impl Runtime {
             comm_hash,
             abort,
             sink,
+            net_name: None,
         })
     }
 
@@ -324,6 +327,11 @@ impl Runtime {
     /// or from its parent's and the split's sequence number).
     pub fn comm_hash(&self) -> u64 {
         self.comm_hash
+    }
+
+    /// Use the network named `name` for this communicator's network connections.
+    pub fn set_net_name(&mut self, name: Option<String>) {
+        self.net_name = name;
     }
 
     /// Ask running kernels to stop (they poll this flag).
@@ -464,6 +472,7 @@ impl Runtime {
                 abort: &self.abort,
                 device_abort: self.device_abort.host() as usize,
                 sink: &self.sink,
+                net_name: self.net_name.as_deref(),
             };
             self.conns.connect(&setup, &rows)?;
         }

@@ -82,6 +82,8 @@ pub struct Setup<'a> {
     pub device_abort: usize,
     /// Where the proxy reports a failed connection (the communicator's async error).
     pub sink: &'a net::proxy::ErrorSink,
+    /// The network this communicator asked for (`netName`, else `NCCL_NET`).
+    pub net_name: Option<&'a str>,
 }
 
 /// The transport of one connection, from the topology's path to the peer.

@@ -8,8 +8,9 @@
 //! the staging slots, and for a sender the bounce area of its LL messages. Each side plays
 //! both roles of the shared layout (`side_conn` with "mine" and "theirs" in one block).
 //!
-//! The network is chosen once per process (`network`): a net plugin if one is found
-//! (`NCCL_NET_PLUGIN`), else the built-in sockets; `NCCL_NET` must name the one chosen.
+//! The process's networks are loaded once (`network`): a net plugin if one is found
+//! (`NCCL_NET_PLUGIN`), then the built-in sockets; a communicator takes the one its
+//! `netName` (or `NCCL_NET`) names, else the first.
 
 pub mod api;
 pub mod plugin;
@@ -29,41 +30,52 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The network of this process, chosen at the first use.
-pub fn network() -> Result<Arc<dyn Net>> {
-    static NET: OnceCell<Arc<dyn Net>> = OnceCell::new();
-    NET.get_or_try_init(choose_network).cloned()
+/// The network a communicator uses: the one named `name` (its `ncclConfig_t.netName`, else
+/// `NCCL_NET`), else the first of the process's networks.
+pub fn network(name: Option<&str>) -> Result<Arc<dyn Net>> {
+    static NETS: OnceCell<Vec<Arc<dyn Net>>> = OnceCell::new();
+    let nets = NETS.get_or_try_init(load_networks)?;
+    let net = pick(nets, name)?;
+    log_choice(net.name());
+    Ok(net)
 }
 
-/// As NVIDIA's: the networks are the plugin's (if one loads) and then the built-in sockets;
-/// `NCCL_NET` picks one by name, else the first is used.
-fn choose_network() -> Result<Arc<dyn Net>> {
+/// As NVIDIA's: the plugin's network (if one loads), then the built-in sockets.
+fn load_networks() -> Result<Vec<Arc<dyn Net>>> {
     let mut nets: Vec<Arc<dyn Net>> = plugin::load()?.into_iter().collect();
-    let wanted = crate::env::get("NCCL_NET").filter(|s| !s.trim().is_empty());
-    let socket_wanted = wanted
-        .as_deref()
-        .is_none_or(|w| w.trim().eq_ignore_ascii_case("Socket"));
-    if nets.is_empty() || socket_wanted {
-        nets.push(Arc::new(socket::SocketNet::from_env()?));
+    match socket::SocketNet::from_env() {
+        Ok(s) => nets.push(Arc::new(s)),
+        Err(e) if !nets.is_empty() => crate::info!(NET, "NET/Socket : unavailable: {}", e.msg),
+        Err(e) => return Err(e),
     }
-    let net = match &wanted {
-        None => nets.swap_remove(0),
-        Some(w) => {
-            let names: Vec<String> = nets.iter().map(|n| n.name().to_string()).collect();
-            let i = nets
-                .iter()
-                .position(|n| n.name().eq_ignore_ascii_case(w.trim()))
-                .ok_or_else(|| {
-                    Error::invalid_usage(format!(
-                        "NCCL_NET={w}: no such network (available: {})",
-                        names.join(", ")
-                    ))
-                })?;
-            nets.swap_remove(i)
-        }
+    Ok(nets)
+}
+
+/// The network named `name` (case-insensitive), or the first when none is named.
+fn pick(nets: &[Arc<dyn Net>], name: Option<&str>) -> Result<Arc<dyn Net>> {
+    let wanted = name.map(str::trim).filter(|n| !n.is_empty());
+    let found = match wanted {
+        None => nets.first(),
+        Some(w) => nets.iter().find(|n| n.name().eq_ignore_ascii_case(w)),
     };
-    crate::info!(INIT | NET, "Using network {}", net.name());
-    Ok(net)
+    found.cloned().ok_or_else(|| {
+        let names: Vec<&str> = nets.iter().map(|n| n.name()).collect();
+        Error::invalid_usage(format!(
+            "NCCL_NET / netName {}: no such network (available: {})",
+            wanted.unwrap_or("(none)"),
+            names.join(", ")
+        ))
+    })
+}
+
+/// "Using network X", once per network chosen (NVIDIA's INFO line).
+fn log_choice(name: &str) {
+    static LOGGED: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
+    let mut logged = LOGGED.lock();
+    if !logged.iter().any(|n| n == name) {
+        crate::info!(INIT | NET, "Using network {name}");
+        logged.push(name.to_string());
+    }
 }
 
 const HEAD_PAGE: u64 = 0;
@@ -123,7 +135,7 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
             setup.nslots
         )));
     }
-    let net = network()?;
+    let net = network(setup.net_name)?;
     let dev = ch as i32 % net.devices()?.max(1);
     let mem = HostMapped::new(block_bytes(dir, setup.slot_bytes, setup.nslots))?;
     let (handle, listen) = match dir {
@@ -221,6 +233,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
     let Local {
         mem, listen, net, ..
     } = p.local;
+    let net_name = net.name().to_string();
     if let Some(l) = listen {
         net.close_listen(l)?;
     }
@@ -254,8 +267,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
     let conn = side_conn(dir, base + mine, base + theirs, slot_bytes, nslots);
     crate::trace!(
         P2P,
-        "Channel {ch:02} : {dir:?} peer {peer} via NET/{}",
-        network()?.name()
+        "Channel {ch:02} : {dir:?} peer {peer} via NET/{net_name}"
     );
     let keep: Keep = Box::new(mem);
     Ok((
@@ -273,6 +285,31 @@ mod tests;
 #[cfg(test)]
 mod layout_tests {
     use super::*;
+
+    #[test]
+    fn a_network_is_picked_by_name_or_first() {
+        let nets: Vec<Arc<dyn Net>> = ["OxTest", "Socket"]
+            .iter()
+            .map(|_| {
+                let lo = crate::bootstrap::socket::NetIf {
+                    name: "lo".into(),
+                    ip: "127.0.0.1".parse().unwrap(),
+                    scope_id: 0,
+                };
+                Arc::new(socket::SocketNet::new(lo, socket::Shape::new(0, 1))) as Arc<dyn Net>
+            })
+            .collect();
+        assert!(Arc::ptr_eq(&pick(&nets, None).unwrap(), &nets[0]));
+        assert!(Arc::ptr_eq(&pick(&nets, Some(" ")).unwrap(), &nets[0]));
+        assert!(Arc::ptr_eq(&pick(&nets, Some("socket")).unwrap(), &nets[0]));
+        let e = pick(&nets, Some("IB")).err().unwrap();
+        assert!(
+            e.msg
+                .contains("IB: no such network (available: Socket, Socket)"),
+            "{}",
+            e.msg
+        );
+    }
 
     #[test]
     fn one_block_holds_both_roles_of_the_shared_layout() {
