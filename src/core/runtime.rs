@@ -168,6 +168,8 @@ pub struct Runtime {
     sink: ErrorSink,
     /// The network asked for (`ncclConfig_t.netName`, else `NCCL_NET`).
     net_name: Option<String>,
+    /// Some rank is reached over the network (`Topology::uses_net`, fixed at init).
+    uses_net: bool,
 }
 
 /// What decides the connections a task needs: its kind, type, count and root (or peer).
@@ -291,6 +293,7 @@ impl Runtime {
         abort: Arc<AtomicBool>,
         sink: ErrorSink,
     ) -> Result<Runtime> {
+        let uses_net = topo.uses_net();
         Ok(Runtime {
             ctx,
             bootstrap,
@@ -320,6 +323,7 @@ impl Runtime {
             abort,
             sink,
             net_name: None,
+            uses_net,
         })
     }
 
@@ -429,7 +433,7 @@ impl Runtime {
         if nranks == 1 || self.connected_shapes.contains(&shapes(tasks)) {
             return false;
         }
-        sched::connections_needed(rank, nranks, self.nchannels, self.topo.uses_net(), tasks)
+        sched::connections_needed(rank, nranks, self.nchannels, self.uses_net, tasks)
             .iter()
             .any(|&(ch, peer, dir)| !self.conns.has(ch, peer, dir))
     }
@@ -444,8 +448,7 @@ impl Runtime {
             return Ok(());
         }
         cuda::set_current(self.ctx)?;
-        let needed =
-            sched::connections_needed(rank, nranks, self.nchannels, self.topo.uses_net(), tasks);
+        let needed = sched::connections_needed(rank, nranks, self.nchannels, self.uses_net, tasks);
         // The one-shot all-reduce's rows get small LL-only buffers; every other row the
         // configured ones. Both ends split alike (the row decides).
         let (direct, regular): (Vec<_>, Vec<_>) = needed
@@ -669,7 +672,7 @@ impl Runtime {
             recv: table(&self.conns.recv),
             abort_flag: self.device_abort.dev(),
             threads: self.threads,
-            net: self.topo.uses_net(),
+            net: self.uses_net,
         }
     }
 }

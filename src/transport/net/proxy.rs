@@ -85,14 +85,6 @@ struct Driven {
     inflight: VecDeque<(u64, Request)>,
 }
 
-impl Driven {
-    /// Nothing of this side is waiting to go out: no send in flight and no filled slot
-    /// unsent (a receiving side has nothing to deliver to the network).
-    fn drained(&self) -> bool {
-        self.side.dir == Dir::Recv || (self.inflight.is_empty() && self.filled(self.next).is_none())
-    }
-}
-
 fn load(p: *const u64) -> u64 {
     // SAFETY: p is an aligned u64 of a live block (NetSide's contract); the GPU writes it
     // concurrently, hence volatile.
@@ -118,6 +110,12 @@ fn ll_wire_bytes(payload: usize) -> usize {
 }
 
 impl Driven {
+    /// Nothing of this side is waiting to go out: no send in flight and no filled slot
+    /// unsent (a receiving side has nothing to deliver to the network).
+    fn drained(&self) -> bool {
+        self.side.dir == Dir::Recv || (self.inflight.is_empty() && self.filled(self.next).is_none())
+    }
+
     fn slot(&self, k: u64) -> *mut u8 {
         let s = &self.side;
         // SAFETY: k % nslots < nslots; the staging buffer has nslots slots.

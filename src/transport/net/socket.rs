@@ -131,6 +131,43 @@ impl SocketNet {
         Request(id)
     }
 
+    /// Start a send of `size` bytes at `data` (its header on socket 0, its chunks on every
+    /// socket), or a receive of at most `size` (its header; the chunks once the size is in).
+    fn post(&self, comm: Comm, data: *mut u8, size: usize, send: bool) -> Result<Option<Request>> {
+        let c = self.comm(comm)?;
+        if let Some(e) = c.error() {
+            return Err(e);
+        }
+        let chunks = if send { c.chunks_of(size) } else { 0 };
+        let req = Arc::new(Req {
+            remaining: AtomicUsize::new(1 + chunks),
+            size: AtomicUsize::new(if send { size } else { 0 }),
+            base: data as usize,
+            capacity: size,
+            comm: c.clone(),
+        });
+        let (kind, header) = if send {
+            (TaskKind::SendHeader, (size as u64).to_le_bytes())
+        } else {
+            (TaskKind::RecvHeader, [0; 8])
+        };
+        c.socks[0].queue.lock().push_back(Task {
+            req: req.clone(),
+            kind,
+            len: 8,
+            done: 0,
+            header,
+        });
+        if send {
+            let tasks = c.chunk_tasks(&req, data as usize, size, true);
+            for (j, t) in tasks.into_iter().enumerate() {
+                c.socks[j].queue.lock().push_back(t);
+            }
+        }
+        c.notify();
+        Ok(Some(self.add_request(req)))
+    }
+
     fn close_comm(&self, c: Comm) -> Result<()> {
         let comm = self.objects.lock().comms.remove(&c.0);
         if let Some(comm) = comm {
@@ -669,33 +706,7 @@ impl Net for SocketNet {
         _tag: i32,
         _mh: MemHandle,
     ) -> Result<Option<Request>> {
-        let c = self.comm(comm)?;
-        if let Some(e) = c.error() {
-            return Err(e);
-        }
-        let req = Arc::new(Req {
-            remaining: AtomicUsize::new(1 + c.chunks_of(size)),
-            size: AtomicUsize::new(size),
-            base: data as usize,
-            capacity: size,
-            comm: c.clone(),
-        });
-        c.socks[0].queue.lock().push_back(Task {
-            req: req.clone(),
-            kind: TaskKind::SendHeader,
-            len: 8,
-            done: 0,
-            header: (size as u64).to_le_bytes(),
-        });
-        for (j, t) in c
-            .chunk_tasks(&req, data as usize, size, true)
-            .into_iter()
-            .enumerate()
-        {
-            c.socks[j].queue.lock().push_back(t);
-        }
-        c.notify();
-        Ok(Some(self.add_request(req)))
+        self.post(comm, data, size, true)
     }
 
     fn irecv(
@@ -706,26 +717,7 @@ impl Net for SocketNet {
         _tag: i32,
         _mh: MemHandle,
     ) -> Result<Option<Request>> {
-        let c = self.comm(comm)?;
-        if let Some(e) = c.error() {
-            return Err(e);
-        }
-        let req = Arc::new(Req {
-            remaining: AtomicUsize::new(1),
-            size: AtomicUsize::new(0),
-            base: data as usize,
-            capacity: size,
-            comm: c.clone(),
-        });
-        c.socks[0].queue.lock().push_back(Task {
-            req: req.clone(),
-            kind: TaskKind::RecvHeader,
-            len: 8,
-            done: 0,
-            header: [0; 8],
-        });
-        c.notify();
-        Ok(Some(self.add_request(req)))
+        self.post(comm, data, size, false)
     }
 
     fn iflush(

@@ -357,53 +357,17 @@ fn side(net: &Arc<dyn Net>, comm: Comm, dir: Dir, peer: i32, block: &Block) -> N
     }
 }
 
-#[test]
-fn the_proxy_moves_simple_and_ll_steps_between_two_ranks() {
-    for shape in [Shape::new(0, 1), Shape::new(2, 2)] {
-        let net: Arc<dyn Net> = Arc::new(SocketNet::new(lo(), shape));
-        let (sc, rc) = connect_pair(net.as_ref());
-        let (sb, rb) = (Block::new(Dir::Send), Block::new(Dir::Recv));
-        let errors = Arc::new(Mutex::new(Vec::new()));
-        let flag = Arc::new(AtomicBool::new(false));
-        let p0 = proxy(0, &errors);
-        let p1 = proxy(1, &errors);
-        p0.add(side(&net, sc, Dir::Send, 1, &sb));
-        p1.add(side(&net, rc, Dir::Recv, 0, &rb));
-        let steps = schedule();
-        std::thread::scope(|s| {
-            let (sb, rb, steps, flag) = (&sb, &rb, &steps, &flag);
-            let send = s.spawn(move || stand_in_sender(&sb.host, steps, flag));
-            let recv = s.spawn(move || stand_in_receiver(&rb.host, steps, flag));
-            send.join().unwrap().unwrap();
-            recv.join().unwrap().unwrap();
-        });
-        assert!(errors.lock().is_empty(), "{:?}", errors.lock());
-        // The sender's slots were all released once the receiver had them.
-        let start = Instant::now();
-        while load(sb.host.head) != steps.len() as u64 {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "head not advanced"
-            );
-        }
-        drop((p0, p1));
-    }
-}
-
-#[test]
-fn the_proxy_moves_simple_and_ll_steps_over_a_net_plugin() {
-    let Some(lib) = super::plugin::tests::plugin() else {
-        return;
-    };
-    let net = super::plugin::open_path(lib).expect("the test plugin loads");
+/// Two ranks in threads, each with its proxy, move the whole schedule over `net`; the
+/// sender's slots are all released at the end.
+fn move_schedule_between_two_proxies(net: &Arc<dyn Net>) {
     let (sc, rc) = connect_pair(net.as_ref());
     let (sb, rb) = (Block::new(Dir::Send), Block::new(Dir::Recv));
     let errors = Arc::new(Mutex::new(Vec::new()));
     let flag = AtomicBool::new(false);
     let p0 = proxy(0, &errors);
     let p1 = proxy(1, &errors);
-    p0.add(side(&net, sc, Dir::Send, 1, &sb));
-    p1.add(side(&net, rc, Dir::Recv, 0, &rb));
+    p0.add(side(net, sc, Dir::Send, 1, &sb));
+    p1.add(side(net, rc, Dir::Recv, 0, &rb));
     let steps = schedule();
     std::thread::scope(|s| {
         let (sb, rb, steps, flag) = (&sb, &rb, &steps, &flag);
@@ -413,7 +377,30 @@ fn the_proxy_moves_simple_and_ll_steps_over_a_net_plugin() {
         recv.join().unwrap().unwrap();
     });
     assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+    let start = Instant::now();
+    while load(sb.host.head) != steps.len() as u64 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "head not advanced"
+        );
+    }
     drop((p0, p1));
+}
+
+#[test]
+fn the_proxy_moves_simple_and_ll_steps_between_two_ranks() {
+    for shape in [Shape::new(0, 1), Shape::new(2, 2)] {
+        move_schedule_between_two_proxies(&(Arc::new(SocketNet::new(lo(), shape)) as Arc<dyn Net>));
+    }
+}
+
+#[test]
+fn the_proxy_moves_simple_and_ll_steps_over_a_net_plugin() {
+    let Some(lib) = super::plugin::tests::plugin() else {
+        return;
+    };
+    let net = super::plugin::open_path(lib).expect("the test plugin loads");
+    move_schedule_between_two_proxies(&net);
 }
 
 // ---- across processes: the test binary runs itself as the sending rank ----
