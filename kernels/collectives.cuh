@@ -13,52 +13,36 @@
 #define OX_S_OUT 8u     // write the result to the user output
 #define OX_S_POST 16u   // apply the post-transform (the final value of a reduction)
 
-__device__ __forceinline__ uint32_t ox_esize(uint32_t dtype) {
-  return dtype <= OX_UINT8 || dtype >= OX_FP8E4M3 ? 1
-         : (dtype == OX_HALF || dtype == OX_BF16) ? 2
-         : (dtype == OX_INT64 || dtype == OX_UINT64 || dtype == OX_DOUBLE) ? 8 : 4;
-}
-
 // One LL step (OX_FLAG_LL items): the same positions as a Simple step, data in the slots' LL
-// regions. Thread 0 waits only for a free send slot; the data words carry their own validity.
+// regions. The wait is only for a free send slot; the data words carry their own validity.
 __device__ bool ox_ll_step(OxShared& s, uint32_t what, const char* in, char* out, uint64_t nelem) {
-  const bool send = what & OX_S_SEND, recv = what & OX_S_RECV;
+  const int nsend = (what & OX_S_SEND) ? 1 : 0, nrecv = (what & OX_S_RECV) ? 1 : 0;
   // Also the barrier after which every thread sees the positions of the previous step.
-  if (!ox_wait(s, send, false)) return false;
+  if (!ox_wait(s, nsend, 0)) return false;
   const OxWork& w = s.w;
   const bool ops = w.flags & OX_FLAG_OPS;
-  char* send_ll = send ? ox_slot(s.send) + ox_simple_bytes(s.send.slot_bytes) : nullptr;
-  const char* recv_ll = recv ? ox_slot(s.recv) + ox_simple_bytes(s.recv.slot_bytes) : nullptr;
+  char* send_ll = nsend ? ox_slot(s.send[0]) + ox_simple_bytes(s.send[0].slot_bytes) : nullptr;
+  const char* recv_ll = nrecv ? ox_slot(s.recv[0]) + ox_simple_bytes(s.recv[0].slot_bytes) : nullptr;
   const bool pre = (what & OX_S_IN) && ops && ox_has_pre(w.dtype, w.op);
   const bool post = (what & OX_S_POST) && ops && ox_has_post(w.dtype, w.op);
+  const uint64_t nbytes = nelem * ox_esize(w.dtype);
   ox_ll_move((what & OX_S_IN) ? in : nullptr, (what & OX_S_OUT) ? out : nullptr, send_ll, recv_ll,
-             nelem * ox_esize(w.dtype), (uint32_t)(s.send.step + 1), (uint32_t)(s.recv.step + 1),
-             pre, post, w.dtype, w.op, w.flags, w.scalar, w.nranks, w.abort_flag, &s.aborted);
-  __syncthreads();  // every word of the receive region has been read
-  if (s.aborted) return false;
-  if (threadIdx.x == 0) {
-    if (send) {
-      ox_step_word(s.send, nelem * ox_esize(w.dtype), true);
-      s.send.step++;
-    }
-    if (recv) {
-      s.recv.step++;
-      ox_st_relaxed(s.recv.head, s.recv.step);
-    }
-  }
-  return true;
+             nbytes, (uint32_t)(s.send[0].step + 1), (uint32_t)(s.recv[0].step + 1), pre, post,
+             w.dtype, w.op, w.flags, w.scalar, w.nranks, w.abort_flag, &s.aborted);
+  return ox_post(s, nsend, nrecv, nbytes, true);
 }
 
-// One step: `in`/`out` already point at the step's elements; nelem may be 0 (the slot still
-// moves, so both sides count the same slots). Returns false on abort.
+// One step with the item's one send and one receive peer: `in`/`out` already point at the
+// step's elements; nelem may be 0 (the slot still moves, so both sides count the same
+// slots). Returns false on abort.
 __device__ bool ox_step(OxShared& s, uint32_t what, const char* in, char* out, uint64_t nelem) {
   if (s.w.flags & OX_FLAG_LL) return ox_ll_step(s, what, in, out, nelem);
-  const bool send = what & OX_S_SEND, recv = what & OX_S_RECV;
-  if (!ox_wait(s, send, recv)) return false;
+  const int nsend = (what & OX_S_SEND) ? 1 : 0, nrecv = (what & OX_S_RECV) ? 1 : 0;
+  if (!ox_wait(s, nsend, nrecv)) return false;
   const OxWork& w = s.w;
   const bool ops = w.flags & OX_FLAG_OPS;
-  char* send_slot = send ? ox_slot(s.send) : nullptr;
-  const char* recv_slot = recv ? ox_slot(s.recv) : nullptr;
+  char* send_slot = nsend ? ox_slot(s.send[0]) : nullptr;
+  const char* recv_slot = nrecv ? ox_slot(s.recv[0]) : nullptr;
   OxRedArgs a;
   a.n = nelem;
   if (what & OX_S_IN) {
@@ -79,8 +63,7 @@ __device__ bool ox_step(OxShared& s, uint32_t what, const char* in, char* out, u
     a.dst1 = nullptr;
   }
   ox_reduce_copy(a, w.dtype, w.op, w.flags, w.scalar, w.nranks);
-  ox_post(s, send, recv, nelem * ox_esize(w.dtype));
-  return true;
+  return ox_post(s, nsend, nrecv, nelem * ox_esize(w.dtype), false);
 }
 
 __device__ __forceinline__ int ox_mod(int a, int n) { return ((a % n) + n) % n; }
@@ -209,7 +192,7 @@ __device__ bool ox_ring_reduce(OxShared& s) {
 // Direct Send / Recv of `count` bytes, one slot (its Simple or LL region) at a time.
 __device__ bool ox_p2p(OxShared& s, bool send) {
   const OxWork& w = s.w;
-  const uint32_t slot = send ? s.send.slot_bytes : s.recv.slot_bytes;
+  const uint32_t slot = send ? s.send[0].slot_bytes : s.recv[0].slot_bytes;
   const uint64_t chunk = (w.flags & OX_FLAG_LL) ? ox_ll_payload(slot) : ox_simple_bytes(slot);
   for (uint64_t base = 0; base < w.count; base += chunk) {
     const uint64_t len = ox_min(chunk, w.count - base);
@@ -238,19 +221,19 @@ __device__ void ox_local_copy(OxShared& s) {
 }
 
 // ---- one-shot all-reduce ----------------------------------------------------------------
-// One step of `nbytes` (<= one LL step): each 8-byte unit of this rank's input is
-// pre-transformed (rounded to T, exactly what a peer receives), written as LL words to every
-// peer's slot, then the values of all ranks are folded in rank order 0..n-1 (this rank's own
-// at position `rank`) and post-transformed. Every rank performs the same fold on the same
-// bits, so all ranks' results are identical.
+// One step of `nbytes` (<= one LL step) on the item's nranks-1 peers: each 8-byte unit of
+// this rank's input is pre-transformed (rounded to T, exactly what a peer receives), written
+// as LL words to every send peer, then the values of all ranks are folded in rank order
+// 0..n-1 (this rank's own at position `rank`, rank src's from receive peer (rank-1-src) mod
+// n) and post-transformed. Every rank performs the same fold on the same bits, so all ranks'
+// results are identical.
 template <typename T, int OP>
 __device__ __noinline__ void ox_direct_move_t(OxShared& s, const char* in, char* out, uint64_t nbytes,
                                               bool pre, bool post) {
   const OxWork& w = s.w;
   const OxRed<T, OP> f(w.flags, w.scalar, w.nranks);
-  const int n = w.nranks, r = w.rank, np = n - 1;
-  const volatile uint32_t* abort_flag = (const volatile uint32_t*)w.abort_flag;
-  const uint32_t ll_off = ox_simple_bytes(s.dsend[0].slot_bytes);
+  const int n = w.nranks, r = w.rank, np = s.nfan;
+  const uint32_t ll_off = ox_simple_bytes(s.send[0].slot_bytes);
   const uint64_t nunits = (nbytes + 7) / 8;
   for (uint64_t u = threadIdx.x; u < nunits; u += blockDim.x) {
     const uint64_t off = u * 8;
@@ -259,8 +242,8 @@ __device__ __noinline__ void ox_direct_move_t(OxShared& s, const char* in, char*
     uint64_t v = ox_load_bytes(in + off, len);
     if (pre) v = ox_ll_apply<T, OP>(f, v, 0, true, false, false);
     for (int k = 0; k < np; k++) {
-      uint64_t* q = (uint64_t*)(ox_slot(s.dsend[k]) + ll_off + u * 16);
-      const uint32_t flag = (uint32_t)(s.dsend[k].step + 1);
+      uint64_t* q = (uint64_t*)(ox_slot(s.send[k]) + ll_off + u * 16);
+      const uint32_t flag = (uint32_t)(s.send[k].step + 1);
       ox_ll_put(q, (uint32_t)v, flag);
       if (two) ox_ll_put(q + 1, (uint32_t)(v >> 32), flag);
     }
@@ -271,8 +254,8 @@ __device__ __noinline__ void ox_direct_move_t(OxShared& s, const char* in, char*
         x = v;
       } else {
         const int k = ox_mod(r - 1 - src, n);
-        const uint64_t* p = (const uint64_t*)(ox_slot(s.drecv[k]) + ll_off + u * 16);
-        if (!ox_ll_receive(p, two, (uint32_t)(s.drecv[k].step + 1), abort_flag, &s.aborted, &x))
+        const uint64_t* p = (const uint64_t*)(ox_slot(s.recv[k]) + ll_off + u * 16);
+        if (!ox_ll_receive(p, two, (uint32_t)(s.recv[k].step + 1), w.abort_flag, &s.aborted, &x))
           return;
       }
       acc = src == 0 ? x : ox_ll_apply<T, OP>(f, acc, x, false, true, false);
@@ -282,71 +265,25 @@ __device__ __noinline__ void ox_direct_move_t(OxShared& s, const char* in, char*
   }
 }
 
-// The whole one-shot item: steps of at most one LL step each; before each, thread k waits
-// for a free slot towards peer k; after each, thread k advances both positions of peer k and
-// releases the consumed receive slot.
-__device__ __forceinline__ bool ox_direct_allreduce(OxShared& s) {
+// The whole one-shot item, in LL steps of at most one LL step's payload each: wait for a free
+// slot towards every peer, move, post every peer (the primitives of every other algorithm,
+// with the item's fan).
+__device__ bool ox_direct_allreduce(OxShared& s) {
   const OxWork& w = s.w;
-  const int np = w.nranks - 1;
+  const int np = s.nfan;
   const uint64_t es = ox_esize(w.dtype);
   const bool ops = w.flags & OX_FLAG_OPS;
   const bool pre = ops && ox_has_pre(w.dtype, w.op);
   const bool post = ops && ox_has_post(w.dtype, w.op);
-  const uint64_t step_bytes = ox_ll_payload(s.dsend[0].slot_bytes);
+  const uint64_t step_bytes = ox_ll_payload(s.send[0].slot_bytes);
   const uint64_t total = w.count * es;
   const char* in = (const char*)w.src + w.offset * es;
   char* out = (char*)w.dst + w.offset * es;
-  const volatile uint32_t* abort_flag = (const volatile uint32_t*)w.abort_flag;
   for (uint64_t base = 0; base < total; base += step_bytes) {
     const uint64_t nb = ox_min(step_bytes, total - base);
-    if ((int)threadIdx.x < np) {
-      OxPeer& p = s.dsend[threadIdx.x];
-      uint32_t spins = 0;
-      while (ox_ld_relaxed(p.head) + p.nslots <= p.step) {
-        if (++spins == OX_ABORT_POLL) {
-          spins = 0;
-          if (abort_flag && *abort_flag) {
-            s.aborted = 1;
-            break;
-          }
-        }
-      }
-    }
-    __syncthreads();
-    if (s.aborted) return false;
+    if (!ox_wait(s, np, 0)) return false;
     OX_FOR_TYPE(w.dtype, OX_FOR_OP(w.op, (ox_direct_move_t<T, OP>(s, in + base, out + base, nb, pre, post))));
-    __syncthreads();  // every word of every receive slot has been read
-    if (s.aborted) return false;
-    if ((int)threadIdx.x < np) {
-      s.dsend[threadIdx.x].step++;
-      OxPeer& q = s.drecv[threadIdx.x];
-      q.step++;
-      ox_st_relaxed(q.head, q.step);
-    }
-    __syncthreads();
-  }
-  return true;
-}
-
-// A one-shot all-reduce item at items[i] (already in s.w) with its nranks-2 DIRECT_PEER items
-// after it: thread k opens, and at the end closes, peer k's connections. False on abort or a
-// malformed item list (the planner never makes one).
-__device__ __forceinline__ bool ox_direct_item(OxShared& s, const OxWork* items, uint32_t i, uint32_t nitems) {
-  const int npeers = s.w.nranks - 1;
-  if (npeers < 1 || npeers > OX_DIRECT_MAX_PEERS || i + npeers > nitems) return false;
-  const int k = threadIdx.x;
-  if (k < npeers) {
-    const OxWork* it = &items[i + k];
-    const OxConn sc = it->send, rc = it->recv;
-    ox_peer_open(s.dsend[k], sc);
-    ox_peer_open(s.drecv[k], rc);
-  }
-  __syncthreads();
-  if (!ox_direct_allreduce(s)) return false;
-  __syncthreads();
-  if (k < npeers) {
-    ox_peer_close(s.dsend[k]);
-    ox_peer_close(s.drecv[k]);
+    if (!ox_post(s, np, np, nb, true)) return false;
   }
   return true;
 }

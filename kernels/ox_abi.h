@@ -13,8 +13,13 @@
 // Number of work kinds (one past the last kind).
 #define OX_KIND_COUNT 10
 
+// Most peers an item may send to or receive from (its fan): the item itself and up to
+// `MAX_FAN - 1` `Peer` items after it. The one-shot all-reduce runs on at most
+// `MAX_FAN + 1` ranks.
+#define OX_MAX_FAN 7
+
 // The one-shot all-reduce runs on at most this many peers + 1 ranks.
-#define OX_DIRECT_MAX_PEERS 7
+#define OX_DIRECT_MAX_PEERS OX_MAX_FAN
 
 // `scalar` is a device pointer to the PreMulSum value.
 #define OX_FLAG_SCALAR_DEVICE 1
@@ -50,6 +55,11 @@
 
 // Most slots a connection may have: its step words fit the tail's page.
 #define OX_MAX_NSLOTS ((4096 - OX_STEP_WORDS_OFFSET) / 8)
+
+// Bytes per element of each data type code (`dtype`), four bits per code: code `t` in
+// bits `4t..4t + 4`. The kernels' one element-size table (`ox_esize`); `device/mod.rs`
+// checks it against `ncclDataType_t::size`.
+#define OX_ELEM_SIZES 18864612590609
 
 // Most items `ox_kernel_inline` takes by value.
 #define OX_INLINE_ITEMS 22
@@ -126,13 +136,14 @@ enum OxKind
   // `count` bytes through `recv` into `dst`.
   OX_KIND_RECV = 7,
   // One-shot all-reduce (always LL): every rank writes its input to every peer and folds
-  // all ranks' values in rank order, so every rank computes the same bits in one hop. The
-  // item carries the connections of peer k = 0 (send to rank+1, receive from rank-1); it
-  // is followed, on the same CTA, by nranks-2 `DirectPeer` items whose `send`/`recv` are
-  // those of peer k = 1.. (send to rank+1+k, receive from rank-1-k) and nothing else.
+  // all ranks' values in rank order, so every rank computes the same bits in one hop. Its
+  // fan is nranks-1 peers (`fan_of`): the item carries the connections of peer k = 0 (send
+  // to rank+1, receive from rank-1) and is followed, on the same CTA, by nranks-2 `Peer`
+  // items with those of peer k = 1.. (send to rank+1+k, receive from rank-1-k).
   OX_KIND_DIRECT_ALL_REDUCE = 8,
-  // The connections of one more peer of the preceding `DirectAllReduce` item.
-  OX_KIND_DIRECT_PEER = 9,
+  // The connections (`send`, `recv`) of one more peer of the preceding item, whose fan is
+  // more than one; nothing else of it is read.
+  OX_KIND_PEER = 9,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -5,8 +5,8 @@
 // first item; `ox_kernel_inline` takes up to OX_INLINE_ITEMS items by value.
 #include "collectives.cuh"
 
-// Runs items[i] (with, for a one-shot all-reduce, the DIRECT_PEER items after it); returns
-// how many items it consumed, 0 if the communicator was aborted.
+// Runs items[i] (with the Peer items after it when its fan is more than one); returns how
+// many items it consumed, 0 if the communicator was aborted.
 __device__ __forceinline__ uint32_t ox_run_item(OxShared& s, const OxWork* __restrict__ items,
                                                 uint32_t i, uint32_t nitems) {
   __syncthreads();  // every thread is done with the previous item's shared state
@@ -14,20 +14,11 @@ __device__ __forceinline__ uint32_t ox_run_item(OxShared& s, const OxWork* __res
     ((uint64_t*)&s.w)[threadIdx.x] = ((const uint64_t*)&items[i])[threadIdx.x];
   }
   __syncthreads();
-  if (s.w.kind == OX_KIND_DIRECT_ALL_REDUCE) {
-    // The one-shot all-reduce opens and closes its own connections, its DIRECT_PEER items'
-    // too (they follow it on this CTA), and those items are then done.
-    const uint32_t npeers = s.w.nranks - 1;
-    return ox_direct_item(s, items, i, nitems) ? npeers : 0;
-  }
-  if (threadIdx.x == 0) {
-    ox_peer_open(s.send, s.w.send);
-    ox_peer_open(s.recv, s.w.recv);
-  }
-  __syncthreads();
+  const int used = ox_open(s, items, i, nitems);
+  if (used == 0) return 0;
   bool ok = true;
   switch (s.w.kind) {
-    case OX_KIND_DIRECT_PEER: break;  // consumed by the DIRECT_ALLREDUCE item before it
+    case OX_KIND_PEER: break;  // consumed by the item before it
     case OX_KIND_COPY: ox_local_copy(s); break;
     case OX_KIND_RING_ALL_REDUCE: ok = ox_ring_allreduce(s); break;
     case OX_KIND_RING_ALL_GATHER: ok = ox_ring_allgather(s); break;
@@ -36,15 +27,12 @@ __device__ __forceinline__ uint32_t ox_run_item(OxShared& s, const OxWork* __res
     case OX_KIND_RING_REDUCE: ok = ox_ring_reduce(s); break;
     case OX_KIND_SEND: ok = ox_p2p(s, true); break;
     case OX_KIND_RECV: ok = ox_p2p(s, false); break;
+    case OX_KIND_DIRECT_ALL_REDUCE: ok = ox_direct_allreduce(s); break;
     default: break;
   }
   if (!ok) return 0;  // aborted: the communicator is unusable, positions are not saved
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    ox_peer_close(s.send);
-    ox_peer_close(s.recv);
-  }
-  return 1;
+  ox_close(s);
+  return used;
 }
 
 // Items in device-visible (host-mapped) memory, sorted by CTA, followed by nitems' worth of

@@ -1,7 +1,9 @@
 // prims.cuh — owns the data movement primitives: volatile vector loads, the copy loop and the
 // typed reduce-copy loop (16-byte aligned vector path with several loads in flight, scalar
-// fallback), and the connection protocol (NCCL's "Simple": wait for a free/full slot, move
-// the data, fence, publish tail/head), with abort polling in every spin.
+// fallback), the one element-size table, the one abort-poll loop (ox_spin), and the
+// connection primitives on a fan of peers: open/close an item's send and receive peers
+// (up to OX_MAX_FAN each), wait for free/full slots on any subset of them, publish
+// tail/head after a step (NCCL's "Simple"), and the LL word primitives.
 #pragma once
 #include "ox_abi.h"
 #include "ox_proto.cuh"
@@ -9,6 +11,11 @@
 
 #define OX_UNROLL 4
 #define OX_ABORT_POLL 1000
+
+// Bytes per element of a data type code: the generated table OX_ELEM_SIZES (4 bits a code).
+__device__ __forceinline__ uint32_t ox_esize(uint32_t dtype) {
+  return (uint32_t)(((uint64_t)OX_ELEM_SIZES >> (4 * dtype)) & 15);
+}
 
 // ---- raw memory access ------------------------------------------------------------------
 // Loads are volatile (ld.volatile): staging slots are rewritten by other GPUs between uses,
@@ -209,9 +216,7 @@ __device__ __noinline__ void ox_reduce_copy(OxRedArgs a, uint32_t dtype, uint32_
                                             uint32_t flags, uint64_t scalar, int nranks) {
   if (a.n == 0) return;
   if (!a.src1 && !a.pre && !a.post) {
-    uint32_t esize = dtype <= OX_UINT8 || dtype >= OX_FP8E4M3 ? 1
-                     : (dtype == OX_HALF || dtype == OX_BF16) ? 2
-                     : (dtype == OX_INT64 || dtype == OX_UINT64 || dtype == OX_DOUBLE) ? 8 : 4;
+    const uint32_t esize = ox_esize(dtype);
     if (a.dst0 == a.src0) {  // in place: only the second destination needs the data
       if (a.dst1) ox_copy(a.dst1, nullptr, a.src0, a.n * esize);
       return;
@@ -223,8 +228,10 @@ __device__ __noinline__ void ox_reduce_copy(OxRedArgs a, uint32_t dtype, uint32_
 }
 
 // ---- connections ------------------------------------------------------------------------------
-// The CTA's view of its item's send and receive connection; lives in shared memory. Thread 0
-// spins and publishes; every thread reads `step` only after the barrier that ends a wait.
+// The CTA's view of its item's connections, in shared memory: send peer k and receive peer k
+// for k < nfan (the item's fan, `ox_fan_of`). Thread k waits on and publishes peer k, so a
+// thread only ever reads positions it wrote itself; every thread reads the positions only
+// after the barrier that ends a wait.
 struct OxPeer {
   char* buf;
   uint64_t* tail;
@@ -237,13 +244,35 @@ struct OxPeer {
 
 struct OxShared {
   OxWork w;
-  OxPeer send;
-  OxPeer recv;
+  OxPeer send[OX_MAX_FAN];
+  OxPeer recv[OX_MAX_FAN];
+  int nfan;
   int aborted;
-  // One-shot all-reduce: the connections of every peer k (k = 0 is send/recv above's copy).
-  OxPeer dsend[OX_DIRECT_MAX_PEERS];
-  OxPeer drecv[OX_DIRECT_MAX_PEERS];
 };
+
+// The one abort-poll loop: spins until ready() holds, reading the abort flag (a
+// device-visible uint32 at abort_addr, if not 0) every OX_ABORT_POLL spins. False, with
+// *aborted set, if the abort flag rose first.
+template <typename Ready>
+__device__ __forceinline__ bool ox_spin(Ready ready, uint64_t abort_addr, int* aborted) {
+  const volatile uint32_t* abort_flag = (const volatile uint32_t*)abort_addr;
+  uint32_t spins = 0;
+  while (!ready()) {
+    if (++spins == OX_ABORT_POLL) {
+      spins = 0;
+      if (abort_flag && *abort_flag) {
+        *(volatile int*)aborted = 1;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The peers an item sends to and receives from: nranks-1 for the one-shot all-reduce, else one.
+__device__ __forceinline__ int ox_fan_of(const OxWork& w) {
+  return w.kind == OX_KIND_DIRECT_ALL_REDUCE ? w.nranks - 1 : 1;
+}
 
 __device__ __forceinline__ void ox_peer_open(OxPeer& p, const OxConn& c) {
   p.buf = (char*)c.buf;
@@ -257,61 +286,90 @@ __device__ __forceinline__ void ox_peer_open(OxPeer& p, const OxConn& c) {
 __device__ __forceinline__ void ox_peer_close(OxPeer& p) {
   if (p.stepp) *(volatile uint64_t*)p.stepp = p.step;
 }
+
+// Opens the connections of the item in s.w (items[i]) and of its Peer items: thread k opens
+// send and receive peer k from items[i + k]. Returns the items consumed (the fan), 0 if the
+// item list is malformed (the planner never makes one).
+__device__ __forceinline__ int ox_open(OxShared& s, const OxWork* items, uint32_t i, uint32_t nitems) {
+  const int nfan = ox_fan_of(s.w);
+  if (nfan < 1 || nfan > OX_MAX_FAN || i + nfan > nitems) return 0;
+  const int k = threadIdx.x;
+  if (k == 0) {
+    s.nfan = nfan;
+    ox_peer_open(s.send[0], s.w.send);
+    ox_peer_open(s.recv[0], s.w.recv);
+  } else if (k < nfan) {
+    const OxConn sc = items[i + k].send, rc = items[i + k].recv;
+    ox_peer_open(s.send[k], sc);
+    ox_peer_open(s.recv[k], rc);
+  }
+  __syncthreads();
+  return nfan;
+}
+
+// Saves every peer's position for the next kernel (after the item's last step).
+__device__ __forceinline__ void ox_close(OxShared& s) {
+  __syncthreads();
+  const int k = threadIdx.x;
+  if (k < s.nfan) {
+    ox_peer_close(s.send[k]);
+    ox_peer_close(s.recv[k]);
+  }
+}
+
 __device__ __forceinline__ char* ox_slot(const OxPeer& p) {
   return p.buf + (p.step & (uint64_t)(p.nslots - 1)) * (uint64_t)p.slot_bytes;
 }
 
 // The step word of the send position's step (OX_STEP_WORDS_OFFSET): epoch, bytes, protocol,
-// for the proxy of a network connection. Thread 0 only; a relaxed store, ordered before the
-// tail by the release that publishes a Simple step.
+// for the proxy of a network connection. A relaxed store by the peer's thread, ordered
+// before the tail by the release that publishes a Simple step.
 __device__ __forceinline__ void ox_step_word(const OxPeer& p, uint64_t nbytes, bool ll) {
   uint64_t* words = (uint64_t*)((char*)p.tail + OX_STEP_WORDS_OFFSET);
   ox_st_relaxed(words + (p.step & (uint64_t)(p.nslots - 1)),
                 ((p.step + 1) << 32) | nbytes | (ll ? (uint64_t)OX_STEP_LL : 0ull));
 }
 
-// Thread 0 waits until the next send slot is free and/or the next receive slot is full.
-// Returns false on every thread if the abort flag was raised.
-__device__ bool ox_wait(OxShared& s, bool send, bool recv) {
-  if (threadIdx.x == 0) {
-    uint32_t spins = 0;
-    const volatile uint32_t* abort_flag = (const volatile uint32_t*)s.w.abort_flag;
-    while (true) {
-      bool ready = true;
-      if (send && ox_ld_relaxed(s.send.head) + s.send.nslots <= s.send.step) ready = false;
-      if (recv && ox_ld_relaxed(s.recv.tail) <= s.recv.step) ready = false;
-      if (ready) break;
-      if (++spins == OX_ABORT_POLL) {
-        spins = 0;
-        if (abort_flag && *abort_flag) {
-          s.aborted = 1;
-          break;
-        }
-      }
-    }
+// Before a step: thread k waits until send peer k (k < nsend) has a free slot and receive
+// peer k (k < nrecv) a full one (an LL step waits for no receive slot: its words carry their
+// own validity, so it passes nrecv = 0). Returns false on every thread on abort.
+__device__ bool ox_wait(OxShared& s, int nsend, int nrecv) {
+  const int k = threadIdx.x;
+  if (k < nsend || k < nrecv) {
+    const OxPeer& sp = s.send[k];
+    const OxPeer& rp = s.recv[k];
+    const bool send = k < nsend, recv = k < nrecv;
+    ox_spin([&] {
+      return (!send || ox_ld_relaxed(sp.head) + sp.nslots > sp.step) &&
+             (!recv || ox_ld_relaxed(rp.tail) > rp.step);
+    }, s.w.abort_flag, &s.aborted);
   }
   __syncthreads();
   return !s.aborted;
 }
 
-// After the data of a step: the barrier orders every thread's writes of the step before
-// thread 0's release store of the tail at system scope (the release is cumulative over what
-// the barrier made it observe), so one fence by one thread publishes the whole CTA's data, as
-// NCCL's postPeer does. Thread 0 then publishes the filled send slot (tail) and the consumed
-// receive slot (head) and advances the positions.
-__device__ void ox_post(OxShared& s, bool send, bool recv, uint64_t nbytes) {
+// After a step's data: the barrier orders every thread's writes of the step before the
+// release store of the tail at system scope (the release is cumulative over what the barrier
+// made it observe), so one fence per peer publishes the whole CTA's data, as NCCL's postPeer
+// does; for an LL step it also ends every read of the receive words. Then thread k publishes
+// send peer k's filled slot (step word, and tail for Simple) and receive peer k's consumed
+// slot (head), and advances both positions. False on every thread on abort.
+__device__ bool ox_post(OxShared& s, int nsend, int nrecv, uint64_t nbytes, bool ll) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    if (send) {
-      ox_step_word(s.send, nbytes, false);
-      s.send.step++;
-      ox_st_release(s.send.tail, s.send.step);
-    }
-    if (recv) {
-      s.recv.step++;
-      ox_st_relaxed(s.recv.head, s.recv.step);
-    }
+  if (s.aborted) return false;
+  const int k = threadIdx.x;
+  if (k < nsend) {
+    OxPeer& p = s.send[k];
+    ox_step_word(p, nbytes, ll);
+    p.step++;
+    if (!ll) ox_st_release(p.tail, p.step);
   }
+  if (k < nrecv) {
+    OxPeer& p = s.recv[k];
+    p.step++;
+    ox_st_relaxed(p.head, p.step);
+  }
+  return true;
 }
 
 // ---- the low-latency protocol (LL) -----------------------------------------------------------
@@ -348,24 +406,16 @@ __device__ __forceinline__ void ox_store_bytes(char* p, uint64_t v, uint32_t len
 // payload bytes in *out (the first word's in the low half). False, with *aborted set, if the
 // abort flag rose meanwhile.
 __device__ __forceinline__ bool ox_ll_receive(const uint64_t* p, bool two, uint32_t flag,
-                                              const volatile uint32_t* abort_flag, int* aborted,
-                                              uint64_t* out) {
+                                              uint64_t abort_addr, int* aborted, uint64_t* out) {
   uint64_t a = ox_ll_word(p);
   uint64_t b = two ? ox_ll_word(p + 1) : ((uint64_t)flag << 32);
-  uint32_t spins = 0;
-  while ((uint32_t)(a >> 32) != flag || (uint32_t)(b >> 32) != flag) {
+  const bool ok = ox_spin([&] {
     if ((uint32_t)(a >> 32) != flag) a = ox_ll_word(p);
     if ((uint32_t)(b >> 32) != flag) b = ox_ll_word(p + 1);
-    if (++spins == OX_ABORT_POLL) {
-      spins = 0;
-      if (abort_flag && *abort_flag) {
-        *(volatile int*)aborted = 1;
-        return false;
-      }
-    }
-  }
+    return (uint32_t)(a >> 32) == flag && (uint32_t)(b >> 32) == flag;
+  }, abort_addr, aborted);
   *out = (a & 0xffffffffull) | (b << 32);
-  return true;
+  return ok;
 }
 
 // The elements packed in 8 bytes: r = post(combine(pre(x), y)) with each part optional.
@@ -401,14 +451,13 @@ __device__ __noinline__ void ox_ll_move_t(const char* in, char* out, char* send_
                                           uint64_t scalar, int nranks, uint64_t abort_addr,
                                           int* aborted) {
   const OxRed<T, OP> f(flags, scalar, nranks);
-  const volatile uint32_t* abort_flag = (const volatile uint32_t*)abort_addr;
   const uint64_t nunits = (nbytes + 7) / 8;
   for (uint64_t u = threadIdx.x; u < nunits; u += blockDim.x) {
     const uint64_t off = u * 8;
     const uint32_t len = nbytes - off < 8 ? (uint32_t)(nbytes - off) : 8u;
     const bool two = len > 4;
     uint64_t received = 0;
-    if (recv_ll && !ox_ll_receive((const uint64_t*)(recv_ll + u * 16), two, recv_flag, abort_flag,
+    if (recv_ll && !ox_ll_receive((const uint64_t*)(recv_ll + u * 16), two, recv_flag, abort_addr,
                                   aborted, &received))
       return;
     uint64_t v;

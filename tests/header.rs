@@ -212,7 +212,7 @@ fn device_header_uses_the_kernels_names() {
         "struct OxInline {",
         "enum OxKind",
         "OX_KIND_COPY = 0,",
-        "OX_KIND_DIRECT_PEER = 9,",
+        "OX_KIND_PEER = 9,",
         "#define OX_KIND_COUNT 10",
         "#define OX_FLAG_LL 4",
         "#define OX_LL_REGION_DIV 8",

@@ -352,7 +352,7 @@ struct Cta {
     next_step: usize,
     active: Option<OxWork>,
     /// One-shot all-reduce: (send, recv) connection of every peer k, as the kernel gathers
-    /// them from the item and its DirectPeer items, and this rank's values of the step.
+    /// them from the item and its Peer items, and this rank's values of the step.
     direct: Vec<(OxConn, OxConn)>,
     direct_own: Vec<u8>,
 }
@@ -375,8 +375,8 @@ impl World {
             }
             assert_ne!(
                 w.kind,
-                WorkKind::DirectPeer as u32,
-                "a DirectPeer item without its DirectAllReduce item before it"
+                WorkKind::Peer as u32,
+                "a Peer item without its DirectAllReduce item before it"
             );
             if w.kind == WorkKind::DirectAllReduce as u32 {
                 let peers = (w.nranks - 1) as usize;
@@ -385,8 +385,8 @@ impl World {
                     let p = cta.items[cta.next_item];
                     assert_eq!(
                         p.kind,
-                        WorkKind::DirectPeer as u32,
-                        "DirectPeer item expected"
+                        WorkKind::Peer as u32,
+                        "Peer item expected"
                     );
                     assert_eq!((p.offset, p.count), (w.offset, w.count));
                     direct.push((p.send, p.recv));
@@ -1436,7 +1436,7 @@ fn one_shot_allreduce_every_rank_count_and_op() {
                     }
                     let peers = kinds
                         .iter()
-                        .filter(|&&k| k == WorkKind::DirectPeer as u32)
+                        .filter(|&&k| k == WorkKind::Peer as u32)
                         .count();
                     let leaders = kinds
                         .iter()

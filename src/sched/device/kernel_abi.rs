@@ -55,20 +55,25 @@ pub enum WorkKind {
     /// `count` bytes through `recv` into `dst`.
     Recv = 7,
     /// One-shot all-reduce (always LL): every rank writes its input to every peer and folds
-    /// all ranks' values in rank order, so every rank computes the same bits in one hop. The
-    /// item carries the connections of peer k = 0 (send to rank+1, receive from rank-1); it
-    /// is followed, on the same CTA, by nranks-2 `DirectPeer` items whose `send`/`recv` are
-    /// those of peer k = 1.. (send to rank+1+k, receive from rank-1-k) and nothing else.
+    /// all ranks' values in rank order, so every rank computes the same bits in one hop. Its
+    /// fan is nranks-1 peers (`fan_of`): the item carries the connections of peer k = 0 (send
+    /// to rank+1, receive from rank-1) and is followed, on the same CTA, by nranks-2 `Peer`
+    /// items with those of peer k = 1.. (send to rank+1+k, receive from rank-1-k).
     DirectAllReduce = 8,
-    /// The connections of one more peer of the preceding `DirectAllReduce` item.
-    DirectPeer = 9,
+    /// The connections (`send`, `recv`) of one more peer of the preceding item, whose fan is
+    /// more than one; nothing else of it is read.
+    Peer = 9,
 }
 
 /// Number of work kinds (one past the last kind).
 pub const KIND_COUNT: u32 = 10;
 
+/// Most peers an item may send to or receive from (its fan): the item itself and up to
+/// `MAX_FAN - 1` `Peer` items after it. The one-shot all-reduce runs on at most
+/// `MAX_FAN + 1` ranks.
+pub const MAX_FAN: usize = 7;
 /// The one-shot all-reduce runs on at most this many peers + 1 ranks.
-pub const DIRECT_MAX_PEERS: usize = 7;
+pub const DIRECT_MAX_PEERS: usize = MAX_FAN;
 
 /// `scalar` is a device pointer to the PreMulSum value.
 pub const FLAG_SCALAR_DEVICE: u32 = 1;
@@ -110,6 +115,11 @@ pub const STEP_WORDS_OFFSET: u32 = 128;
 pub const STEP_LL: u32 = 0x8000_0000;
 /// Most slots a connection may have: its step words fit the tail's page.
 pub const MAX_NSLOTS: u32 = (4096 - STEP_WORDS_OFFSET) / 8;
+
+/// Bytes per element of each data type code (`dtype`), four bits per code: code `t` in
+/// bits `4t..4t + 4`. The kernels' one element-size table (`ox_esize`); `device/mod.rs`
+/// checks it against `ncclDataType_t::size`.
+pub const ELEM_SIZES: u64 = 0x1128_4288_4411;
 
 /// Reduction op codes, as `OxWork::op` carries them (`RedOp::code`): NCCL's enum order,
 /// PreMulSum after Avg.

@@ -26,7 +26,7 @@ const _: () = assert!(size_of::<OxConn>() == CONN_SIZE);
 const _: () = assert!(size_of::<OxWork>() == WORK_SIZE);
 const _: () = assert!(size_of::<OxInline>() == INLINE_SIZE);
 const _: () = assert!(size_of::<WorkKind>() == size_of::<u32>());
-const _: () = assert!(WorkKind::DirectPeer as u32 + 1 == KIND_COUNT);
+const _: () = assert!(WorkKind::Peer as u32 + 1 == KIND_COUNT);
 const _: () = assert!(super::cost::BLOCK_THREADS <= MAX_THREADS);
 
 /// Bytes of `c`'s fields; equal to `size_of::<OxConn>()` exactly when it has no padding. The
@@ -283,6 +283,15 @@ mod tests {
         }
         assert_eq!(ncclDataType_t::ncclBfloat16 as u32, dtype::BF16);
         assert_eq!(WorkKind::RingAllReduce as u32, 1);
+    }
+
+    #[test]
+    fn element_size_table_is_the_types_sizes() {
+        for t in ncclDataType_t::ALL {
+            let packed = (ELEM_SIZES >> (4 * t as u32)) & 15;
+            assert_eq!(packed as usize, t.size(), "{t:?}");
+        }
+        assert_eq!(ELEM_SIZES >> (4 * dtype::NTYPES), 0, "no size past the last type");
     }
 
     #[test]

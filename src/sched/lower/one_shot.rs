@@ -1,7 +1,7 @@
 //! The one-shot all-reduce (small messages, LL only): every rank writes its whole input to
 //! every peer over the one-shot rows of connections and folds all ranks' values in rank
 //! order. Per channel, a `DirectAllReduce` item carries the connections of peer 0 (send to
-//! rank+1, receive from rank-1), followed by a `DirectPeer` item for each further peer k (send
+//! rank+1, receive from rank-1), followed by a `Peer` item for each further peer k (send
 //! to rank+1+k, receive from rank-1-k), all on the channel's CTA with the task's key, so they
 //! stay together in the CTA's item list.
 
@@ -26,7 +26,7 @@ impl Lowering {
                 let kind = if k == 0 {
                     WorkKind::DirectAllReduce
                 } else {
-                    WorkKind::DirectPeer
+                    WorkKind::Peer
                 };
                 let mut w = self.range_work(task, kind, start, len, count);
                 w.flags |= Proto::Ll.flag();
