@@ -8,7 +8,7 @@ use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
 use crate::sched::{self, Geometry, Plan, Task};
 use crate::topo::Topology;
-use crate::transport::{Connections, ErrorSink, Setup};
+use crate::transport::{sizes, Connections, ErrorSink, Setup};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -300,7 +300,7 @@ impl Runtime {
             topo,
             nchannels,
             threads: threads_setting(),
-            slot_bytes: slot_bytes_setting(),
+            slot_bytes: sizes::configured_slot_bytes(),
             conns: Connections::default(),
             device_abort: Arc::new(HostMapped::new(64)?),
             arena: WorkArena::new()?,
@@ -455,14 +455,8 @@ impl Runtime {
             .into_iter()
             .partition(|&(row, _, _)| sched::plan::is_direct_row(self.nchannels, row));
         let before = self.conns.send.len() + self.conns.recv.len();
-        for (rows, slot_bytes, nslots) in [
-            (regular, self.slot_bytes, sched::NSLOTS),
-            (
-                direct,
-                sched::cost::DIRECT_SLOT_BYTES,
-                sched::cost::DIRECT_NSLOTS,
-            ),
-        ] {
+        for (rows, is_direct) in [(regular, false), (direct, true)] {
+            let (slot_bytes, nslots) = sizes::row_buffers(is_direct, self.slot_bytes);
             if rows.is_empty() {
                 continue;
             }
@@ -697,15 +691,6 @@ fn threads_setting() -> u32 {
             0
         }
     }
-}
-
-/// `NCCL_BUFFSIZE`: bytes of one connection's staging buffer (default `SLOT_BYTES * NSLOTS`),
-/// split into `NSLOTS` slots of a multiple of 4 KiB.
-fn slot_bytes_setting() -> u32 {
-    let default = sched::SLOT_BYTES as i64 * sched::NSLOTS as i64;
-    let total = crate::env::int("NCCL_BUFFSIZE", default).clamp(64 << 10, 256 << 20);
-    let slot = (total / sched::NSLOTS as i64) / 4096 * 4096;
-    slot.max(4096) as u32
 }
 
 /// Device-to-device copies on `stream`, in order.

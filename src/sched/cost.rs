@@ -31,10 +31,8 @@
 use super::proto::Proto;
 use super::CollKind;
 
-/// Recommended bytes per slot of every connection (the transports allocate these).
-pub const SLOT_BYTES: u32 = 512 * 1024;
-/// Recommended slots per connection (power of two).
-pub const NSLOTS: u32 = 8;
+/// The buffers the transports allocate (`transport::sizes`), whose steps the model counts.
+pub use crate::transport::sizes::{DIRECT_NSLOTS, DIRECT_SLOT_BYTES, NSLOTS, SLOT_BYTES};
 /// Recommended ring channels (`Geometry::nchannels`): on 2 H200s busbw rose with every step
 /// from 24 to 64 channels (docs/bench.md, 2026-11-30 sweep).
 pub const NCHANNELS: u32 = 64;
@@ -265,10 +263,6 @@ pub fn p2p_proto(bytes: u64) -> Proto {
     p2p_proto_with(bytes, protocols())
 }
 
-/// Bytes per slot and slots of the connections of the one-shot all-reduce's rows: it only uses
-/// LL regions, so its buffers are small (an LL step there carries `DIRECT_SLOT_BYTES / 16`).
-pub const DIRECT_SLOT_BYTES: u32 = 256 << 10;
-pub const DIRECT_NSLOTS: u32 = 2;
 /// Most channels (and rows of connections) of the one-shot all-reduce.
 pub const DIRECT_MAX_CHANNELS: u32 = 32;
 /// Largest all-reduce (bytes) that may take the one-shot path.

@@ -21,6 +21,7 @@
 pub mod net;
 mod p2p;
 mod shm;
+pub mod sizes;
 mod wire;
 
 pub use net::proxy::ErrorSink;
