@@ -5,13 +5,13 @@
 # .device/bin/<name> for every ffi-tests/gpu/<name>.c).
 #
 # usage: scripts/one-gpu-suite.sh [--only SECTIONS] [--budget SECONDS | SECONDS]
-#   SECTIONS  a comma list of: ffi faults matrix bench copy torch, run in the order given
-#             (default: all, in this order)
+#   SECTIONS  a comma list of: ffi faults matrix bench copy torch net, run in the order given
+#             (default: ffi faults matrix bench copy torch, in this order)
 #   SECONDS   the whole run's time budget (default 540): every step runs under `timeout`, a
 #             step that no longer fits is reported as SKIP (budget), and the run ends within
 #             the budget. With several sections each gets a share of what is left when it
-#             starts (weights ffi 3, faults 2, matrix 5, bench 3, copy 1, torch 4); time a
-#             section does not use passes on to the next.
+#             starts (weights ffi 3, faults 2, matrix 5, bench 3, copy 1, torch 4, net 5);
+#             time a section does not use passes on to the next.
 # Sections:
 #   ffi     lifecycle -n 1 (ours); shared_gpu (ours); shared_gpu against NVIDIA's library as
 #           a reference (it refuses shared GPUs: those cases print SKIP)
@@ -36,8 +36,15 @@
 #           times of ours and NVIDIA's at the same sizes
 #   torch   scripts/torch-all.sh --same-gpu --gpus 4 --ours .device/lib/libnccl.so.2
 #           --steps 50 (NVIDIA's refusal of shared GPUs is recorded as a reference line)
-# Output in ${OUT:-./out}, 8 files: summary.txt (also printed last), machine.log, ffi.log,
-# faults.log, matrix.log, bench.log, copy.log, torch.log (each kept under 16 MiB).
+#   net     the network transport on GPU 0 over loopback (NCCL_SOCKET_IFNAME=lo): the matrix
+#           with ranks forced onto it in one process (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1;
+#           2, 4, 8 ranks, --graph) and with one process per rank claiming its own host
+#           (--hostid-per-rank; 2, 4, 8 processes), net_abort (ffi-tests/gpu/net_abort.c: a
+#           rank waiting on the network is aborted; NVIDIA's hostid cases as a reference), the
+#           test net plugin under ours and NVIDIA's, and ours vs NVIDIA's sockets side by side.
+#           MATRIX_ONLY=REGEX runs only its steps that match.
+# Output in ${OUT:-./out}: summary.txt (also printed last), machine.log and one SECTION.log per
+# section run (each kept under 16 MiB).
 # Exit status: 0 when no step failed (reference runs and budget skips do not count), else 1.
 set -u -o pipefail
 
@@ -51,7 +58,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="${2:-}"; shift ;;
     --budget) BUDGET="${2:-}"; shift ;;
-    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,48p' "$0"; exit 0 ;;
     [0-9]*) BUDGET="$1" ;;
     *) echo "one-gpu-suite: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -167,6 +174,7 @@ killed() { [ "$RC" = 124 ] || [ "$RC" = 137 ]; }
 test_step() {
   local sec=$1 name=$2 nominal=$3 ref=$4
   shift 4
+  only "$sec" "$name" || return 0
   plan "$sec" "$name" "$nominal" "${LEAVE:-0}" || return 0
   runstep "$sec" "$name" "$@"
   local line verdict note
@@ -183,6 +191,13 @@ test_step() {
   grep -E '^(FAIL|SKIP|NOT RUN) ' "$TMP/step.out" | head -20 | sed 's/^/      /'
 }
 
+# only SECTION NAME: 1 when MATRIX_ONLY=REGEX is set and a matrix or net step's name does not
+# match it (a re-run of a few steps).
+only() {
+  [[ $1 == matrix || $1 == net ]] && [ -n "${MATRIX_ONLY:-}" ] && ! [[ $2 =~ $MATRIX_ONLY ]] && return 1
+  return 0
+}
+
 # One oxccl-bench run. bench_step SECTION NAME NOMINAL [env VAR=...] -- BENCH-ARGS...
 # Everything before "--" prefixes the command (e.g. env NCCL_MULTI_RANK_GPU_ENABLE=1).
 bench_step() {
@@ -191,10 +206,7 @@ bench_step() {
   local pre=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do pre+=("$1"); shift; done
   shift
-  # MATRIX_ONLY=REGEX: run only the matrix steps whose names match it (a re-run of a few).
-  if [[ $sec == matrix || $sec == net ]] && [ -n "${MATRIX_ONLY:-}" ] && ! [[ $name =~ $MATRIX_ONLY ]]; then
-    return 0
-  fi
+  only "$sec" "$name" || return 0
   if [ ! -x "$BENCH" ]; then
     row "$sec" "$name" SKIP - 0 "$BENCH missing (scripts/stage-device)"
     return 0
@@ -378,6 +390,25 @@ sec_net() {
     --devices "$(zeros 8)" --sizes 0,12,65540,1048580
   bench_step net "net R=4 processes hostid subset" 90 "${lo[@]}" -- "${sub[@]}" -p 4 --ranks-per-gpu 4 --hostid-per-rank \
     --sizes 0,12,65540,1048580
+  # shellcheck disable=SC2054 # commas inside the -d and -o values
+  bench_step net "net R=8 processes hostid subset" 90 "${lo[@]}" -- --lib "$OURS" -c all -d float,int8,bfloat16 \
+    -o sum,premulsum --inplace both --check 1 -w 0 -n 1 --timeout 30 -p 8 --ranks-per-gpu 8 --hostid-per-rank \
+    --sizes 0,12,65540,1048580
+  # ncclCommAbort of a rank waiting on the network (net_abort's own -T stops it starting cases
+  # it has no time for: reported as not run); NVIDIA's runs the hostid cases as a reference.
+  if [ ! -x "$DEV/bin/net_abort" ]; then
+    only net "net_abort (ours)" && row net "net_abort (ours)" SKIP - 0 "$DEV/bin/net_abort missing (scripts/stage-device)"
+  elif only net "net_abort (ours)" && plan net "net_abort (ours)" 180 30; then
+    local lim=$LIMIT
+    LEAVE=30 test_step net "net_abort (ours)" "$lim" 0 env LD_LIBRARY_PATH="$DEV/lib" "$DEV/bin/net_abort" \
+      -T $((lim - 12))
+  fi
+  if [ -n "$NVLIB" ] && [ -x "$DEV/bin/net_abort" ] && only net "net_abort hostid (NVIDIA reference)" &&
+    plan net "net_abort hostid (NVIDIA reference)" 100; then
+    local nlim=$LIMIT
+    test_step net "net_abort hostid (NVIDIA reference)" "$nlim" 1 env LD_LIBRARY_PATH="$NVDIR" \
+      "$DEV/bin/net_abort" -c hostid -T $((nlim - 12))
+  fi
   bench_step net "net R=2 one process forced --graph" 60 "${forced[@]}" -- "${sub[@]}" --devices 0,0 --graph \
     --sizes 0,12,1028,1048580 -w 1 -n 2
   bench_step net "net plugin OxTest R=2 hostid (ours)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest -- "${sub[@]}" \
