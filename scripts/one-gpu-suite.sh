@@ -41,8 +41,9 @@
 #           2, 4, 8 ranks, --graph) and with one process per rank claiming its own host
 #           (--hostid-per-rank; 2, 4, 8 processes), net_abort (ffi-tests/gpu/net_abort.c: a
 #           rank waiting on the network is aborted; NVIDIA's hostid cases as a reference), the
-#           test net plugin under ours and NVIDIA's, and ours vs NVIDIA's sockets side by side.
-#           MATRIX_ONLY=REGEX runs only its steps that match.
+#           test net plugin under ours and NVIDIA's, ours vs NVIDIA's sockets side by side, and
+#           torch-hostid (scripts/torch-all.sh --hostid: DDP on 2 and 4 ranks over the network,
+#           loss curves against NVIDIA's). MATRIX_ONLY=REGEX runs only its steps that match.
 # Output in ${OUT:-./out}: summary.txt (also printed last), machine.log and one SECTION.log per
 # section run (each kept under 16 MiB).
 # Exit status: 0 when no step failed (reference runs and budget skips do not count), else 1.
@@ -58,7 +59,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="${2:-}"; shift ;;
     --budget) BUDGET="${2:-}"; shift ;;
-    -h | --help) sed -n '2,48p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,49p' "$0"; exit 0 ;;
     [0-9]*) BUDGET="$1" ;;
     *) echo "one-gpu-suite: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -422,6 +423,9 @@ sec_net() {
       --vs "$NVLIB" -p 2 --ranks-per-gpu 2 --hostid-per-rank -c all_reduce,all_gather,sendrecv -d float -o sum -b 8 -e 128M -f 4 \
       --inplace 0 --check 1 -w 3 -n 10 --timeout 60
   fi
+  # PyTorch DDP over the network: 2 and 4 ranks on cuda:0, each claiming its own host, ours
+  # against NVIDIA's (loss curves identical at 2 ranks, within 1e-4 at 4).
+  torch_all_step net "torch-hostid (DDP 2, 4 ranks vs NVIDIA)" 420 120 --hostid --steps 50
 }
 
 sec_bench() {
@@ -460,33 +464,42 @@ sec_copy() {
     --timeout 60
 }
 
-sec_torch() {
+# One scripts/torch-all.sh run: torch_all_step SECTION NAME NOMINAL MINIMUM TORCH-ALL-ARGS...
+# (--ours, --budget and --out are added); skipped when torch is missing or less than MINIMUM
+# seconds are left.
+torch_all_step() {
+  local sec=$1 name=$2 nominal=$3 minimum=$4
+  shift 4
+  only "$sec" "$name" || return 0
   if ! timeout 120 python3 -c 'import torch' >/dev/null 2>&1; then
-    row torch "torch-all --same-gpu" SKIP - 0 "python3 cannot import torch"
+    row "$sec" "$name" SKIP - 0 "python3 cannot import torch"
     return 0
   fi
-  plan torch "torch-all --same-gpu --gpus 4" 600 || return 0
-  local lim=$LIMIT
-  if [ "$lim" -lt 90 ]; then
-    row torch "torch-all --same-gpu --gpus 4" SKIP - 0 "time budget: ${lim} s (needs 90)"
+  plan "$sec" "$name" "$nominal" || return 0
+  local lim=$LIMIT dir=$TMP/torch-$sec
+  if [ "$lim" -lt "$minimum" ]; then
+    row "$sec" "$name" SKIP - 0 "time budget: ${lim} s (needs $minimum)"
     return 0
   fi
-  rm -rf "$TMP/torch"
-  runstep torch "torch-all --same-gpu --gpus 4" "$HERE/torch-all.sh" --same-gpu --gpus 4 --ours "$OURS" \
-    --steps 200 --budget $((lim - 30)) --out "$TMP/torch"
+  rm -rf "$dir"
+  runstep "$sec" "$name" "$HERE/torch-all.sh" "$@" --ours "$OURS" --budget $((lim - 30)) --out "$dir"
   {
     echo "######## torch-all.log"
-    cat "$TMP/torch/torch-all.log" 2>/dev/null
+    cat "$dir/torch-all.log" 2>/dev/null
     echo "######## torch-all summary.txt"
-    cat "$TMP/torch/summary.txt" 2>/dev/null
-  } >>"$OUT/torch.log"
+    cat "$dir/summary.txt" 2>/dev/null
+  } >>"$OUT/$sec.log"
   local line ref verdict
-  line=$(grep -E '^torch-all: [0-9]+ passed' "$TMP/torch/summary.txt" 2>/dev/null | tail -1)
-  ref=$(grep -m1 '^reference suite-nvidia' "$TMP/torch/summary.txt" 2>/dev/null | cut -c1-160)
+  line=$(grep -E '^torch-all: [0-9]+ passed' "$dir/summary.txt" 2>/dev/null | tail -1)
+  ref=$(grep -m1 '^reference suite-nvidia' "$dir/summary.txt" 2>/dev/null | cut -c1-160)
   if [ "$RC" = 0 ]; then verdict=ok; elif killed; then verdict=KILLED; else verdict=FAIL; fi
   [ "$verdict" = ok ] || FAILED=1
-  row torch "torch-all --same-gpu --gpus 4" "$verdict" - "$ELAPSED" "${line:-no summary line}${ref:+; $ref}"
-  grep -E '^(PASS|FAIL|SKIP|reference) ' "$TMP/torch/summary.txt" 2>/dev/null | cut -c1-200 | sed 's/^/      /'
+  row "$sec" "$name" "$verdict" - "$ELAPSED" "${line:-no summary line}${ref:+; $ref}"
+  grep -E '^(PASS|FAIL|SKIP|reference) ' "$dir/summary.txt" 2>/dev/null | cut -c1-200 | sed 's/^/      /'
+}
+
+sec_torch() {
+  torch_all_step torch "torch-all --same-gpu --gpus 4" 600 90 --same-gpu --gpus 4 --steps 200
 }
 
 for ((si = 0; si < ${#SECTIONS[@]}; si++)); do
