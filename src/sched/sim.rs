@@ -383,11 +383,7 @@ impl World {
                 let mut direct = vec![(w.send, w.recv)];
                 for _ in 1..peers {
                     let p = cta.items[cta.next_item];
-                    assert_eq!(
-                        p.kind,
-                        WorkKind::Peer as u32,
-                        "Peer item expected"
-                    );
+                    assert_eq!(p.kind, WorkKind::Peer as u32, "Peer item expected");
                     assert_eq!((p.offset, p.count), (w.offset, w.count));
                     direct.push((p.send, p.recv));
                     cta.next_item += 1;

@@ -291,7 +291,11 @@ mod tests {
             let packed = (ELEM_SIZES >> (4 * t as u32)) & 15;
             assert_eq!(packed as usize, t.size(), "{t:?}");
         }
-        assert_eq!(ELEM_SIZES >> (4 * dtype::NTYPES), 0, "no size past the last type");
+        assert_eq!(
+            ELEM_SIZES >> (4 * dtype::NTYPES),
+            0,
+            "no size past the last type"
+        );
     }
 
     #[test]
