@@ -5,13 +5,13 @@
 # .device/bin/<name> for every ffi-tests/gpu/<name>.c).
 #
 # usage: scripts/one-gpu-suite.sh [--only SECTIONS] [--budget SECONDS | SECONDS]
-#   SECTIONS  a comma list of: ffi faults matrix bench copy torch, run in the order given
-#             (default: all, in this order)
+#   SECTIONS  a comma list of: ffi faults matrix bench copy torch net, run in the order given
+#             (default: ffi faults matrix bench copy torch, in this order)
 #   SECONDS   the whole run's time budget (default 540): every step runs under `timeout`, a
 #             step that no longer fits is reported as SKIP (budget), and the run ends within
 #             the budget. With several sections each gets a share of what is left when it
-#             starts (weights ffi 3, faults 2, matrix 5, bench 3, copy 1, torch 4); time a
-#             section does not use passes on to the next.
+#             starts (weights ffi 3, faults 2, matrix 5, bench 3, copy 1, torch 4, net 5);
+#             time a section does not use passes on to the next.
 # Sections:
 #   ffi     lifecycle -n 1 (ours); shared_gpu (ours); shared_gpu against NVIDIA's library as
 #           a reference (it refuses shared GPUs: those cases print SKIP)
@@ -36,8 +36,16 @@
 #           times of ours and NVIDIA's at the same sizes
 #   torch   scripts/torch-all.sh --same-gpu --gpus 4 --ours .device/lib/libnccl.so.2
 #           --steps 50 (NVIDIA's refusal of shared GPUs is recorded as a reference line)
-# Output in ${OUT:-./out}, 8 files: summary.txt (also printed last), machine.log, ffi.log,
-# faults.log, matrix.log, bench.log, copy.log, torch.log (each kept under 16 MiB).
+#   net     the network transport on GPU 0 over loopback (NCCL_SOCKET_IFNAME=lo): the matrix
+#           with ranks forced onto it in one process (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1;
+#           2, 4, 8 ranks, --graph) and with one process per rank claiming its own host
+#           (--hostid-per-rank; 2, 4, 8 processes), net_abort (ffi-tests/gpu/net_abort.c: a
+#           rank waiting on the network is aborted; NVIDIA's hostid cases as a reference), the
+#           test net plugin under ours and NVIDIA's, ours vs NVIDIA's sockets side by side, and
+#           torch-hostid (scripts/torch-all.sh --hostid: DDP on 2 and 4 ranks over the network,
+#           loss curves against NVIDIA's). MATRIX_ONLY=REGEX runs only its steps that match.
+# Output in ${OUT:-./out}: summary.txt (also printed last), machine.log and one SECTION.log per
+# section run (each kept under 16 MiB).
 # Exit status: 0 when no step failed (reference runs and budget skips do not count), else 1.
 set -u -o pipefail
 
@@ -51,7 +59,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="${2:-}"; shift ;;
     --budget) BUDGET="${2:-}"; shift ;;
-    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,49p' "$0"; exit 0 ;;
     [0-9]*) BUDGET="$1" ;;
     *) echo "one-gpu-suite: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -167,6 +175,7 @@ killed() { [ "$RC" = 124 ] || [ "$RC" = 137 ]; }
 test_step() {
   local sec=$1 name=$2 nominal=$3 ref=$4
   shift 4
+  only "$sec" "$name" || return 0
   plan "$sec" "$name" "$nominal" "${LEAVE:-0}" || return 0
   runstep "$sec" "$name" "$@"
   local line verdict note
@@ -183,6 +192,13 @@ test_step() {
   grep -E '^(FAIL|SKIP|NOT RUN) ' "$TMP/step.out" | head -20 | sed 's/^/      /'
 }
 
+# only SECTION NAME: 1 when MATRIX_ONLY=REGEX is set and a matrix or net step's name does not
+# match it (a re-run of a few steps).
+only() {
+  [[ $1 == matrix || $1 == net ]] && [ -n "${MATRIX_ONLY:-}" ] && ! [[ $2 =~ $MATRIX_ONLY ]] && return 1
+  return 0
+}
+
 # One oxccl-bench run. bench_step SECTION NAME NOMINAL [env VAR=...] -- BENCH-ARGS...
 # Everything before "--" prefixes the command (e.g. env NCCL_MULTI_RANK_GPU_ENABLE=1).
 bench_step() {
@@ -191,10 +207,7 @@ bench_step() {
   local pre=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do pre+=("$1"); shift; done
   shift
-  # MATRIX_ONLY=REGEX: run only the matrix steps whose names match it (a re-run of a few).
-  if [[ $sec == matrix || $sec == net ]] && [ -n "${MATRIX_ONLY:-}" ] && ! [[ $name =~ $MATRIX_ONLY ]]; then
-    return 0
-  fi
+  only "$sec" "$name" || return 0
   if [ ! -x "$BENCH" ]; then
     row "$sec" "$name" SKIP - 0 "$BENCH missing (scripts/stage-device)"
     return 0
@@ -378,6 +391,25 @@ sec_net() {
     --devices "$(zeros 8)" --sizes 0,12,65540,1048580
   bench_step net "net R=4 processes hostid subset" 90 "${lo[@]}" -- "${sub[@]}" -p 4 --ranks-per-gpu 4 --hostid-per-rank \
     --sizes 0,12,65540,1048580
+  # shellcheck disable=SC2054 # commas inside the -d and -o values
+  bench_step net "net R=8 processes hostid subset" 90 "${lo[@]}" -- --lib "$OURS" -c all -d float,int8,bfloat16 \
+    -o sum,premulsum --inplace both --check 1 -w 0 -n 1 --timeout 30 -p 8 --ranks-per-gpu 8 --hostid-per-rank \
+    --sizes 0,12,65540,1048580
+  # ncclCommAbort of a rank waiting on the network (net_abort's own -T stops it starting cases
+  # it has no time for: reported as not run); NVIDIA's runs the hostid cases as a reference.
+  if [ ! -x "$DEV/bin/net_abort" ]; then
+    only net "net_abort (ours)" && row net "net_abort (ours)" SKIP - 0 "$DEV/bin/net_abort missing (scripts/stage-device)"
+  elif only net "net_abort (ours)" && plan net "net_abort (ours)" 180 30; then
+    local lim=$LIMIT
+    LEAVE=30 test_step net "net_abort (ours)" "$lim" 0 env LD_LIBRARY_PATH="$DEV/lib" "$DEV/bin/net_abort" \
+      -T $((lim - 12))
+  fi
+  if [ -n "$NVLIB" ] && [ -x "$DEV/bin/net_abort" ] && only net "net_abort hostid (NVIDIA reference)" &&
+    plan net "net_abort hostid (NVIDIA reference)" 100; then
+    local nlim=$LIMIT
+    test_step net "net_abort hostid (NVIDIA reference)" "$nlim" 1 env LD_LIBRARY_PATH="$NVDIR" \
+      "$DEV/bin/net_abort" -c hostid -T $((nlim - 12))
+  fi
   bench_step net "net R=2 one process forced --graph" 60 "${forced[@]}" -- "${sub[@]}" --devices 0,0 --graph \
     --sizes 0,12,1028,1048580 -w 1 -n 2
   bench_step net "net plugin OxTest R=2 hostid (ours)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest -- "${sub[@]}" \
@@ -391,6 +423,9 @@ sec_net() {
       --vs "$NVLIB" -p 2 --ranks-per-gpu 2 --hostid-per-rank -c all_reduce,all_gather,sendrecv -d float -o sum -b 8 -e 128M -f 4 \
       --inplace 0 --check 1 -w 3 -n 10 --timeout 60
   fi
+  # PyTorch DDP over the network: 2 and 4 ranks on cuda:0, each claiming its own host, ours
+  # against NVIDIA's (loss curves identical at 2 ranks, within 1e-4 at 4).
+  torch_all_step net "torch-hostid (DDP 2, 4 ranks vs NVIDIA)" 420 120 --hostid --steps 50
 }
 
 sec_bench() {
@@ -429,33 +464,42 @@ sec_copy() {
     --timeout 60
 }
 
-sec_torch() {
+# One scripts/torch-all.sh run: torch_all_step SECTION NAME NOMINAL MINIMUM TORCH-ALL-ARGS...
+# (--ours, --budget and --out are added); skipped when torch is missing or less than MINIMUM
+# seconds are left.
+torch_all_step() {
+  local sec=$1 name=$2 nominal=$3 minimum=$4
+  shift 4
+  only "$sec" "$name" || return 0
   if ! timeout 120 python3 -c 'import torch' >/dev/null 2>&1; then
-    row torch "torch-all --same-gpu" SKIP - 0 "python3 cannot import torch"
+    row "$sec" "$name" SKIP - 0 "python3 cannot import torch"
     return 0
   fi
-  plan torch "torch-all --same-gpu --gpus 4" 600 || return 0
-  local lim=$LIMIT
-  if [ "$lim" -lt 90 ]; then
-    row torch "torch-all --same-gpu --gpus 4" SKIP - 0 "time budget: ${lim} s (needs 90)"
+  plan "$sec" "$name" "$nominal" || return 0
+  local lim=$LIMIT dir=$TMP/torch-$sec
+  if [ "$lim" -lt "$minimum" ]; then
+    row "$sec" "$name" SKIP - 0 "time budget: ${lim} s (needs $minimum)"
     return 0
   fi
-  rm -rf "$TMP/torch"
-  runstep torch "torch-all --same-gpu --gpus 4" "$HERE/torch-all.sh" --same-gpu --gpus 4 --ours "$OURS" \
-    --steps 200 --budget $((lim - 30)) --out "$TMP/torch"
+  rm -rf "$dir"
+  runstep "$sec" "$name" "$HERE/torch-all.sh" "$@" --ours "$OURS" --budget $((lim - 30)) --out "$dir"
   {
     echo "######## torch-all.log"
-    cat "$TMP/torch/torch-all.log" 2>/dev/null
+    cat "$dir/torch-all.log" 2>/dev/null
     echo "######## torch-all summary.txt"
-    cat "$TMP/torch/summary.txt" 2>/dev/null
-  } >>"$OUT/torch.log"
+    cat "$dir/summary.txt" 2>/dev/null
+  } >>"$OUT/$sec.log"
   local line ref verdict
-  line=$(grep -E '^torch-all: [0-9]+ passed' "$TMP/torch/summary.txt" 2>/dev/null | tail -1)
-  ref=$(grep -m1 '^reference suite-nvidia' "$TMP/torch/summary.txt" 2>/dev/null | cut -c1-160)
+  line=$(grep -E '^torch-all: [0-9]+ passed' "$dir/summary.txt" 2>/dev/null | tail -1)
+  ref=$(grep -m1 '^reference suite-nvidia' "$dir/summary.txt" 2>/dev/null | cut -c1-160)
   if [ "$RC" = 0 ]; then verdict=ok; elif killed; then verdict=KILLED; else verdict=FAIL; fi
   [ "$verdict" = ok ] || FAILED=1
-  row torch "torch-all --same-gpu --gpus 4" "$verdict" - "$ELAPSED" "${line:-no summary line}${ref:+; $ref}"
-  grep -E '^(PASS|FAIL|SKIP|reference) ' "$TMP/torch/summary.txt" 2>/dev/null | cut -c1-200 | sed 's/^/      /'
+  row "$sec" "$name" "$verdict" - "$ELAPSED" "${line:-no summary line}${ref:+; $ref}"
+  grep -E '^(PASS|FAIL|SKIP|reference) ' "$dir/summary.txt" 2>/dev/null | cut -c1-200 | sed 's/^/      /'
+}
+
+sec_torch() {
+  torch_all_step torch "torch-all --same-gpu --gpus 4" 600 90 --same-gpu --gpus 4 --steps 200
 }
 
 for ((si = 0; si < ${#SECTIONS[@]}; si++)); do

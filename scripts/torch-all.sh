@@ -3,12 +3,13 @@
 # python3 of a torch venv first on PATH (or PYTHON=/path/python3). See docs/torch.md.
 #
 # usage: scripts/torch-all.sh --ours PATH/libnccl.so.2 [--gpus N] [--out DIR] [--steps S]
-#                             [--no-reference] [--same-gpu] [--budget S]
+#                             [--no-reference] [--same-gpu | --hostid] [--budget S]
 #   --ours PATH      our library (required)
 #   --gpus N         ranks per torchrun (default: all GPUs, with --same-gpu 4; the fault
 #                    scenarios always use 2)
-#   --out DIR        where the logs go (default ./out-torch); at most 4 files:
-#                    torch-all.log (every step's output), summary.txt, ours.json, nvidia.json
+#   --out DIR        where the logs go (default ./out-torch): torch-all.log (every step's
+#                    output), summary.txt, ours.json and nvidia.json (--hostid: ours-hostid-N.json
+#                    and nvidia-hostid-N.json for each N instead)
 #   --steps S        DDP steps of the two comparison runs (default 200)
 #   --no-reference   skip the fault scenarios under NVIDIA's library (reference lines)
 #   --same-gpu       every rank on cuda:0 (one GPU is enough): exports
@@ -18,6 +19,14 @@
 #                    becomes a reference line recording that refusal, compare is skipped (no
 #                    reference loss curve); neither counts as a failure. Items run in the
 #                    order suite, faults (ours), nonblocking, bindings, replaced-file, faults (NVIDIA)
+#   --hostid         only the DDP comparison over the network: every rank on cuda:0 and claiming a
+#                    host of its own (torch-suite.py --hostid: each worker sets
+#                    NCCL_HOSTID=torch-hostid-<rank> and NCCL_SOCKET_IFNAME=lo before
+#                    init_process_group), so both libraries connect the ranks over their socket
+#                    network (NVIDIA's accepts this: no two ranks share a host). For N = 2 and 4
+#                    ranks (--gpus N: that N only): suite-ours-hostid-N, suite-nvidia-hostid-N and
+#                    compare-hostid-N, whose loss curves must be bitwise identical at 2 ranks (a
+#                    sum of two is the same in any order) and within 1e-4 at more
 #   --budget S       stop starting items when fewer than ~45 s of S seconds are left (they are
 #                    reported as "SKIP ... time budget", not counted) and cap every step's
 #                    limit to what is left
@@ -32,6 +41,8 @@
 #                       the original must be back byte for byte (cmp)
 #   e fault-abort, fault-watchdog
 #                       scripts/torch-faults.py under ours (and under NVIDIA's as "reference")
+#   f suite-ours-hostid-N, suite-nvidia-hostid-N, compare-hostid-N
+#                       --hostid only (and then only these): see --hostid above
 set -u -o pipefail
 
 OURS=""
@@ -40,6 +51,7 @@ OUT=./out-torch
 STEPS=200
 REFERENCE=1
 SAME_GPU=0
+HOSTID=0
 BUDGET=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,8 +61,9 @@ while [ $# -gt 0 ]; do
     --steps) STEPS="${2:-}"; shift ;;
     --no-reference) REFERENCE=0 ;;
     --same-gpu) SAME_GPU=1 ;;
+    --hostid) HOSTID=1 ;;
     --budget) BUDGET="${2:-}"; shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "torch-all: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -60,6 +73,7 @@ case "$BUDGET" in
   "" | *[!0-9]*) [ -z "$BUDGET" ] || { echo "torch-all: --budget needs seconds, got '$BUDGET'" >&2; exit 2; } ;;
 esac
 [ -f "$OURS" ] || { echo "torch-all: --ours $OURS: no such file" >&2; exit 2; }
+[ "$SAME_GPU" = 1 ] && [ "$HOSTID" = 1 ] && { echo "torch-all: --same-gpu and --hostid exclude each other" >&2; exit 2; }
 OURS=$(readlink -f "$OURS")
 
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -83,7 +97,7 @@ LOG=$OUT/torch-all.log
 SUMMARY=$OUT/summary.txt
 : >"$LOG"
 : >"$SUMMARY"
-rm -f "$OUT/ours.json" "$OUT/nvidia.json"
+rm -f "$OUT/ours.json" "$OUT/nvidia.json" "$OUT"/ours-hostid-*.json "$OUT"/nvidia-hostid-*.json
 WORK=$(mktemp -d /tmp/torch-all.XXXXXX)
 START=$SECONDS
 PASSED=0
@@ -193,9 +207,12 @@ TORCHRUN=("$PY" -m torch.distributed.run --standalone)
 # ---- environment
 PHYS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 [ "${PHYS:-0}" -gt 0 ] || PHYS=$(timeout 120 "$PY" -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG")
+HOSTID_RANKS="2 4"
+[ "$HOSTID" = 1 ] && [ -n "$GPUS" ] && HOSTID_RANKS=$GPUS
 if [ -z "$GPUS" ]; then
   GPUS=$PHYS
   [ "$SAME_GPU" = 1 ] && GPUS=4
+  [ "$HOSTID" = 1 ] && GPUS=${HOSTID_RANKS##* }
 fi
 NVDIR=$(timeout 60 "$PY" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>>"$LOG")
 NVLIB=$NVDIR/libnccl.so.2
@@ -203,6 +220,7 @@ BACKUP=$NVLIB.torch-all-backup
 TORCHV=$(timeout 120 "$PY" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version())' 2>>"$LOG")
 say "torch-all: ours=$OURS gpus=$GPUS steps=$STEPS out=$OUT${BUDGET:+ budget=${BUDGET}s}"
 [ "$SAME_GPU" = 1 ] && say "same-gpu: all $GPUS ranks of every torchrun on cuda:0, NCCL_MULTI_RANK_GPU_ENABLE=1"
+[ "$HOSTID" = 1 ] && say "hostid: $HOSTID_RANKS ranks on cuda:0, each claiming its own host (NCCL_HOSTID), over the socket network on lo"
 say "torch: ${TORCHV:-not importable}; NVIDIA NCCL: ${NVLIB}"
 { nvidia-smi -L; "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|nvidia-nccl)'; } >>"$LOG" 2>&1
 if [ -z "$TORCHV" ]; then
@@ -213,9 +231,9 @@ if [ -z "$NVDIR" ] || [ ! -f "$NVLIB" ]; then
   fail setup "NVIDIA's libnccl.so.2 not found via the nvidia.nccl package"
   exit 1
 fi
-if [ "$SAME_GPU" = 1 ]; then
+if [ "$SAME_GPU" = 1 ] || [ "$HOSTID" = 1 ]; then
   if [ "${PHYS:-0}" -lt 1 ] || [ "${GPUS:-0}" -lt 2 ]; then
-    fail setup "--same-gpu needs a GPU (found ${PHYS:-0}) and at least 2 ranks (--gpus ${GPUS:-0})"
+    fail setup "--same-gpu and --hostid need a GPU (found ${PHYS:-0}) and at least 2 ranks (--gpus ${GPUS:-0})"
     exit 1
   fi
 elif [ "${GPUS:-0}" -lt 2 ]; then
@@ -433,9 +451,55 @@ item_faults_nvidia() {
   fi
 }
 
+# ---- f. --hostid: the DDP comparison over the socket network, every rank its own host
+item_hostid() {
+  local n tol ours nv
+  for n in $HOSTID_RANKS; do
+    ours=$OUT/ours-hostid-$n.json
+    nv=$OUT/nvidia-hostid-$n.json
+    tol=1e-4
+    [ "$n" = 2 ] && tol=0
+    if budget_ok "suite-ours-hostid-$n"; then
+      run "suite-ours-hostid-$n" 240 env LD_PRELOAD="$OURS" "${TORCHRUN[@]}" --nproc-per-node "$n" "$SUITE" \
+        --steps "$STEPS" --hostid --out "$ours"
+      grep -E '^(PASS|FAIL|SKIP|hostid|    same-gpu|DDP step|[0-9]+ passed)' "$WORK/suite-ours-hostid-$n.out"
+      if suite_ok "suite-ours-hostid-$n"; then
+        pass "suite-ours-hostid-$n" "$(grep -E '^[0-9]+ passed' "$WORK/suite-ours-hostid-$n.out")"
+      else
+        fail "suite-ours-hostid-$n" "$(why "suite-ours-hostid-$n")"
+      fi
+    fi
+    if budget_ok "suite-nvidia-hostid-$n"; then
+      run "suite-nvidia-hostid-$n" 240 "${TORCHRUN[@]}" --nproc-per-node "$n" "$SUITE" \
+        --steps "$STEPS" --hostid --out "$nv"
+      grep -E '^(FAIL|DDP step|[0-9]+ passed)' "$WORK/suite-nvidia-hostid-$n.out"
+      if suite_ok "suite-nvidia-hostid-$n"; then
+        pass "suite-nvidia-hostid-$n" "$(grep -E '^[0-9]+ passed' "$WORK/suite-nvidia-hostid-$n.out")"
+      else
+        fail "suite-nvidia-hostid-$n" "$(why "suite-nvidia-hostid-$n")"
+      fi
+    fi
+    if [ -f "$ours" ] && [ -f "$nv" ]; then
+      run "compare-hostid-$n" 30 "$PY" "$SUITE" --compare "$nv" "$ours" --tol "$tol"
+      cat "$WORK/compare-hostid-$n.out"
+      if [ "$RC" = 0 ]; then
+        pass "compare-hostid-$n" "$(head -1 "$WORK/compare-hostid-$n.out" | sed 's/^loss curves: //; s/: PASS$//'); $(grep -o 'ratio [0-9.]*' "$WORK/compare-hostid-$n.out" | sed 's/ratio/step time nvidia\/ours/')"
+      else
+        fail "compare-hostid-$n" "$(head -1 "$WORK/compare-hostid-$n.out")"
+      fi
+    elif [ "$(left)" -ge 45 ]; then
+      fail "compare-hostid-$n" "a suite run wrote no loss json"
+    else
+      skip "compare-hostid-$n" "time budget: a suite run did not happen"
+    fi
+  done
+}
+
 # The order: by default the one above; with --same-gpu (and so usually a --budget on one GPU)
-# the most telling items first.
-if [ "$SAME_GPU" = 1 ]; then
+# the most telling items first; --hostid runs its comparison only.
+if [ "$HOSTID" = 1 ]; then
+  ORDER="hostid"
+elif [ "$SAME_GPU" = 1 ]; then
   ORDER="suite faults nonblocking bindings replaced faults_nvidia"
 else
   ORDER="bindings suite nonblocking replaced faults faults_nvidia"

@@ -30,6 +30,18 @@ It adds two checks (every rank is on the same device; the DDP parameters all-gat
 every rank are bitwise identical) and skips --symm with a printed reason (symmetric memory
 and window registration assume one GPU per rank).
 
+With --hostid every rank is on cuda:0 as with --same-gpu, and also claims a host of its own:
+before init_process_group it sets NCCL_HOSTID=torch-hostid-<rank> and, when unset,
+NCCL_SOCKET_IFNAME=lo (torchrun cannot give each worker its own variables), so that the ranks
+reach each other over the library's socket network, as ranks on different machines do. NVIDIA's
+NCCL runs this too (no two ranks share a host, so no "Duplicate GPU"); NCCL_MULTI_RANK_GPU_ENABLE
+is left alone:
+
+    torchrun --nproc-per-node 2 scripts/torch-suite.py --hostid --steps 50 --out ours.json
+
+Compare mode: `--compare A.json B.json [--tol T]`: the same number of steps and every step's
+relative loss difference below T (default 1e-4; `--tol 0`: bitwise identical curves).
+
 Helper mode (no torchrun): `--bindings-report DIR --expect LIB` reads LD_DEBUG=bindings
 output files under DIR and reports which file every nccl*/pnccl* symbol of a torch library
 was bound to; exit 0 iff all went to LIB.
@@ -54,14 +66,22 @@ if hasattr(faulthandler, "register"):
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
-def compare(a_path, b_path):
+def compare(a_path, b_path, tol=1e-4):
     a, b = json.load(open(a_path)), json.load(open(b_path))
     if not a["loss"] or not b["loss"]:
         print("loss curves: a run recorded no steps: FAIL")
         return 1
     worst = max(abs(x - y) / max(abs(x), 1e-6) for x, y in zip(a["loss"], b["loss"]))
-    ok = len(a["loss"]) == len(b["loss"]) and worst < 1e-4
-    print(f"loss curves: {len(a['loss'])} steps, worst relative difference {worst:.2e}: {'PASS' if ok else 'FAIL'}")
+    same_len = len(a["loss"]) == len(b["loss"])
+    if tol == 0:
+        ok = same_len and a["loss"] == b["loss"]
+        want = "bitwise identical"
+    else:
+        ok = same_len and worst < tol
+        want = f"below {tol:g}"
+    steps = f"{len(a['loss'])}" if same_len else f"{len(a['loss'])} and {len(b['loss'])}"
+    print(f"loss curves: {steps} steps, worst relative difference {worst:.2e} (wanted: {want}): "
+          f"{'PASS' if ok else 'FAIL'}")
     print(f"step time: {a['step_ms']:.3f} ms vs {b['step_ms']:.3f} ms (ratio {a['step_ms'] / b['step_ms']:.3f})")
     return 0 if ok else 1
 
@@ -198,6 +218,8 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=None)
     ap.add_argument("--compare", nargs=2, default=None)
+    ap.add_argument("--tol", type=float, default=1e-4,
+                    help="--compare: the largest relative loss difference allowed (0: identical)")
     ap.add_argument("--symm", action="store_true", help="also run the symmetric-memory check")
     ap.add_argument("--nonblocking", action="store_true",
                     help="record TORCH_NCCL_USE_COMM_NONBLOCKING and check torch used it")
@@ -206,12 +228,15 @@ def main():
     ap.add_argument("--same-gpu", action="store_true",
                     help="every rank on cuda:0 (also env OXCCL_TORCH_SAME_GPU=1); needs a library that "
                          "accepts ranks sharing a GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, set when unset)")
+    ap.add_argument("--hostid", action="store_true",
+                    help="every rank on cuda:0 and claiming its own host (NCCL_HOSTID=torch-hostid-<rank>, "
+                         "NCCL_SOCKET_IFNAME=lo when unset): the ranks talk over the socket network")
     ap.add_argument("--symm-child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if os.environ.get("OXCCL_TORCH_SAME_GPU", "") not in ("", "0"):
         args.same_gpu = True
     if args.compare:
-        return compare(*args.compare)
+        return compare(*args.compare, tol=args.tol)
     if args.bindings_report:
         return bindings_report(args.bindings_report, args.expect)
     if args.symm_child:
@@ -225,13 +250,23 @@ def main():
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     print(f"[rank {rank}] pid {os.getpid()}", flush=True)
+    if args.hostid:
+        # A host of its own for every rank, set before the library reads the variables (at
+        # the communicator's creation in init_process_group below).
+        args.same_gpu = True
+        os.environ["NCCL_HOSTID"] = f"torch-hostid-{rank}"
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        if rank == 0:
+            print(f"hostid: all {world} ranks on cuda:0, rank r with NCCL_HOSTID=torch-hostid-r, "
+                  f"NCCL_SOCKET_IFNAME={os.environ['NCCL_SOCKET_IFNAME']}", flush=True)
     if args.same_gpu:
         # Every rank on GPU 0: the device index used for set_device, device_id, DDP's
         # device_ids, every tensor and the symmetric-memory child. The library reads the
         # variable when the communicator is created (in init_process_group below).
         local = 0
-        os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
-        if rank == 0:
+        if not args.hostid:
+            os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+        if rank == 0 and not args.hostid:
             print(f"same-gpu: all {world} ranks on cuda:0 "
                   f"(NCCL_MULTI_RANK_GPU_ENABLE={os.environ['NCCL_MULTI_RANK_GPU_ENABLE']})", flush=True)
     dev = torch.device("cuda", local)

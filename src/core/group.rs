@@ -81,7 +81,13 @@ pub fn simulate_end() -> Result<f32> {
         g.inits.clear();
         Ok(std::mem::take(&mut g.ops))
     })?;
-    let tasks: Vec<(i32, Task)> = ops.iter().map(|o| (o.comm.nranks(), o.task)).collect();
+    let tasks: Vec<(i32, Option<crate::sched::NetLink>, Task)> = ops
+        .iter()
+        .map(|o| {
+            let net = o.comm.rt.lock().as_ref().and_then(|rt| rt.net_link());
+            (o.comm.nranks(), net, o.task)
+        })
+        .collect();
     Ok(crate::sched::estimate_us(&tasks))
 }
 

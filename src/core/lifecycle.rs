@@ -13,6 +13,7 @@ use crate::abi::{
 use crate::bootstrap::Bootstrap;
 use crate::cuda;
 use crate::error::{Error, Result};
+use crate::sched::NetLink;
 use crate::topo::{self, PeerInfo, Topology};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -268,6 +269,12 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     let nchannels =
         (crate::sched::NCHANNELS as i32).clamp(comm.config.min_ctas, comm.config.max_ctas) as u32;
     let nchannels = shared_gpu_channels(&topo, &bootstrap, comm.cuda_dev, nchannels)?;
+    let net_link = agree_net_link(
+        &topo,
+        &bootstrap,
+        comm.config.net_name.as_deref(),
+        nchannels,
+    )?;
     let mut rt = Runtime::new(
         ctx,
         bootstrap,
@@ -277,6 +284,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         comm.abort.clone(),
         async_error_sink(comm),
     )?;
+    rt.set_net_link(net_link);
     rt.set_net_name(comm.config.net_name.clone());
     *comm.rt.lock() = Some(rt);
     super::watchdog::start(comm);
@@ -290,6 +298,129 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// What a rank says at init about the network: whether it uses it (`Topology::uses_net`),
+/// and the link its channels get there (None when it uses the network but could not load it:
+/// its first connection over it reports why).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct NetClaim {
+    uses: bool,
+    link: Option<NetLink>,
+}
+
+const NET_CLAIM_BYTES: usize = 17;
+
+impl NetClaim {
+    fn to_bytes(self) -> [u8; NET_CLAIM_BYTES] {
+        let mut b = [0u8; NET_CLAIM_BYTES];
+        b[0] = match (self.uses, self.link) {
+            (false, _) => 0,
+            (true, None) => 1,
+            (true, Some(_)) => 2,
+        };
+        if let (true, Some(l)) = (self.uses, self.link) {
+            b[1..9].copy_from_slice(&l.gbps.to_le_bytes());
+            b[9..17].copy_from_slice(&l.latency_us.to_le_bytes());
+        }
+        b
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<NetClaim> {
+        if b.len() != NET_CLAIM_BYTES {
+            return None;
+        }
+        let f64_at = |o: usize| f64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let link = NetLink {
+            gbps: f64_at(1),
+            latency_us: f64_at(9),
+        };
+        match b[0] {
+            0 => Some(NetClaim {
+                uses: false,
+                link: None,
+            }),
+            1 => Some(NetClaim {
+                uses: true,
+                link: None,
+            }),
+            2 => Some(NetClaim {
+                uses: true,
+                link: Some(link),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The link every rank plans with: None when no rank uses the network, else the slowest link
+/// any rank reported (NCCL plans a ring for its slowest link), or a default device's
+/// (`NET_DEFAULT_MBPS`) when none could say.
+fn agreed_link(claims: &[NetClaim]) -> Option<NetLink> {
+    if !claims.iter().any(|c| c.uses) {
+        return None;
+    }
+    let reported = claims
+        .iter()
+        .filter_map(|c| c.link)
+        .reduce(NetLink::slowest);
+    Some(reported.unwrap_or_else(|| NetLink::from_properties(0, 0.0)))
+}
+
+/// Agree at init on the network link the planner uses, so that every rank plans alike: each
+/// rank says whether it uses the network and what its `nchannels` channels get of it (the
+/// network `net_name` picks), and all take `agreed_link`. Every rank of a communicator of
+/// more than one rank takes part.
+fn agree_net_link(
+    topo: &Topology,
+    bootstrap: &Bootstrap,
+    net_name: Option<&str>,
+    nchannels: u32,
+) -> Result<Option<NetLink>> {
+    if topo.peers.len() <= 1 {
+        return Ok(None);
+    }
+    let uses = topo.uses_net();
+    let link = if uses {
+        match crate::transport::net::link(net_name, nchannels) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                crate::info!(
+                    INIT | NET,
+                    "rank {}: no network properties for the cost model: {}",
+                    topo.my_rank,
+                    e.msg
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let all = bootstrap.allgather(&NetClaim { uses, link }.to_bytes())?;
+    let claims = all
+        .iter()
+        .enumerate()
+        .map(|(rank, b)| {
+            NetClaim::from_bytes(b).ok_or_else(|| {
+                Error::internal(format!(
+                    "rank {rank} sent {} bytes for its network claim, expected {NET_CLAIM_BYTES}",
+                    b.len()
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let agreed = agreed_link(&claims);
+    if let Some(l) = agreed {
+        crate::info!(
+            INIT | NET,
+            "rank {}: rings cross the network; planning for its slowest link: {:.3} GB/s, {:.1} us",
+            topo.my_rank,
+            l.gbps,
+            l.latency_us
+        );
+    }
+    Ok(agreed)
 }
 
 /// A child communicator's identity, the same on all of its ranks: from its parent's (itself
@@ -534,6 +665,42 @@ pub fn shrink(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_rank_plans_for_the_slowest_network_link() {
+        let link = |gbps, latency_us| NetLink { gbps, latency_us };
+        let claim = |uses, l: Option<NetLink>| NetClaim { uses, link: l };
+        // The claims survive the wire, and a short or unknown claim is refused.
+        for c in [
+            claim(false, None),
+            claim(true, None),
+            claim(true, Some(link(12.5, 3.0))),
+        ] {
+            assert_eq!(NetClaim::from_bytes(&c.to_bytes()), Some(c));
+        }
+        assert_eq!(NetClaim::from_bytes(&[2u8; 5]), None);
+        assert_eq!(NetClaim::from_bytes(&[7u8; NET_CLAIM_BYTES]), None);
+        // Nobody uses the network: no link, whatever was loaded.
+        assert_eq!(agreed_link(&[claim(false, None), claim(false, None)]), None);
+        // The least bandwidth and the most latency of those that use it.
+        let agreed = agreed_link(&[
+            claim(true, Some(link(50.0, 1.0))),
+            claim(false, None),
+            claim(true, Some(link(12.5, 0.5))),
+            claim(true, None),
+        ]);
+        assert_eq!(agreed, Some(link(12.5, 1.0)));
+        // One rank uses it (the others do not know): everyone plans for it.
+        assert_eq!(
+            agreed_link(&[claim(false, None), claim(true, Some(link(3.0, 9.0)))]),
+            Some(link(3.0, 9.0))
+        );
+        // Used but unknown everywhere: a default socket device's 10 Gbit/s.
+        assert_eq!(
+            agreed_link(&[claim(true, None), claim(false, None)]),
+            Some(NetLink::from_properties(0, 0.0))
+        );
+    }
 
     #[test]
     fn split_orders_by_key_then_rank() {

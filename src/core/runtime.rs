@@ -7,7 +7,7 @@ use crate::bootstrap::Bootstrap;
 use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
 use crate::sched::{self, Geometry, Plan, Task};
-use crate::topo::Topology;
+use crate::topo::{Path, Topology};
 use crate::transport::{sizes, Connections, ErrorSink, Setup};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -168,8 +168,8 @@ pub struct Runtime {
     sink: ErrorSink,
     /// The network asked for (`ncclConfig_t.netName`, else `NCCL_NET`).
     net_name: Option<String>,
-    /// Some rank is reached over the network (`Topology::uses_net`, fixed at init).
-    uses_net: bool,
+    /// The network as the planner sees it, when some rank uses it (agreed at init).
+    net: Option<sched::NetView>,
 }
 
 /// What decides the connections a task needs: its kind, type, count and root (or peer).
@@ -293,7 +293,6 @@ impl Runtime {
         abort: Arc<AtomicBool>,
         sink: ErrorSink,
     ) -> Result<Runtime> {
-        let uses_net = topo.uses_net();
         Ok(Runtime {
             ctx,
             bootstrap,
@@ -323,7 +322,7 @@ impl Runtime {
             abort,
             sink,
             net_name: None,
-            uses_net,
+            net: None,
         })
     }
 
@@ -331,6 +330,24 @@ impl Runtime {
     /// or from its parent's and the split's sequence number).
     pub fn comm_hash(&self) -> u64 {
         self.comm_hash
+    }
+
+    /// Plan for the network link `link` (agreed by every rank at init, before any planning;
+    /// None: the communicator does not use the network), reaching over it the peers whose path
+    /// is the network.
+    pub fn set_net_link(&mut self, link: Option<sched::NetLink>) {
+        self.net = link.map(|link| sched::NetView {
+            link,
+            remote: self.topo.paths.iter().map(|&p| p == Path::Net).collect(),
+        });
+        self.geometry = None;
+        self.plans.clear();
+        self.connected_shapes.clear();
+    }
+
+    /// The network link this communicator plans with, when it uses the network.
+    pub fn net_link(&self) -> Option<sched::NetLink> {
+        self.net.as_ref().map(|n| n.link)
     }
 
     /// Use the network named `name` for this communicator's network connections.
@@ -433,7 +450,7 @@ impl Runtime {
         if nranks == 1 || self.connected_shapes.contains(&shapes(tasks)) {
             return false;
         }
-        sched::connections_needed(rank, nranks, self.nchannels, self.uses_net, tasks)
+        sched::connections_needed(rank, nranks, self.nchannels, self.net.as_ref(), tasks)
             .iter()
             .any(|&(ch, peer, dir)| !self.conns.has(ch, peer, dir))
     }
@@ -448,7 +465,8 @@ impl Runtime {
             return Ok(());
         }
         cuda::set_current(self.ctx)?;
-        let needed = sched::connections_needed(rank, nranks, self.nchannels, self.uses_net, tasks);
+        let needed =
+            sched::connections_needed(rank, nranks, self.nchannels, self.net.as_ref(), tasks);
         // The one-shot all-reduce's rows get small LL-only buffers; every other row the
         // configured ones. Both ends split alike (the row decides).
         let (direct, regular): (Vec<_>, Vec<_>) = needed
@@ -666,7 +684,7 @@ impl Runtime {
             recv: table(&self.conns.recv),
             abort_flag: self.device_abort.dev(),
             threads: self.threads,
-            net: self.uses_net,
+            net: self.net.clone(),
         }
     }
 }

@@ -27,6 +27,30 @@
 //! and takes LL when its best time beats Simple's and the task is at most `LL_MAX_BYTES`.
 //! P2P operations take LL up to `P2P_LL_MAX_BYTES`. Every input of the choice is the same on
 //! every rank. `NCCL_PROTO` (read once, here) can exclude either protocol.
+//!
+//! Over the network (a `NetLink`: the bandwidth B and latency λ the network's properties
+//! report, the slowest over the communicator's ranks, as NCCL takes the slowest link of a
+//! ring), ring collectives and the P2P operations with a peer reached over it use another
+//! model: the link is `L = min(B, LINK_GBPS)`, every hop adds the proxy's two hand-offs and λ,
+//! and since a message (one step of a channel) is received whole before the next rank can
+//! use it, each hop after the first adds one message's time on the link:
+//!
+//! ```text
+//! t_net(nch) = LAUNCH_US + hops * (HOP_US + NET_HOP_US + λ)                 (LL: LL_HOP_US)
+//!            + (hops - 1) * msg * nch / bw + wire / bw                        (store and forward, bandwidth)
+//!            + nch * ceil(wire / nch / step) * NET_MSG_US                     (the proxy, message by message)
+//!            + nch * (CHANNEL_US + NET_CHANNEL_US)                            (LL: LL_CHANNEL_US)
+//!            [LL: + 2 * wire / NET_LL_COPY_GBPS]                              (the proxy copies LL lines)
+//! ```
+//! with `msg = min(step, chunk / nch)` (`chunk`: what one ring step moves over all channels),
+//! `bw = L * (1 - exp(-nch * CHANNEL_GBPS / L))` for Simple and `min(nch * LL_CHANNEL_GBPS,
+//! L / 2)` for LL (an LL line carries 8 payload bytes in 16 on the wire). A P2P operation is
+//! one hop with `wire = chunk = bytes`; its channel count is the model's optimum within the
+//! P2P channel range, a function of its kind, its bytes and the link, the same at both ends.
+//! A slow link thus gets few channels (one saturates it, more only delay the pipeline) and LL
+//! for small messages only (its doubled bytes cost more than the handshakes it saves), except
+//! along a broadcast or reduce chain of 3 hops or more, where Simple's 14-times larger steps,
+//! each forwarded only once whole, cost more than LL's doubled bytes up to `LL_MAX_BYTES`.
 
 use super::proto::Proto;
 use super::CollKind;
@@ -68,6 +92,153 @@ pub const LL_STEP_US: f64 = 0.1;
 pub const LL_MAX_BYTES: u64 = 512 << 10;
 /// Largest P2P operation (bytes) that takes LL while Simple is allowed.
 pub const P2P_LL_MAX_BYTES: u64 = 64 << 10;
+
+// Over the network: estimates of the proxy's costs, not yet fitted to a run across machines
+// (the one-GPU runs over loopback are bound by the GPU's time slices between processes,
+// docs/bench.md). The link's own bandwidth and latency come from the network's properties.
+/// The proxy's two hand-offs per hop: the sender's noticing a filled slot and posting it, the
+/// receiver's completing the receive and raising `tail`.
+pub const NET_HOP_US: f64 = 4.0;
+/// The proxy's work per message (post, test, trailer), one thread for every channel.
+pub const NET_MSG_US: f64 = 1.0;
+/// Each channel's network sides in the proxy's loop.
+pub const NET_CHANNEL_US: f64 = 0.5;
+/// How fast a proxy copies LL lines on the CPU: a sending proxy copies every LL message into
+/// its bounce area, a receiving one into the LL region, one 8-byte store per line.
+pub const NET_LL_COPY_GBPS: f64 = 10.0;
+/// The speed taken for a device whose properties give none (0 or less): NCCL's default for
+/// a socket device, 10 Gbit/s.
+pub const NET_DEFAULT_MBPS: i32 = 10_000;
+
+/// A network link as the cost model sees it: plain numbers from the network's properties
+/// (`ncclNetProperties_t.speed` and `.latency`), the same on every rank of a communicator.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NetLink {
+    /// Bandwidth in GB/s (1e3 bytes/µs).
+    pub gbps: f64,
+    /// One-way latency in µs.
+    pub latency_us: f64,
+}
+
+impl NetLink {
+    /// A device of `speed_mbps` Mbit/s (0 or less: `NET_DEFAULT_MBPS`) and `latency_us` µs
+    /// (negative or not a number: 0).
+    pub fn from_properties(speed_mbps: i32, latency_us: f32) -> NetLink {
+        let mbps = if speed_mbps > 0 {
+            speed_mbps
+        } else {
+            NET_DEFAULT_MBPS
+        };
+        let latency = latency_us as f64;
+        NetLink {
+            gbps: mbps as f64 / 8000.0,
+            latency_us: if latency.is_finite() && latency > 0.0 {
+                latency
+            } else {
+                0.0
+            },
+        }
+    }
+
+    /// The slower of two links: the lesser bandwidth and the greater latency (a ring is as
+    /// fast as its slowest link).
+    pub fn slowest(self, other: NetLink) -> NetLink {
+        NetLink {
+            gbps: self.gbps.min(other.gbps),
+            latency_us: self.latency_us.max(other.latency_us),
+        }
+    }
+
+    /// Two devices used side by side (a rank's channels spread over its devices): the
+    /// bandwidths add, the greater latency counts.
+    pub fn beside(self, other: NetLink) -> NetLink {
+        NetLink {
+            gbps: self.gbps + other.gbps,
+            latency_us: self.latency_us.max(other.latency_us),
+        }
+    }
+
+    /// The bandwidth a ring or a send gets in GB/s: the link's, at most the in-node
+    /// `LINK_GBPS`, and never zero.
+    fn usable_gbps(self) -> f64 {
+        if self.gbps.is_finite() {
+            self.gbps.clamp(1e-3, LINK_GBPS)
+        } else {
+            LINK_GBPS
+        }
+    }
+}
+
+/// Modelled time in µs of `hops` sequential hops over the network link `link` on `nch`
+/// channels with `proto`, moving `wire` bytes over each rank's link in ring steps of `chunk`
+/// bytes (over all channels): `t_net` of the module's doc.
+pub fn net_time_us(proto: Proto, hops: f64, wire: f64, chunk: f64, nch: u32, link: NetLink) -> f64 {
+    let l = link.usable_gbps();
+    let nch = nch.max(1) as f64;
+    let (gbps, hop_us, channel_us, copy_us) = match proto {
+        Proto::Simple => (
+            l * (1.0 - (-nch * CHANNEL_GBPS / l).exp()),
+            HOP_US,
+            CHANNEL_US,
+            0.0,
+        ),
+        Proto::Ll => (
+            (nch * LL_CHANNEL_GBPS).min(l / 2.0),
+            LL_HOP_US,
+            LL_CHANNEL_US,
+            2.0 * wire / (NET_LL_COPY_GBPS * 1e3),
+        ),
+    };
+    let bw = gbps * 1e3;
+    let step = proto.step_bytes(SLOT_BYTES) as f64;
+    let msg = step.min(chunk / nch);
+    let msgs = nch * (wire / nch / step).ceil();
+    LAUNCH_US
+        + hops * (hop_us + NET_HOP_US + link.latency_us)
+        + (hops - 1.0).max(0.0) * msg * nch / bw
+        + wire / bw
+        + msgs * NET_MSG_US
+        + copy_us
+        + nch * (channel_us + NET_CHANNEL_US)
+}
+
+/// Bytes one ring step of a ring collective of `bytes` moves over all channels: a rank's
+/// share of an all-reduce, one rank's block of an all-gather or reduce-scatter, the whole
+/// buffer along the chain of a broadcast or reduce.
+fn ring_chunk(kind: CollKind, bytes: u64, nranks: i32) -> f64 {
+    match kind {
+        CollKind::AllReduce => bytes as f64 / nranks.max(1) as f64,
+        _ => bytes as f64,
+    }
+}
+
+/// Modelled time in µs of a ring collective on `nch` channels with `proto` when its ring
+/// crosses the network link `link`.
+pub fn ring_time_net_us(
+    proto: Proto,
+    kind: CollKind,
+    bytes: u64,
+    nranks: i32,
+    nch: u32,
+    link: NetLink,
+) -> f64 {
+    let (hops, wire) = ring_shape(kind, bytes, nranks);
+    net_time_us(
+        proto,
+        hops,
+        wire,
+        ring_chunk(kind, bytes, nranks),
+        nch,
+        link,
+    )
+}
+
+/// Modelled time in µs of a P2P operation of `bytes` over the network link `link` on `nch`
+/// channels with `proto`: one hop.
+pub fn p2p_time_net_us(proto: Proto, bytes: u64, nch: u32, link: NetLink) -> f64 {
+    let b = bytes as f64;
+    net_time_us(proto, 1.0, b, b, nch, link)
+}
 
 /// The protocols `NCCL_PROTO` allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,29 +394,83 @@ pub fn ring_plan_with(
     max_channels: u32,
     allowed: Protocols,
 ) -> (Proto, u32) {
-    let floor = min_channels_setting().min(max_channels.max(1));
-    let best_by = |f: &dyn Fn(u32) -> f64| {
-        let best = (1..=max_channels.max(1))
-            .min_by(|&a, &b| f(a).total_cmp(&f(b)))
-            .unwrap_or(1)
+    ring_choice(bytes, max_channels, allowed, &|proto, c| {
+        ring_time_proto_us(proto, kind, bytes, nranks, c)
+    })
+}
+
+/// Protocol and channels for a ring collective that crosses the network link `link`, under
+/// the protocols `allowed`.
+pub fn ring_plan_net_with(
+    kind: CollKind,
+    bytes: u64,
+    nranks: i32,
+    max_channels: u32,
+    allowed: Protocols,
+    link: NetLink,
+) -> (Proto, u32) {
+    ring_choice(bytes, max_channels, allowed, &|proto, c| {
+        ring_time_net_us(proto, kind, bytes, nranks, c, link)
+    })
+}
+
+/// The protocol and channels with the modelled times `time(proto, nch)`: each protocol's
+/// best channel count in `lo..=hi`, raised to `floor`, and LL when allowed and faster, and
+/// `ll_small_enough` while Simple is allowed.
+fn choose(
+    (lo, hi): (u32, u32),
+    floor: u32,
+    ll_small_enough: bool,
+    allowed: Protocols,
+    time: &dyn Fn(Proto, u32) -> f64,
+) -> (Proto, u32) {
+    let best_by = |proto: Proto| {
+        let best = (lo..=hi)
+            .min_by(|&a, &b| time(proto, a).total_cmp(&time(proto, b)))
+            .unwrap_or(lo)
             .max(floor);
-        (best, f(best))
+        (best, time(proto, best))
     };
-    let (simple_nch, simple_t) = best_by(&|c| ring_time_us(kind, bytes, nranks, c));
+    let (simple_nch, simple_t) = best_by(Proto::Simple);
     if !allowed.ll {
         return (Proto::Simple, simple_nch);
     }
-    let (ll_nch, ll_t) = best_by(&|c| ring_time_ll_us(kind, bytes, nranks, c));
-    if !allowed.simple || (bytes <= LL_MAX_BYTES && ll_t < simple_t) {
+    let (ll_nch, ll_t) = best_by(Proto::Ll);
+    if !allowed.simple || (ll_small_enough && ll_t < simple_t) {
         (Proto::Ll, ll_nch)
     } else {
         (Proto::Simple, simple_nch)
     }
 }
 
+/// `choose` for a ring collective of `bytes` on at most `max_channels` (raised to the user's
+/// floor, LL up to `LL_MAX_BYTES`).
+fn ring_choice(
+    bytes: u64,
+    max_channels: u32,
+    allowed: Protocols,
+    time: &dyn Fn(Proto, u32) -> f64,
+) -> (Proto, u32) {
+    let max = max_channels.max(1);
+    let floor = min_channels_setting().min(max);
+    choose((1, max), floor, bytes <= LL_MAX_BYTES, allowed, time)
+}
+
 /// Protocol and channels for a ring collective, under `NCCL_PROTO`.
 pub fn ring_plan(kind: CollKind, bytes: u64, nranks: i32, max_channels: u32) -> (Proto, u32) {
     ring_plan_with(kind, bytes, nranks, max_channels, protocols())
+}
+
+/// Protocol and channels for a ring collective whose ring crosses the network link `link`,
+/// under `NCCL_PROTO`.
+pub fn ring_plan_net(
+    kind: CollKind,
+    bytes: u64,
+    nranks: i32,
+    max_channels: u32,
+    link: NetLink,
+) -> (Proto, u32) {
+    ring_plan_net_with(kind, bytes, nranks, max_channels, protocols(), link)
 }
 
 /// The protocol of a P2P operation of `bytes` under the protocols `allowed` (a function of
@@ -342,6 +567,24 @@ pub fn planned_time_us(kind: CollKind, bytes: u64, nranks: i32, max_channels: u3
     ring_time_proto_us(proto, kind, bytes, nranks, nch)
 }
 
+/// `planned_time_us` for a communicator whose rings cross the network link `net` (None:
+/// no network).
+pub fn planned_time_on(
+    kind: CollKind,
+    bytes: u64,
+    nranks: i32,
+    max_channels: u32,
+    net: Option<NetLink>,
+) -> f64 {
+    match net {
+        None => planned_time_us(kind, bytes, nranks, max_channels),
+        Some(link) => {
+            let (proto, nch) = ring_plan_net(kind, bytes, nranks, max_channels, link);
+            ring_time_net_us(proto, kind, bytes, nranks, nch, link)
+        }
+    }
+}
+
 /// The user's channel floor (1 when unset; read again after a settings reload).
 fn min_channels_setting() -> u32 {
     static MIN: crate::env::Cached<u32> = crate::env::Cached::new(|| {
@@ -395,12 +638,60 @@ pub fn p2p_channels(bytes: u64, nchannels: u32) -> u32 {
 /// they take at most half of `p2p_channels`' range (a function of kind and bytes, so both
 /// ends, whose tasks are of the same kind, agree).
 pub fn p2p_channels_for(kind: CollKind, bytes: u64, nchannels: u32) -> u32 {
-    let (min, max) = p2p_channel_range();
+    let (min, max) = p2p_range_for(kind, p2p_channel_range());
+    p2p_channels_in(bytes, nchannels, min, max)
+}
+
+/// The channel range of one P2P operation of a `kind` task within the range `(min, max)`:
+/// half of it for the operations of AlltoAll, Gather and Scatter (see `p2p_channels_for`).
+fn p2p_range_for(kind: CollKind, (min, max): (u32, u32)) -> (u32, u32) {
     match kind {
         CollKind::AlltoAll | CollKind::Gather | CollKind::Scatter => {
-            p2p_channels_in(bytes, nchannels, min.min(max / 2).max(1), (max / 2).max(1))
+            (min.min(max / 2).max(1), (max / 2).max(1))
         }
-        _ => p2p_channels_in(bytes, nchannels, min, max),
+        _ => (min, max),
+    }
+}
+
+/// Protocol and channels of one P2P operation of `bytes`, part of a `kind` task, with a peer
+/// reached over the network link `link`, under the protocols `allowed` and within the P2P
+/// channel range `range`: each protocol's modelled optimum within the range (at most
+/// `nchannels`), and LL when allowed, at most `P2P_LL_MAX_BYTES` (while Simple is allowed)
+/// and faster. A function of the kind, the bytes and the link, so both ends agree.
+pub fn p2p_plan_net_with(
+    kind: CollKind,
+    bytes: u64,
+    nchannels: u32,
+    allowed: Protocols,
+    link: NetLink,
+    range: (u32, u32),
+) -> (Proto, u32) {
+    let (min, max) = p2p_range_for(kind, range);
+    let max = max.min(nchannels).max(1);
+    let min = min.clamp(1, max);
+    choose(
+        (min, max),
+        min,
+        bytes <= P2P_LL_MAX_BYTES,
+        allowed,
+        &|proto, c| p2p_time_net_us(proto, bytes, c, link),
+    )
+}
+
+/// Protocol and channels of one P2P operation of `bytes`, part of a `kind` task, under
+/// `NCCL_PROTO` and the P2P channel range: over the network link `net` when the peer is
+/// reached over it, else `p2p_proto` and `p2p_channels_for`.
+pub fn p2p_plan(kind: CollKind, bytes: u64, nchannels: u32, net: Option<NetLink>) -> (Proto, u32) {
+    match net {
+        None => (p2p_proto(bytes), p2p_channels_for(kind, bytes, nchannels)),
+        Some(link) => p2p_plan_net_with(
+            kind,
+            bytes,
+            nchannels,
+            protocols(),
+            link,
+            p2p_channel_range(),
+        ),
     }
 }
 
@@ -686,6 +977,238 @@ mod tests {
         assert_eq!(
             p2p_channels_for(CollKind::Send, 1 << 30, 64),
             P2P_MAX_CHANNELS
+        );
+    }
+
+    /// The largest power of two from 8 bytes to 16 MiB for which `proto_of` says LL (4 when
+    /// none).
+    fn ll_reach(proto_of: impl Fn(u64) -> Proto) -> u64 {
+        (3..=24)
+            .map(|shift| 1u64 << shift)
+            .filter(|&b| proto_of(b) == Proto::Ll)
+            .max()
+            .unwrap_or(4)
+    }
+
+    /// 10 Gbit/s (a socket device of unknown speed, loopback) and 400 Gbit/s.
+    fn slow_and_fast() -> (NetLink, NetLink) {
+        (
+            NetLink::from_properties(10_000, 0.0),
+            NetLink::from_properties(400_000, 2.0),
+        )
+    }
+
+    #[test]
+    fn network_links_from_properties() {
+        let l = NetLink::from_properties(100_000, 1.5);
+        assert_eq!((l.gbps, l.latency_us), (12.5, 1.5));
+        // No speed: NCCL's socket default, 10 Gbit/s; a negative or NaN latency: none.
+        assert_eq!(NetLink::from_properties(0, -3.0).gbps, 1.25);
+        assert_eq!(NetLink::from_properties(-1, f32::NAN).latency_us, 0.0);
+        let a = NetLink::from_properties(200_000, 1.0);
+        let b = NetLink::from_properties(100_000, 4.0);
+        assert_eq!(
+            a.slowest(b),
+            NetLink {
+                gbps: 12.5,
+                latency_us: 4.0
+            }
+        );
+        assert_eq!(
+            a.beside(b),
+            NetLink {
+                gbps: 37.5,
+                latency_us: 4.0
+            }
+        );
+        // A link reported faster than NVLink is no faster than the in-node link.
+        let absurd = NetLink {
+            gbps: 1e9,
+            latency_us: 0.0,
+        };
+        let big = 1u64 << 30;
+        assert_eq!(
+            ring_time_net_us(Proto::Simple, CollKind::AllGather, big, 2, 64, absurd),
+            ring_time_net_us(
+                Proto::Simple,
+                CollKind::AllGather,
+                big,
+                2,
+                64,
+                NetLink {
+                    gbps: LINK_GBPS,
+                    latency_us: 0.0
+                }
+            )
+        );
+        // A zero link still gives a finite time.
+        let zero = NetLink {
+            gbps: 0.0,
+            latency_us: 0.0,
+        };
+        assert!(ring_time_net_us(Proto::Ll, CollKind::AllReduce, 8, 2, 1, zero).is_finite());
+    }
+
+    #[test]
+    fn rings_over_a_slow_network_take_fewer_channels_and_ll_only_when_small() {
+        let both = parse_protocols("");
+        let (slow, fast) = slow_and_fast();
+        for n in [2, 4, 8] {
+            for kind in [
+                CollKind::AllReduce,
+                CollKind::AllGather,
+                CollKind::ReduceScatter,
+                CollKind::Broadcast,
+                CollKind::Reduce,
+            ] {
+                let at = |b: u64, link: Option<NetLink>| match link {
+                    None => ring_plan_with(kind, b, n, NCHANNELS, both),
+                    Some(l) => ring_plan_net_with(kind, b, n, NCHANNELS, both, l),
+                };
+                // Large: Simple everywhere, on fewer channels the slower the link.
+                let big = 256 << 20;
+                let (nv, f, s) = (at(big, None), at(big, Some(fast)), at(big, Some(slow)));
+                assert_eq!(
+                    (nv.0, f.0, s.0),
+                    (Proto::Simple, Proto::Simple, Proto::Simple)
+                );
+                assert!(
+                    s.1 <= 2 && s.1 <= f.1 && f.1 < nv.1,
+                    "{kind:?} n={n}: channels {} (10 Gbit/s), {} (400 Gbit/s), {} (NVLink)",
+                    s.1,
+                    f.1,
+                    nv.1
+                );
+                // Tiny: LL on one channel.
+                assert_eq!(at(8, Some(slow)), (Proto::Ll, 1), "{kind:?} n={n}");
+                assert_eq!(at(8, Some(fast)), (Proto::Ll, 1), "{kind:?} n={n}");
+                // LL doubles the bytes on the wire: on a ring the slower the link, the sooner
+                // Simple wins. A chain (broadcast, reduce) of 3 hops or more over a slow link is
+                // the exception: each rank forwards a Simple step only once it is whole, and
+                // those steps are 14 times an LL step, so there LL may go on up to the cap.
+                let reach = |link| ll_reach(|b| at(b, link).0);
+                let (r_nv, r_f, r_s) = (reach(None), reach(Some(fast)), reach(Some(slow)));
+                let chain = matches!(kind, CollKind::Broadcast | CollKind::Reduce);
+                assert!(
+                    r_s >= 8 && r_f <= LL_MAX_BYTES && r_s <= LL_MAX_BYTES,
+                    "{kind:?} n={n}: LL up to {r_s} (10 Gbit/s), {r_f} (400 Gbit/s)"
+                );
+                assert!(
+                    (chain && n > 2) || (r_s <= r_f && r_f <= r_nv && r_s < r_nv),
+                    "{kind:?} n={n}: LL up to {r_s} (10 Gbit/s), {r_f} (400 Gbit/s), {r_nv} (NVLink)"
+                );
+                // Excluding a protocol still holds over the network.
+                assert_eq!(
+                    ring_plan_net_with(kind, 1 << 30, n, NCHANNELS, parse_protocols("LL"), slow).0,
+                    Proto::Ll
+                );
+                assert_eq!(
+                    ring_plan_net_with(kind, 8, n, NCHANNELS, parse_protocols("^LL"), slow).0,
+                    Proto::Simple
+                );
+                // The channel cap holds.
+                assert!(ring_plan_net_with(kind, big, n, 3, both, fast).1 <= 3);
+            }
+        }
+    }
+
+    #[test]
+    fn p2p_over_a_network_follows_the_link_and_both_ends_agree() {
+        let both = parse_protocols("");
+        let (slow, fast) = slow_and_fast();
+        let net = |kind, b, link| {
+            p2p_plan_net_with(kind, b, NCHANNELS, both, link, (1, P2P_MAX_CHANNELS))
+        };
+        let big = 256 << 20;
+        let nv = p2p_channels_in(big, NCHANNELS, 1, P2P_MAX_CHANNELS);
+        let (f, s) = (
+            net(CollKind::Send, big, fast),
+            net(CollKind::Send, big, slow),
+        );
+        assert_eq!((f.0, s.0), (Proto::Simple, Proto::Simple));
+        assert!(s.1 <= 2 && s.1 < f.1 && f.1 < nv, "{s:?} {f:?} {nv}");
+        for shift in 0..31 {
+            let b = 1u64 << shift;
+            for link in [slow, fast] {
+                // The receiver plans what the sender plans.
+                assert_eq!(net(CollKind::Send, b, link), net(CollKind::Recv, b, link));
+                // AlltoAll's operations stay within half the range.
+                assert!(net(CollKind::AlltoAll, b, link).1 <= P2P_MAX_CHANNELS / 2);
+            }
+        }
+        // LL for the smallest only, at most as far as without the network.
+        let reach = |link| ll_reach(|b| net(CollKind::Send, b, link).0);
+        let nv_reach = ll_reach(|b| p2p_proto_with(b, both));
+        assert!(
+            reach(slow) >= 8 && reach(slow) <= reach(fast) && reach(fast) <= nv_reach,
+            "LL up to {} (10 Gbit/s), {} (400 Gbit/s), {nv_reach} (NVLink)",
+            reach(slow),
+            reach(fast)
+        );
+        // NCCL_PROTO and the channel range hold.
+        let ll_only = parse_protocols("LL");
+        let p = p2p_plan_net_with(CollKind::Send, 1 << 30, NCHANNELS, ll_only, slow, (1, 32));
+        assert_eq!(p.0, Proto::Ll);
+        let p = p2p_plan_net_with(
+            CollKind::Send,
+            8,
+            NCHANNELS,
+            parse_protocols("Simple"),
+            fast,
+            (1, 32),
+        );
+        assert_eq!(p.0, Proto::Simple);
+        for b in [8, 1 << 20, 1 << 30] {
+            let (_, c) = p2p_plan_net_with(CollKind::Send, b, NCHANNELS, both, slow, (4, 8));
+            assert!((4..=8).contains(&c), "{b} bytes: {c} channels");
+            let (_, c) = p2p_plan_net_with(CollKind::Send, b, 3, both, fast, (4, 8));
+            assert_eq!(c, 3, "{b} bytes: {c} channels");
+        }
+        // Without the network: exactly the choice of before.
+        for b in [8, 1 << 20, 1 << 30] {
+            assert_eq!(
+                p2p_plan(CollKind::Send, b, 24, None),
+                (p2p_proto(b), p2p_channels_for(CollKind::Send, b, 24))
+            );
+        }
+    }
+
+    #[test]
+    fn network_latency_adds_once_per_hop() {
+        let quick = NetLink {
+            gbps: 12.5,
+            latency_us: 0.0,
+        };
+        let far = NetLink {
+            gbps: 12.5,
+            latency_us: 25.0,
+        };
+        let both = parse_protocols("");
+        for n in [2, 4, 8] {
+            for b in [8u64, 64 << 10, 16 << 20] {
+                let kind = CollKind::AllReduce;
+                // The same for every protocol and channel count, so the same choice ...
+                assert_eq!(
+                    ring_plan_net_with(kind, b, n, NCHANNELS, both, quick),
+                    ring_plan_net_with(kind, b, n, NCHANNELS, both, far)
+                );
+                // ... 2(n-1) hops later.
+                let d = planned_time_on(kind, b, n, NCHANNELS, Some(far))
+                    - planned_time_on(kind, b, n, NCHANNELS, Some(quick));
+                assert!(
+                    (d - 2.0 * (n - 1) as f64 * 25.0).abs() < 1e-6,
+                    "n={n} {b}: {d}"
+                );
+                // Over the network nothing is faster than over NVLink.
+                assert!(
+                    planned_time_on(kind, b, n, NCHANNELS, Some(quick))
+                        > planned_time_on(kind, b, n, NCHANNELS, None)
+                );
+            }
+        }
+        assert_eq!(
+            planned_time_on(CollKind::AllGather, 4096, 4, NCHANNELS, None),
+            planned_time_us(CollKind::AllGather, 4096, 4, NCHANNELS)
         );
     }
 }

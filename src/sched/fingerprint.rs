@@ -106,7 +106,7 @@ fn geometry(rank: i32, nranks: i32, nchannels: u32, slot_bytes: u32, threads: u3
         recv: table(2),
         abort_flag: 0xAB0,
         threads,
-        net: false,
+        net: None,
     }
 }
 
@@ -126,7 +126,7 @@ fn hash_case(h: &mut Fnv, s: &Setup, tasks_of: &dyn Fn(i32) -> Vec<Task>) {
     cost::TEST_ALGORITHMS.with(|t| t.set(Some(s.algorithms)));
     for rank in 0..s.nranks {
         let tasks = tasks_of(rank);
-        for (ch, peer, dir) in connections_needed(rank, s.nranks, s.nchannels, false, &tasks) {
+        for (ch, peer, dir) in connections_needed(rank, s.nranks, s.nchannels, None, &tasks) {
             h.word(((ch as u64) << 40) | ((peer as u64) << 8) | (dir == Dir::Recv) as u64);
         }
         match plan(&s.geoms[rank as usize], &tasks) {
@@ -279,7 +279,7 @@ fn invalid_hash(h: &mut Fnv, s: &Setup) {
             nchannels,
             ..geom
         };
-        h.word(connections_needed(rank, nranks, nchannels, false, &[t]).len() as u64);
+        h.word(connections_needed(rank, nranks, nchannels, None, &[t]).len() as u64);
         match plan(&geom, &[t]) {
             Ok(p) => h.bytes(&p.items),
             Err(e) => h.bytes(e.msg.as_bytes()),

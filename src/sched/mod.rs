@@ -91,19 +91,21 @@ pub mod ring;
 #[cfg(test)]
 mod sim;
 
+pub use cost::NetLink;
 pub use cost::{NCHANNELS, NSLOTS, SLOT_BYTES};
 pub use device::OxConn;
-pub use plan::{connections_needed, plan, Dir, Geometry, Plan};
+pub use plan::{connections_needed, plan, Dir, Geometry, NetView, Plan};
 
-/// Estimated time in µs of a group of `(nranks, task)` (`ncclGroupSimulateEnd`), from the
-/// cost model, for the choices the planner makes: the slowest task, since a group's tasks
-/// share one launch.
-pub fn estimate_us(tasks: &[(i32, Task)]) -> f32 {
+/// Estimated time in µs of a group of `(nranks, network link, task)`
+/// (`ncclGroupSimulateEnd`; the link of a communicator that uses the network, see `NetView`),
+/// from the cost model, for the choices the planner makes: the slowest task, since a group's
+/// tasks share one launch.
+pub fn estimate_us(tasks: &[(i32, Option<NetLink>, Task)]) -> f32 {
     tasks
         .iter()
-        .map(|&(nranks, t)| {
+        .map(|&(nranks, net, t)| {
             let bytes = (t.count * t.dtype.size()) as u64;
-            cost::planned_time_us(t.kind, bytes, nranks, NCHANNELS)
+            cost::planned_time_on(t.kind, bytes, nranks, NCHANNELS, net)
         })
         .fold(0.0, f64::max) as f32
 }

@@ -27,7 +27,7 @@
 //! Tasks become items in `lower` (one module per family of tasks); this module assigns the
 //! items to CTAs and resolves their connections.
 
-use super::cost::{self, BLOCK_THREADS, MAX_CTAS};
+use super::cost::{self, NetLink, BLOCK_THREADS, MAX_CTAS};
 use super::device::{OxConn, OxWork, WorkKind};
 use super::lower::{decompose, Group, Piece};
 use super::proto::Proto;
@@ -52,8 +52,31 @@ pub struct Geometry {
     pub abort_flag: u64,
     /// Threads per CTA (`NCCL_NTHREADS`: 64..=512, a multiple of 64).
     pub threads: u32,
-    /// Some rank of the communicator is reached over the network (`decompose`'s `net`).
-    pub net: bool,
+    /// The network, when the communicator uses it (`decompose`'s `net`).
+    pub net: Option<NetView>,
+}
+
+/// The network as the planner sees it, when a communicator uses it: plain data, the same on
+/// every rank (agreed at init).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetView {
+    /// The communicator's slowest network link: every ring crosses it (the ring collectives
+    /// are planned for it, and never take the one-shot path).
+    pub link: NetLink,
+    /// `[peer]`: this rank reaches the peer over the network (the P2P operations with it are
+    /// planned for the link; the peer says the same of this rank).
+    pub remote: Vec<bool>,
+}
+
+impl NetView {
+    /// The link to `peer` when it is reached over the network.
+    pub fn link_to(&self, peer: i32) -> Option<NetLink> {
+        let remote = usize::try_from(peer)
+            .ok()
+            .and_then(|p| self.remote.get(p).copied())
+            .unwrap_or(false);
+        remote.then_some(self.link)
+    }
 }
 
 /// Direction of a connection, seen from this rank.
@@ -127,7 +150,7 @@ pub fn connections_needed(
     rank: i32,
     nranks: i32,
     nchannels: u32,
-    net: bool,
+    net: Option<&NetView>,
     tasks: &[Task],
 ) -> Vec<(u32, i32, Dir)> {
     let Ok((pieces, _)) = decompose(rank, nranks, nchannels, net, tasks) else {
@@ -249,7 +272,13 @@ fn resolve(geom: &Geometry, p: &Piece) -> Result<OxWork> {
 
 /// Everything of one launch on one communicator for all `tasks` of a group.
 pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
-    let (pieces, copies) = decompose(geom.rank, geom.nranks, geom.nchannels, geom.net, tasks)?;
+    let (pieces, copies) = decompose(
+        geom.rank,
+        geom.nranks,
+        geom.nchannels,
+        geom.net.as_ref(),
+        tasks,
+    )?;
     let cta_of = assign_ctas(&pieces, geom.nchannels);
     let mut works = Vec::with_capacity(pieces.len());
     for (index, p) in pieces.iter().enumerate() {

@@ -13,7 +13,7 @@ use super::device::{
     deserialize_all, ll_step_bytes, op, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL,
     FLAG_OPS, FLAG_OWN_BLOCK,
 };
-use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry};
+use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry, NetView};
 use super::redop::{RedOp, Scalar};
 use super::ring;
 use super::{CollKind, Task};
@@ -593,6 +593,18 @@ fn geometries(
     nslots: u32,
     tasks: &[Vec<Task>],
 ) -> Vec<Geometry> {
+    geometries_net(nranks, nchannels, slot_bytes, nslots, tasks, &|_| None)
+}
+
+/// `geometries` with each rank's view of the network, `net_of(rank)`.
+fn geometries_net(
+    nranks: i32,
+    nchannels: u32,
+    slot_bytes: u32,
+    nslots: u32,
+    tasks: &[Vec<Task>],
+    net_of: &dyn Fn(i32) -> Option<NetView>,
+) -> Vec<Geometry> {
     let rows = conn_channels(nchannels) as usize;
     let mut geoms: Vec<Geometry> = (0..nranks)
         .map(|rank| Geometry {
@@ -603,7 +615,7 @@ fn geometries(
             recv: vec![vec![None; nranks as usize]; rows],
             abort_flag: 0xAB00,
             threads: 0,
-            net: false,
+            net: net_of(rank),
         })
         .collect();
     // Connection (ch, src -> dst): buf/tail/head ids shared, step ids per side.
@@ -611,7 +623,8 @@ fn geometries(
         0x1000_0000_0000u64 + (((ch as u64) << 24) + ((src as u64) << 12) + dst as u64) * 8
     };
     for (rank, t) in tasks.iter().enumerate() {
-        for (ch, peer, dir) in connections_needed(rank as i32, nranks, nchannels, false, t) {
+        let net = geoms[rank].net.clone();
+        for (ch, peer, dir) in connections_needed(rank as i32, nranks, nchannels, net.as_ref(), t) {
             let (src, dst) = match dir {
                 Dir::Send => (rank as i32, peer),
                 Dir::Recv => (peer, rank as i32),
@@ -1359,7 +1372,7 @@ fn planning_cost() {
         crate::sched::NSLOTS,
         &tasks,
     );
-    let needed = connections_needed(0, 2, 64, false, &tasks[0]);
+    let needed = connections_needed(0, 2, 64, None, &tasks[0]);
     assert!(
         !needed.is_empty(),
         "a two-rank all-reduce needs connections"
@@ -1370,7 +1383,7 @@ fn planning_cost() {
     let n = 2000;
     let start = std::time::Instant::now();
     for _ in 0..n {
-        assert_eq!(connections_needed(0, 2, 64, false, &tasks[0]), needed);
+        assert_eq!(connections_needed(0, 2, 64, None, &tasks[0]), needed);
     }
     let t_needed = start.elapsed().as_secs_f64() * 1e6 / n as f64;
     let start = std::time::Instant::now();
@@ -1590,4 +1603,113 @@ fn capped_channels_bound_the_grid() {
             assert!(p.grid <= nchannels, "grid {} > {nchannels}", p.grid);
         }
     }
+}
+
+/// Each rank's view of a network between hosts of two ranks each (ranks 0 and 1 on one host,
+/// 2 and 3 on the next, ...) with the link `link`.
+fn two_per_host(nranks: i32, link: super::cost::NetLink) -> impl Fn(i32) -> Option<NetView> {
+    move |rank| {
+        Some(NetView {
+            link,
+            remote: (0..nranks).map(|peer| peer / 2 != rank / 2).collect(),
+        })
+    }
+}
+
+#[test]
+fn over_the_network_every_collective_is_correct() {
+    // Rings planned for the network's link, P2P operations between hosts for it too (those
+    // within a host as before): results right, both ends of every connection agreeing.
+    use ncclDataType_t::*;
+    let links = [
+        super::cost::NetLink::from_properties(10_000, 0.0),
+        super::cost::NetLink::from_properties(400_000, 2.0),
+    ];
+    for link in links {
+        for kind in KINDS {
+            for nranks in [2, 3, 4] {
+                for (count, dtype) in [
+                    (1, ncclInt8),
+                    (5, ncclInt32),
+                    (1000, ncclInt32),
+                    (20_000, ncclInt8),
+                ] {
+                    let c = Case {
+                        kind,
+                        nranks,
+                        nchannels: 8,
+                        count,
+                        dtype,
+                        op: RedOp::Sum,
+                        root: nranks - 1,
+                        in_place: false,
+                        misalign: 0,
+                    };
+                    let mut world = World::new();
+                    let prepared = prepare(&mut world, &c);
+                    let net = two_per_host(nranks, link);
+                    let geoms = geometries_net(nranks, 8, 4096, 2, &prepared.tasks, &net);
+                    run(&mut world, &geoms, &prepared.tasks, 2);
+                    verify(&world, &c, &prepared);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn over_a_slow_network_plans_differ_from_nvlink() {
+    use ncclDataType_t::*;
+    let slow = super::cost::NetLink::from_properties(10_000, 0.0);
+    let items = |kind, count, net: bool| {
+        let c = Case {
+            kind,
+            nranks: 4,
+            nchannels: 16,
+            count,
+            dtype: ncclInt32,
+            op: RedOp::Sum,
+            root: 0,
+            in_place: false,
+            misalign: 0,
+        };
+        let mut world = World::new();
+        let prepared = prepare(&mut world, &c);
+        let net_of = two_per_host(4, slow);
+        let none = |_: i32| None;
+        let geoms = geometries_net(
+            4,
+            16,
+            4096,
+            2,
+            &prepared.tasks,
+            if net { &net_of } else { &none },
+        );
+        let p = plan(&geoms[0], &prepared.tasks[0]).expect("plan");
+        (p.grid, deserialize_all(&p.items))
+    };
+    // A small all-reduce: one-shot without the network, the ring over it.
+    let (_, nv) = items(CollKind::AllReduce, 2, false);
+    let (_, net) = items(CollKind::AllReduce, 2, true);
+    assert!(nv
+        .iter()
+        .any(|w| w.kind == WorkKind::DirectAllReduce as u32));
+    assert!(net.iter().all(|w| w.kind == WorkKind::RingAllReduce as u32));
+    // A large one: fewer CTAs (channels) over the slow link.
+    let (nv_grid, _) = items(CollKind::AllReduce, 4 << 20, false);
+    let (net_grid, _) = items(CollKind::AllReduce, 4 << 20, true);
+    assert!(
+        net_grid < nv_grid && net_grid <= 2,
+        "{net_grid} CTAs over the network, {nv_grid} without"
+    );
+    // A large send to the next host (rank 0 -> 1 stays on the host, 3 -> 0 crosses): rank 0's
+    // receive from rank 3 is split in fewer parts than its send to rank 1.
+    let (_, sends) = items(CollKind::Send, 4 << 20, true);
+    let parts = |k: WorkKind| sends.iter().filter(|w| w.kind == k as u32).count();
+    assert!(
+        parts(WorkKind::Recv) < parts(WorkKind::Send),
+        "{} receive parts, {} send parts",
+        parts(WorkKind::Recv),
+        parts(WorkKind::Send)
+    );
 }

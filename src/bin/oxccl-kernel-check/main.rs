@@ -330,9 +330,9 @@ impl Loopback {
             recv: vec![vec![None; n]; rows],
             abort_flag: self.abort.ptr,
             threads: 0,
-            net: false,
+            net: None,
         };
-        for (ch, peer, dir) in connections_needed(rank, self.nranks, self.nchannels, false, tasks) {
+        for (ch, peer, dir) in connections_needed(rank, self.nranks, self.nchannels, None, tasks) {
             let (src, dst) = match dir {
                 Dir::Send => (rank, peer),
                 Dir::Recv => (peer, rank),

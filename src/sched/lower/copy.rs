@@ -28,7 +28,7 @@ fn copy_piece(c: usize, key: (u8, u64, u64, u64, u64), work: OxWork) -> Piece {
     }
 }
 
-impl Lowering {
+impl Lowering<'_> {
     /// A collective of a one-rank communicator, the `seq`-th of the group.
     pub(super) fn one_rank(&mut self, task: &Task, seq: u64) {
         let es = task.dtype.size() as u64;

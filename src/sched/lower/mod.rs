@@ -20,7 +20,7 @@ pub use copy::one_rank_transform;
 
 use super::cost::{self, Algo, MAX_CTAS};
 use super::device::{OxWork, WorkKind, FLAG_OPS, FLAG_SCALAR_DEVICE};
-use super::plan::{Dir, LocalCopy};
+use super::plan::{Dir, LocalCopy, NetView};
 use super::redop::{RedOp, Scalar};
 use super::{CollKind, Task};
 use crate::error::{Error, Result};
@@ -50,7 +50,7 @@ fn collective_key(seq: u64) -> (u8, u64, u64, u64, u64) {
 }
 
 /// What lowering accumulates over the tasks of a group on one rank.
-struct Lowering {
+struct Lowering<'a> {
     rank: i32,
     nranks: i32,
     nchannels: u32,
@@ -63,13 +63,14 @@ struct Lowering {
     /// (address, bytes) of every send to self and every receive from self, in order.
     self_sends: Vec<(u64, u64)>,
     self_recvs: Vec<(u64, u64)>,
-    /// The one-shot all-reduce may be chosen: not over the network, whose proxy moves data
-    /// between steps (one-shot steps, LL words to every peer at once, have no step words).
-    one_shot_allowed: bool,
+    /// The network, when the communicator uses it: rings are planned for its link, and the
+    /// one-shot all-reduce is never chosen (the proxy moves data between steps, and one-shot
+    /// steps, LL words to every peer at once, have no step words).
+    net: Option<&'a NetView>,
 }
 
-impl Lowering {
-    fn new(rank: i32, nranks: i32, nchannels: u32) -> Result<Lowering> {
+impl<'a> Lowering<'a> {
+    fn new(rank: i32, nranks: i32, nchannels: u32, net: Option<&'a NetView>) -> Result<Self> {
         if nranks < 1 || rank < 0 || rank >= nranks {
             return Err(Error::internal(format!(
                 "plan: rank {rank} of {nranks} ranks"
@@ -90,7 +91,7 @@ impl Lowering {
             p2p_seq: BTreeMap::new(),
             self_sends: Vec::new(),
             self_recvs: Vec::new(),
-            one_shot_allowed: true,
+            net,
         })
     }
 
@@ -181,11 +182,10 @@ pub fn decompose(
     rank: i32,
     nranks: i32,
     nchannels: u32,
-    net: bool,
+    net: Option<&NetView>,
     tasks: &[Task],
 ) -> Result<(Vec<Piece>, Vec<LocalCopy>)> {
-    let mut lowering = Lowering::new(rank, nranks, nchannels)?;
-    lowering.one_shot_allowed = !net;
+    let mut lowering = Lowering::new(rank, nranks, nchannels, net)?;
     for task in tasks {
         lowering.task(task)?;
     }
@@ -212,7 +212,11 @@ mod tests {
     }
 
     fn kinds(net: bool) -> Vec<u32> {
-        let (pieces, _) = decompose(0, 4, 8, net, &[small_all_reduce()]).unwrap();
+        let view = NetView {
+            link: crate::sched::cost::NetLink::from_properties(100_000, 0.0),
+            remote: vec![true; 4],
+        };
+        let (pieces, _) = decompose(0, 4, 8, net.then_some(&view), &[small_all_reduce()]).unwrap();
         pieces.iter().map(|p| p.work.kind).collect()
     }
 

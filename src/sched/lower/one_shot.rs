@@ -11,7 +11,7 @@ use crate::sched::plan::{direct_channel, split};
 use crate::sched::proto::Proto;
 use crate::sched::{ring, Task};
 
-impl Lowering {
+impl Lowering<'_> {
     /// The items of a one-shot all-reduce on `nch` channels, the `seq`-th collective.
     pub(super) fn one_shot_all_reduce(&mut self, task: &Task, seq: u64, nch: u32) {
         let count = task.count as u64;

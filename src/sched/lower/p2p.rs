@@ -1,8 +1,8 @@
 //! Point-to-point operations as items: an operation with another rank is split over up to
-//! `cost::p2p_channels_for` P2P channels (a function of its kind and bytes only, so both ends
-//! split alike), one `Send` or `Recv` item per part, keyed by (round, source, sequence number
-//! of the operation between the two ranks, part); operations with this rank itself are kept
-//! for `copy` to pair.
+//! `cost::p2p_plan` P2P channels (a function of its kind, its bytes and, for a peer reached
+//! over the network, the network's link, so both ends split alike), one `Send` or `Recv` item
+//! per part, keyed by (round, source, sequence number of the operation between the two ranks,
+//! part); operations with this rank itself are kept for `copy` to pair.
 
 use super::to_p2p::P2pOp;
 use super::{Group, Lowering, Piece};
@@ -11,7 +11,7 @@ use crate::sched::device::WorkKind;
 use crate::sched::plan::{p2p_channel, split, Dir};
 use crate::sched::CollKind;
 
-impl Lowering {
+impl Lowering<'_> {
     /// Lower the P2P operations `ops` of a task of `kind`.
     pub(super) fn p2p_ops(&mut self, kind: CollKind, ops: Vec<P2pOp>) {
         for op in ops {
@@ -38,8 +38,8 @@ impl Lowering {
             Dir::Recv => (op.peer, self.rank),
         };
         let round = (dst - src).rem_euclid(self.nranks) as u64;
-        let parts = cost::p2p_channels_for(kind, op.bytes, self.nchannels);
-        let proto = cost::p2p_proto(op.bytes);
+        let link = self.net.and_then(|n| n.link_to(op.peer));
+        let (proto, parts) = cost::p2p_plan(kind, op.bytes, self.nchannels, link);
         for (j, (start, len)) in split(op.bytes, parts, 512).into_iter().enumerate() {
             if len == 0 {
                 continue;

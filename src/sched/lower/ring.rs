@@ -1,7 +1,8 @@
 //! Ring collectives (all-reduce, all-gather, reduce-scatter, and the broadcast and reduce
 //! chains along the ring): one item per ring channel, each on a contiguous range of the
 //! task's elements, sending to the next rank and receiving from the previous one. The cost
-//! model picks the protocol and the channels (or the one-shot path for a small all-reduce).
+//! model picks the protocol and the channels (or the one-shot path for a small all-reduce),
+//! for the network's link when the communicator uses the network.
 
 use super::{collective_key, Group, Lowering, Piece};
 use crate::error::{Error, Result};
@@ -22,7 +23,7 @@ fn ring_kind(kind: CollKind) -> WorkKind {
     }
 }
 
-impl Lowering {
+impl Lowering<'_> {
     /// A ring collective, the `seq`-th collective of the group.
     pub(super) fn ring(&mut self, task: &Task, seq: u64) -> Result<()> {
         if task.count == 0 {
@@ -37,7 +38,9 @@ impl Lowering {
         }
         let own_flag = self.own_all_gather_block(task);
         let bytes = task.count as u64 * task.dtype.size() as u64;
-        let (proto, nch) = if task.kind == CollKind::AllReduce && self.one_shot_allowed {
+        let (proto, nch) = if let Some(net) = self.net {
+            cost::ring_plan_net(task.kind, bytes, self.nranks, self.nchannels, net.link)
+        } else if task.kind == CollKind::AllReduce {
             match cost::allreduce_plan(bytes, self.nranks, self.nchannels) {
                 AllReducePlan::Ring { proto, nch } => (proto, nch),
                 AllReducePlan::Direct { nch } => {

@@ -22,7 +22,7 @@ use super::{side_conn, Keep, Setup, Side};
 use crate::cuda::HostMapped;
 use crate::error::{Error, Result};
 use crate::sched::device::{MAX_NSLOTS, STEP_WORDS_OFFSET};
-use crate::sched::Dir;
+use crate::sched::{Dir, NetLink};
 use api::{Comm, Handle, MemType, Net};
 use once_cell::sync::OnceCell;
 use proxy::{bounce_bytes, HostBlock, NetSide, Proxy};
@@ -38,6 +38,21 @@ pub fn network(name: Option<&str>) -> Result<Arc<dyn Net>> {
     let net = pick(nets, name)?;
     log_choice(net.name());
     Ok(net)
+}
+
+/// What this rank's channels get of the network named `name` (as `network` picks it), for
+/// the cost model: its devices side by side as far as `channels` reach them (channel c uses
+/// device c mod devices, see `local_half`), from each device's speed and latency.
+pub fn link(name: Option<&str>, channels: u32) -> Result<NetLink> {
+    let net = network(name)?;
+    let used = net.devices()?.clamp(1, channels.max(1) as i32);
+    let mut link: Option<NetLink> = None;
+    for dev in 0..used {
+        let p = net.properties(dev)?;
+        let l = NetLink::from_properties(p.speed_mbps, p.latency_us);
+        link = Some(link.map_or(l, |a| a.beside(l)));
+    }
+    Ok(link.expect("at least one device"))
 }
 
 /// As NVIDIA's: the plugin's network (if one loads), then the built-in sockets.
