@@ -1013,3 +1013,53 @@ fn a_malformed_check_message_fails_the_check_naming_the_sender() {
     }
     stop_all(&mut all);
 }
+
+/// Through enqueue and the group's end, as the API calls them (no runtime here: a call whose
+/// check passes then fails at its launch, "not initialised"; one whose check fails never gets
+/// there).
+#[test]
+fn enqueue_and_group_end_run_the_check_before_any_launch() {
+    check::FORCED.store(true, Ordering::Release);
+    let mut all = ranks(2, settings(60, false));
+    let call = |r: usize, kind: CollKind, count: usize| {
+        let comm = all[r].comm.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            crate::core::group::start();
+            let queued =
+                crate::core::enqueue::enqueue(&comm, task(kind, count, 0), std::ptr::null_mut());
+            // A zero-count no-op of the same group is checked with it.
+            let noop = crate::core::enqueue::enqueue(
+                &comm,
+                task(CollKind::AllReduce, 0, 0),
+                std::ptr::null_mut(),
+            );
+            let _ = tx.send((queued, noop, crate::core::group::end()));
+        });
+        rx
+    };
+    let agree: Vec<_> = (0..2).map(|r| call(r, CollKind::AllReduce, 64)).collect();
+    for rx in agree {
+        let (queued, noop, end) = rx.recv_timeout(Duration::from_secs(20)).expect("ends");
+        assert!(queued.is_ok() && noop.is_ok(), "collected in the group");
+        let e = end.unwrap_err();
+        assert!(e.msg.contains("not initialised"), "past the check: {e:?}");
+    }
+    let differ: Vec<_> = (0..2)
+        .map(|r| call(r, CollKind::AllReduce, if r == 0 { 64 } else { 32 }))
+        .collect();
+    for rx in differ {
+        let (_, _, end) = rx.recv_timeout(Duration::from_secs(20)).expect("ends");
+        let e = end.unwrap_err();
+        assert!(
+            e.code == ncclResult_t::ncclInvalidUsage
+                && e.msg.contains(
+                    "rank 1 called ncclAllReduce #3 (32 × float) where rank 0 called \
+                     ncclAllReduce #3 (64 × float)"
+                ),
+            "{e:?}"
+        );
+    }
+    check::FORCED.store(false, Ordering::Release);
+    stop_all(&mut all);
+}
