@@ -249,8 +249,7 @@ impl Round {
             }
             code => Err(Error::new(
                 code,
-                comm.last_error
-                    .text()
+                comm.async_message()
                     .unwrap_or_else(|| "the communicator failed".into()),
             )),
         }
