@@ -1063,3 +1063,59 @@ fn enqueue_and_group_end_run_the_check_before_any_launch() {
     check::FORCED.store(false, Ordering::Release);
     stop_all(&mut all);
 }
+
+/// The check's host cost: `rounds` checks of one all-reduce on every rank (each rank on its
+/// own thread, as one process per rank would), the median wall time of one check on rank 0.
+/// Ignored by default (timing); `cargo test --lib check_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn check_cost() {
+    for n in [2, 4, 8] {
+        let mut all = ranks(n, settings(60, false));
+        let rounds = 2000;
+        let barrier = Arc::new(std::sync::Barrier::new(n as usize));
+        let threads: Vec<_> = all
+            .iter()
+            .map(|r| {
+                let comm = r.comm.clone();
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    let mut times = Vec::with_capacity(rounds);
+                    barrier.wait();
+                    for _ in 0..rounds {
+                        let t = task(CollKind::AllReduce, 8, 0);
+                        let seq = comm.progress.record(&t, 0);
+                        check::note(
+                            &comm,
+                            wire::OpDesc {
+                                kind: t.kind,
+                                seq,
+                                count: 8,
+                                dtype: t.dtype,
+                                op: crate::sched::device::op_code(t.op),
+                                root: 0,
+                            },
+                        );
+                        let t0 = Instant::now();
+                        check::run(&[comm.clone()]).remove(0).unwrap();
+                        times.push(t0.elapsed());
+                    }
+                    times
+                })
+            })
+            .collect();
+        let mut times: Vec<Vec<Duration>> =
+            threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let mine = &mut times[0];
+        mine.sort();
+        let (median, p90) = (mine[rounds / 2], mine[rounds * 9 / 10]);
+        println!(
+            "collective check, {n} ranks on threads over loopback: median {:.1} us, p90 {:.1} us \
+             per all-reduce ({rounds} rounds)",
+            median.as_secs_f64() * 1e6,
+            p90.as_secs_f64() * 1e6
+        );
+        assert!(median < Duration::from_millis(5), "{median:?}");
+        stop_all(&mut all);
+    }
+}
