@@ -98,7 +98,7 @@ pub fn pending(comm: &Comm) -> bool {
 /// ranks' (all sends first, then the waits, so one thread may drive several ranks); one result
 /// per communicator, in order.
 pub fn run(comms: &[Arc<Comm>]) -> Vec<Result<()>> {
-    let started: Vec<Result<Option<Round>>> = comms.iter().map(|c| Round::start(c)).collect();
+    let started: Vec<Result<Option<Round>>> = comms.iter().map(Round::start).collect();
     comms
         .iter()
         .zip(started)
