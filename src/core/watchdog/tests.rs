@@ -831,9 +831,16 @@ fn a_send_whose_receive_differs_fails_both_and_the_notice_reaches_a_third_rank()
     for res in &results[..2] {
         assert!(usage_error(res).contains(words), "{res:?}");
     }
-    // Rank 2's own check passed, and it launched its receive: rank 0's watchdog tells it.
-    assert!(results[2].is_ok(), "{:?}", results[2]);
-    all[2].comm.progress.mark_launched();
+    // Rank 2's own check passes, and it launches its receive: rank 0's watchdog tells it.
+    // (Rarely the notice lands before rank 2 has looked at what it received: then its check
+    // fails with the notice.)
+    match &results[2] {
+        Ok(()) => all[2].comm.progress.mark_launched(),
+        Err(e) => assert!(
+            e.code == ncclResult_t::ncclInvalidUsage && e.msg.contains(words),
+            "{e:?}"
+        ),
+    }
     let failed = || all[2].comm.async_error() == ncclResult_t::ncclInvalidUsage;
     assert!(eventually(Duration::from_secs(10), failed));
     let msg = error_of(&all[2]);
@@ -844,9 +851,11 @@ fn a_send_whose_receive_differs_fails_both_and_the_notice_reaches_a_third_rank()
         "{msg}"
     );
     // Its receive can never complete: its kernels are released after the grace.
-    assert!(eventually(LOST_GRACE + Duration::from_secs(3), || all[2]
-        .kernels_stopped
-        .load(Ordering::Acquire)));
+    if results[2].is_ok() {
+        assert!(eventually(LOST_GRACE + Duration::from_secs(3), || all[2]
+            .kernels_stopped
+            .load(Ordering::Acquire)));
+    }
     stop_all(&mut all);
 }
 
