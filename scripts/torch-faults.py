@@ -83,7 +83,8 @@ def settings(scenario):
     if scenario == "abort":
         common.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_PROPAGATE_ERROR": "0"})
     elif scenario == "kill":
-        common.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
+        # WARN at least: the library's own line naming the dead rank is in the log too.
+        common.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN")})
     elif scenario == "hang-report":
         common.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "OXCCL_HANG_REPORT_S": str(REPORT_S),
                        "NCCL_DEBUG": "WARN"})
