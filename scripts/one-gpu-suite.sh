@@ -18,7 +18,10 @@
 #   faults  faults -n 2, then -n 4 if time is left (ffi-tests/gpu/faults.c, ours; issue 13):
 #           a rank that skips collective #4 (report only, then as an error), calls another
 #           collective, another count, or is SIGKILLed mid-collective; the reports and errors
-#           must name the right rank and operation and nothing may hang (each case bounded)
+#           must name the right rank and operation and nothing may hang (each case bounded);
+#           after each, the collective-check cases (faults -c check, OXCCL_CHECK_COLLECTIVES=1):
+#           another collective, count or root as #4 (blocking and non-blocking), a mismatch
+#           on one of two communicators in one group, and agreeing ranks with right results
 #   matrix  oxccl-bench correctness matrix, ours, NCCL_MULTI_RANK_GPU_ENABLE=1, ranks on GPU
 #           0: one process of 1, 2, 4, 8 ranks (--devices 0,..,0) and one process per rank for
 #           2 and 4 (-p R --ranks-per-gpu R); every collective, type and op, in and out of
@@ -312,15 +315,24 @@ sec_faults() {
     row faults "faults" SKIP - 0 "$DEV/bin/faults missing (scripts/stage-device)"
     return 0
   fi
-  local n leave
-  for n in 2 4; do
-    leave=0
-    [ "$n" = 2 ] && leave=120
+  # Per rank count: the fault cases, then the collective-check cases (OXCCL_CHECK_COLLECTIVES=1);
+  # LEAVE keeps time for the steps after each.
+  local step n cases name nominal leave
+  for step in "2 classic 180" "2 check 120" "4 classic 60" "4 check 0"; do
+    read -r n cases leave <<<"$step"
+    if [ "$cases" = classic ]; then
+      name="faults -n $n (ours)"
+      cases=skip-report,skip,collective,count,kill
+      nominal=330
+    else
+      name="faults check -n $n (ours)"
+      nominal=200
+    fi
     # faults' own -T stops it starting cases it has no time for (reported as not run).
-    if plan faults "faults -n $n (ours)" 330 "$leave"; then
+    if plan faults "$name" "$nominal" "$leave"; then
       local lim=$LIMIT
-      LEAVE=$leave test_step faults "faults -n $n (ours)" "$lim" 0 env LD_LIBRARY_PATH="$DEV/lib" \
-        "$DEV/bin/faults" -n "$n" -T $((lim - 12))
+      LEAVE=$leave test_step faults "$name" "$lim" 0 env LD_LIBRARY_PATH="$DEV/lib" \
+        "$DEV/bin/faults" -n "$n" -c "$cases" -T $((lim - 12))
     fi
   done
 }

@@ -30,6 +30,8 @@
 #   --budget S       stop starting items when fewer than ~45 s of S seconds are left (they are
 #                    reported as "SKIP ... time budget", not counted) and cap every step's
 #                    limit to what is left
+#   --items LIST     only these items, in the usual order: a comma list of bindings suite
+#                    nonblocking replaced faults faults_nvidia (e.g. --items faults,faults_nvidia)
 # Items (one PASS/FAIL line each, then a summary line; exit 0 iff every item passed):
 #   a bindings          LD_PRELOAD=ours: every nccl*/pnccl* symbol of torch's libraries binds to ours
 #   b suite-ours, suite-nvidia, compare
@@ -39,8 +41,11 @@
 #   d replaced-file     ours copied over NVIDIA's libnccl.so.2 in the nvidia.nccl package (restored
 #                       by a trap on every exit path), no LD_PRELOAD: bindings + a short suite run;
 #                       the original must be back byte for byte (cmp)
-#   e fault-abort, fault-watchdog
-#                       scripts/torch-faults.py under ours (and under NVIDIA's as "reference")
+#   e fault-abort, fault-watchdog, fault-kill, fault-hang-report
+#                       scripts/torch-faults.py under ours (and under NVIDIA's as "reference"):
+#                       kill = a rank SIGKILLed mid-training (DDP), the survivor's error names it
+#                       within 20 s; hang-report = a rank skips an all_reduce, our hang report
+#                       (OXCCL_HANG_REPORT_S=5) names it before torch's 30 s timeout
 #   f suite-ours-hostid-N, suite-nvidia-hostid-N, compare-hostid-N
 #                       --hostid only (and then only these): see --hostid above
 set -u -o pipefail
@@ -53,6 +58,7 @@ REFERENCE=1
 SAME_GPU=0
 HOSTID=0
 BUDGET=""
+ITEMS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --ours) OURS="${2:-}"; shift ;;
@@ -63,12 +69,19 @@ while [ $# -gt 0 ]; do
     --same-gpu) SAME_GPU=1 ;;
     --hostid) HOSTID=1 ;;
     --budget) BUDGET="${2:-}"; shift ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+    --items) ITEMS="${2:-}"; shift ;;
+    -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
     *) echo "torch-all: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [ -n "$OURS" ] || { echo "torch-all: --ours PATH/libnccl.so.2 is required" >&2; exit 2; }
+for it in ${ITEMS//,/ }; do
+  case "$it" in
+    bindings | suite | nonblocking | replaced | faults | faults_nvidia | hostid) ;;
+    *) echo "torch-all: unknown item '$it' in --items (bindings suite nonblocking replaced faults faults_nvidia hostid)" >&2; exit 2 ;;
+  esac
+done
 case "$BUDGET" in
   "" | *[!0-9]*) [ -z "$BUDGET" ] || { echo "torch-all: --budget needs seconds, got '$BUDGET'" >&2; exit 2; } ;;
 esac
@@ -417,18 +430,76 @@ judge_watchdog() {
     echo "ok torn down after ${ELAPSED} s, exit $RC, with the timeout message"
   fi
 }
+judge_kill() { # the survivor's error names the dead rank within 20 s of the kill, no hang
+  local out=$WORK/$1.out line pid1 secs alive
+  pid1=$(grep -m1 -oE '^\[rank 1\] pid [0-9]+' "$out" | awk '{print $4}')
+  line=$(grep -m1 -E '^FAULT-KILL (raised|FAIL)' "$out")
+  if [ "$RC" = 124 ] || [ "$RC" = 137 ]; then
+    echo "timed out after ${ELAPSED} s; ${line:-no marker line}"
+  elif [[ "$line" =~ ^FAULT-KILL\ raised\ after\ ([0-9]+)\.[0-9]+\ s\ \((names|does\ not\ name)\ rank\ 1 ]]; then
+    secs=${BASH_REMATCH[1]}
+    if [ "$secs" -gt 20 ]; then
+      echo "the error took ${secs} s (limit 20): $line"
+    elif [ "${BASH_REMATCH[2]}" = names ]; then
+      echo "ok ${line#FAULT-KILL }"
+    elif [ -n "$pid1" ] && grep -qE "rank 1 \(host [^,]*, pid $pid1, .*is gone" "$out"; then
+      # Torch's exception text left the library's message out; its WARN line has it.
+      echo "ok ${line#FAULT-KILL } (our WARN line in the log names rank 1)"
+    else
+      echo "raised in time, but nothing names rank 1${pid1:+ (pid $pid1)}: $line"
+    fi
+  elif [ -n "$line" ]; then
+    echo "$line"
+  elif [ -n "$pid1" ] && grep -qE "rank 1 \(host [^,]*, pid $pid1, .*is gone" "$out" &&
+    grep -qE 'ncclRemoteError|remote process exited|DistBackendError|watchdog thread terminated' "$out"; then
+    # Torch's error handling (its watchdog) took rank 0 down first, with the library's error:
+    # the last heartbeat bounds when.
+    alive=$(grep -oE '^FAULT-KILL rank 0 alive [0-9]+' "$out" | tail -1 | awk '{print $5}')
+    if [ "${alive:-99}" -le 20 ]; then
+      echo "ok torn down by torch's error handling within $((alive + 1)) s of the kill, with our message: $(grep -m1 -oE "rank 1 \(host [^,]*, pid $pid1, [^)]*\) is gone[^\"]{0,80}" "$out")"
+    else
+      echo "torn down, but ${alive:-no} heartbeat(s) say it took more than 20 s"
+    fi
+  else
+    echo "exit $RC after ${ELAPSED} s: no error naming rank 1${pid1:+ (pid $pid1)}; last line: $(grep -v '^\s*$' "$out" | tail -1 | cut -c1-200)"
+  fi
+}
+judge_hang_report() { # our report names the laggard before torch's timeout
+  local out=$WORK/$1.out line
+  line=$(grep -m1 -E '^FAULT-HANG-REPORT (report|FAIL)' "$out")
+  if [ "$RC" = 124 ] || [ "$RC" = 137 ]; then
+    echo "timed out after ${ELAPSED} s; ${line:-no marker line}"
+  elif [[ "$line" =~ ^FAULT-HANG-REPORT\ report\ after\ ([0-9]+)\.[0-9]\ s\ \(torch.s\ timeout:\ ([0-9]+)\ s\;\ names\ rank\ 1 ]] &&
+    [ "${BASH_REMATCH[1]}" -lt "${BASH_REMATCH[2]}" ]; then
+    local behind=""
+    grep -q '^FAULT-HANG-REPORT rank 1 logged:' "$out" && behind="; rank 1 logged why"
+    echo "ok ${line#FAULT-HANG-REPORT }$behind" | cut -c1-600
+  else
+    echo "${line:-exit $RC: no marker line}"
+  fi
+}
 fault() { # LABEL(ours|nvidia) SCENARIO
   local lib=$1 scen=$2 name="fault-$2"
-  local pre=() script=("$FAULTS")
+  local pre=() script=("$FAULTS") extra=()
   [ "$lib" = ours ] && pre=(env LD_PRELOAD="$OURS")
   [ "$lib" = nvidia ] && name="$name-nvidia"
   budget_ok "$name" || return 0
   # --same-gpu: torch-faults.py takes its device from LOCAL_RANK; every rank gets 0.
   [ "$SAME_GPU" = 1 ] && script=(--no-python env LOCAL_RANK=0 "$PY" "$FAULTS")
-  run "$name" 120 ${pre[@]+"${pre[@]}"} "${TORCHRUN[@]}" --nproc-per-node 2 "${script[@]}" "$scen"
-  grep -E '^FAULT-' "$WORK/$name.out"
+  # kill: torchrun's agent stops the surviving worker once it sees one die; seeing it only
+  # every 30 s leaves the survivor's own error handling its chance (a dead rank on another
+  # node is not seen by this node's agent either).
+  [ "$scen" = kill ] && extra=(--monitor-interval 30)
+  run "$name" 120 ${pre[@]+"${pre[@]}"} "${TORCHRUN[@]}" --nproc-per-node 2 ${extra[@]+"${extra[@]}"} \
+    "${script[@]}" "$scen"
+  grep -E '^FAULT-' "$WORK/$name.out" | grep -v ' alive ' | cut -c1-400
   local verdict
-  if [ "$scen" = abort ]; then verdict=$(judge_abort "$name"); else verdict=$(judge_watchdog "$name"); fi
+  case "$scen" in
+    abort) verdict=$(judge_abort "$name") ;;
+    watchdog) verdict=$(judge_watchdog "$name") ;;
+    kill) verdict=$(judge_kill "$name") ;;
+    *) verdict=$(judge_hang_report "$name") ;;
+  esac
   if [ "$lib" = nvidia ]; then
     local line
     line=$(refusal "$name")
@@ -443,11 +514,15 @@ fault() { # LABEL(ours|nvidia) SCENARIO
 item_faults() {
   fault ours abort
   fault ours watchdog
+  fault ours kill
+  fault ours hang-report
 }
 item_faults_nvidia() {
   if [ "$REFERENCE" = 1 ]; then
     fault nvidia abort
     fault nvidia watchdog
+    fault nvidia kill
+    fault nvidia hang-report
   fi
 }
 
@@ -505,6 +580,7 @@ else
   ORDER="bindings suite nonblocking replaced faults faults_nvidia"
 fi
 for item in $ORDER; do
+  if [ -n "$ITEMS" ] && ! [[ ",$ITEMS," == *",$item,"* ]]; then continue; fi
   "item_$item"
 done
 

@@ -2,7 +2,8 @@
 """Fault scenarios for PyTorch on a libnccl.so.2; run with torchrun, exactly 2 ranks:
 
     [LD_PRELOAD=/path/libnccl.so.2] torchrun --standalone --nproc-per-node 2 \\
-        scripts/torch-faults.py abort|watchdog [--abort-with api|backend]
+        [--monitor-interval 30] scripts/torch-faults.py abort|watchdog|kill|hang-report \\
+        [--abort-with api|backend]
 
 The parent (scripts/torch-all.sh) runs each under `timeout` and judges the outcome from the exit
 status, the elapsed time and the marker lines below.
@@ -29,20 +30,50 @@ watchdog  A process group with timeout 5 s (dist.new_group(timeout=5 s): the def
           TORCH_NCCL_DUMP_ON_TIMEOUT=0, TORCH_NCCL_ENABLE_MONITORING=0 (no heartbeat monitor, so
           the watchdog is the only thing that can end the process).
           Marker if the process survives 75 s: "FAULT-WATCHDOG FAIL not torn down" (exit 3).
+kill      Mid-training: both ranks train a small DDP model (a step is forward, backward with
+          DDP's gradient all_reduce, optimizer step, synchronize); rank 1 SIGKILLs itself at
+          the start of step 10, so rank 0's backward waits for a dead peer. Torch's error
+          handling is left as it is by default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3, the
+          default 600 s timeout, no blocking wait): it must proceed, with the library's
+          message naming the dead rank, within 20 s of the kill. Either rank 0's Python sees an
+          exception (its NCCL call or wait raises): "FAULT-KILL raised after X s (names rank 1,
+          pid P | does not name rank 1, pid P): <Type>: <the line naming it>", then it aborts
+          the process group ("FAULT-KILL abort returned after Y s"), exit 0; or torch's
+          watchdog takes the process down first (the library's message in its log). Meanwhile
+          rank 0 prints "FAULT-KILL rank 0 alive X s after the kill" every second, and after
+          45 s "FAULT-KILL FAIL no error 45 s after rank 1 was killed" (exit 3); "FAULT-KILL
+          FAIL training went on" (exit 4) if every step completes. Run under torchrun with
+          --monitor-interval 30, so that torchrun's agent, which stops the other workers when
+          one dies, does so only after rank 0's own handling had its chance (as when the dead
+          rank is on another node).
+hang-report
+          A process group with timeout 30 s carries the fault: rank 1 skips an all_reduce on
+          it. OXCCL_HANG_REPORT_S=5, NCCL_DEBUG=WARN and each rank's NCCL_DEBUG_FILE in a
+          temporary folder: rank 0 watches its own log for the library's hang report, prints
+          "FAULT-HANG-REPORT report after X s (torch's timeout: 30 s; names rank 1, pid P |
+          does not name rank 1, pid P): <the line>", aborts the process group (bounded) and
+          exits 0; or "FAULT-HANG-REPORT FAIL no report within 28 s" (exit 3), before torch's
+          own timeout. Rank 1 prints "FAULT-HANG-REPORT rank 1 logged: <line>" when its log says
+          why rank 0 waits on it.
 
-Both scenarios first run one all_reduce of the same shape on both ranks, so that connection
+Every scenario first runs one all_reduce of the same shape on both ranks, so that connection
 setup (which may block on the host waiting for a peer) is done before the fault. Ranks sync
 through the torchrun store, never through NCCL, and leave with os._exit so that no teardown can
 hang. Every rank prints "[rank R] pid P" first.
 """
 import argparse
 import os
+import signal
 import sys
+import tempfile
 import threading
 import time
 from datetime import timedelta
 
 SHAPE = 1 << 20
+KILL_STEP = 10
+HANG_TIMEOUT_S = 30
+REPORT_S = 5
 
 
 def settings(scenario):
@@ -51,6 +82,12 @@ def settings(scenario):
               "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
     if scenario == "abort":
         common.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_PROPAGATE_ERROR": "0"})
+    elif scenario == "kill":
+        # WARN at least: the library's own line naming the dead rank is in the log too.
+        common.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN")})
+    elif scenario == "hang-report":
+        common.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "OXCCL_HANG_REPORT_S": str(REPORT_S),
+                       "NCCL_DEBUG": "WARN"})
     else:
         common.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "1",
                        "TORCH_NCCL_TEARDOWN_ON_TIMEOUT": "1", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "500"})
@@ -69,12 +106,17 @@ def leave(code):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=["abort", "watchdog"])
+    ap.add_argument("scenario", choices=["abort", "watchdog", "kill", "hang-report"])
     ap.add_argument("--abort-with", choices=["api", "backend"], default="api")
     args = ap.parse_args()
     # Before torch is imported: ProcessGroupNCCL reads these when the group is created.
     for k, v in settings(args.scenario).items():
         os.environ[k] = v
+    logdir = None
+    if args.scenario == "hang-report":
+        # Each rank's library log, which the rank reads back (set before the library starts).
+        logdir = tempfile.mkdtemp(prefix="torch-faults-")
+        os.environ["NCCL_DEBUG_FILE"] = os.path.join(logdir, "nccl.log")
 
     import torch
     import torch.distributed as dist
@@ -93,6 +135,8 @@ def main():
     group = None
     if args.scenario == "watchdog":
         group = dist.new_group([0, 1], timeout=timedelta(seconds=5))
+    elif args.scenario == "hang-report":
+        group = dist.new_group([0, 1], timeout=timedelta(seconds=HANG_TIMEOUT_S))
 
     # Warm-up: the same collective on both ranks, completed.
     t = torch.full((SHAPE,), float(rank + 1), device=dev)
@@ -104,6 +148,12 @@ def main():
     store.set(f"ready{rank}", "1")
     store.wait(["ready0", "ready1"], timedelta(seconds=60))
     say(f"[rank {rank}] warm-up done")
+    store.set(f"pid{rank}", str(os.getpid()))
+
+    if args.scenario == "kill":
+        kill_scenario(torch, dist, store, rank, dev)
+    if args.scenario == "hang-report":
+        hang_report_scenario(dist, store, rank, t, group, logdir)
 
     if rank == 1:
         say("[rank 1] skipping the next all_reduce")
@@ -176,6 +226,143 @@ def main():
     say(f"{tag} released after {now - state['aborted_at']:.2f} s (wait: {outcome}; abort call {call})")
     store.set("fault-done", "1")
     leave(0)
+
+
+def abort_bounded(dist, tag, limit=10.0):
+    """Abort the process group from another thread; say how it went (bounded)."""
+    done = {}
+
+    def run():
+        t0 = time.time()
+        try:
+            dist.distributed_c10d._abort_process_group()
+            done["how"] = f"returned after {time.time() - t0:.2f} s"
+        except Exception as e:
+            done["how"] = f"raised after {time.time() - t0:.2f} s: {type(e).__name__}: {str(e)[:200]}"
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(limit)
+    say(f"{tag} abort {done.get('how', f'still running after {limit:.0f} s')}")
+
+
+def naming_line(text, markers):
+    """The first line of `text` holding every marker, else its first non-empty line."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    for ln in lines:
+        if all(m in ln for m in markers):
+            return ln
+    return lines[0] if lines else ""
+
+
+def kill_scenario(torch, dist, store, rank, dev):
+    tag = "FAULT-KILL"
+    store.wait([f"pid{1 - rank}"], timedelta(seconds=60))
+    other = store.get(f"pid{1 - rank}").decode()
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator(device="cpu").manual_seed(99 + rank)
+    state = {"killed_at": None}
+
+    def killed_at():
+        if state["killed_at"] is None and store.check(["killed-at"]):
+            state["killed_at"] = float(store.get("killed-at").decode())
+        return state["killed_at"]
+
+    def heartbeat():
+        while killed_at() is None:
+            time.sleep(0.05)
+        while True:
+            since = time.time() - state["killed_at"]
+            if since > 45:
+                say(f"{tag} FAIL no error 45 s after rank 1 was killed")
+                leave(3)
+            say(f"{tag} rank 0 alive {since:.1f} s after the kill")
+            time.sleep(1.0)
+
+    if rank == 0:
+        threading.Thread(target=heartbeat, daemon=True).start()
+    try:
+        for step in range(1000):
+            if rank == 1 and step == KILL_STEP:
+                store.set("killed-at", repr(time.time()))
+                say(f"[rank 1] SIGKILL at the start of step {step}")
+                os.kill(os.getpid(), signal.SIGKILL)
+            x = torch.randn(64, 256, generator=gen).to(dev)
+            y = torch.randint(0, 10, (64,), generator=gen).to(dev)
+            loss = torch.nn.functional.cross_entropy(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            torch.cuda.synchronize()
+    except Exception as e:
+        t_err = time.time()
+        for _ in range(100):  # the kill time, if not known yet
+            if killed_at() is not None:
+                break
+            time.sleep(0.05)
+        since = t_err - state["killed_at"] if state["killed_at"] else float("nan")
+        text = str(e)
+        names = "is gone" in text and f"pid {other}," in text and "rank 1 (" in text
+        who = f"{'names' if names else 'does not name'} rank 1, pid {other}"
+        line = naming_line(text, ["is gone"])[:700]
+        say(f"{tag} raised after {since:.2f} s ({who}): {type(e).__name__}: {line}")
+        abort_bounded(dist, tag)
+        leave(0)
+    say(f"{tag} FAIL training went on: 1000 steps without an error after rank 1 was killed")
+    leave(4)
+
+
+def hang_report_scenario(dist, store, rank, t, group, logdir):
+    tag = "FAULT-HANG-REPORT"
+    store.wait([f"pid{1 - rank}"], timedelta(seconds=60))
+    other = store.get(f"pid{1 - rank}").decode()
+    log = os.path.join(logdir, "nccl.log")
+
+    def find(what):
+        try:
+            with open(log, errors="replace") as f:
+                for ln in f:
+                    if what in ln:
+                        return ln.strip()
+        except OSError:
+            pass
+        return None
+
+    if rank == 1:
+        say("[rank 1] skipping the next all_reduce")
+        t0 = time.time()
+        while time.time() - t0 < HANG_TIMEOUT_S:
+            line = find("which rank 1 has not called")
+            if line:
+                say(f"{tag} rank 1 logged: {line[:700]}")
+                break
+            time.sleep(0.2)
+        try:
+            store.wait(["fault-done"], timedelta(seconds=60))
+        except Exception:
+            pass
+        leave(0)
+    t.fill_(1.0)
+    t0 = time.time()
+    dist.all_reduce(t, group=group, async_op=True)
+    limit = HANG_TIMEOUT_S - 2
+    while time.time() - t0 < limit:
+        line = find("has made no progress")
+        if line:
+            names = "not called by 1 rank: rank 1 (" in line and f"pid {other}," in line
+            who = f"{'names' if names else 'does not name'} rank 1, pid {other}"
+            say(f"{tag} report after {time.time() - t0:.1f} s (torch's timeout: {HANG_TIMEOUT_S} s; {who}): "
+                f"{line[:900]}")
+            abort_bounded(dist, tag)
+            store.set("fault-done", "1")
+            leave(0)
+        time.sleep(0.2)
+    say(f"{tag} FAIL no report within {limit} s (torch's timeout: {HANG_TIMEOUT_S} s)")
+    store.set("fault-done", "1")
+    leave(3)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,32 @@
  *                "rank C called ncclAllGather #4 (1024 × float) where ... called
  *                ncclAllReduce #4 (4096 × float)"
  *   count        the culprit calls ncclAllReduce with 2048 floats: the error names both
- *                counts; if the collective completes instead, the case prints NOTE (a count
- *                mismatch that does not hang is not detected: no per-collective check yet)
+ *                counts (reported once the others stall; the culprit's own call may complete)
  *   kill         every rank calls #4; the culprit SIGKILLs itself 1 s later: the others get
  *                ncclRemoteError naming it (rank, pid, "is gone") within 10 s and their
  *                streams go idle (kernels released) before ncclCommAbort
+ * With the collective check on (OXCCL_CHECK_COLLECTIVES=1, ranks filled with r+1; the three
+ * all-reduces out of place and their sums checked):
+ *   check-collective, check-count, check-root
+ *                the culprit calls ncclAllGather (1024 floats), ncclAllReduce with 2048
+ *                floats, or ncclBroadcast with itself as the root where the others name rank
+ *                0, as #4: every rank's call returns ncclInvalidUsage within 15 s, its
+ *                ncclGetLastError(comm) and ncclGetLastError(NULL) name the culprit and both
+ *                calls in the hang report's words ("rank C called ncclAllGather #4 (1024 ×
+ *                float) where ranks 0,..,C-1 called ncclAllReduce #4 (4096 × float)"), the
+ *                async error is ncclInvalidUsage, the stream stays idle (nothing launched)
+ *   check-nonblocking
+ *                check-count on a non-blocking communicator (ncclInProgress answers are
+ *                waited out through ncclCommGetAsyncError, bounded)
+ *   check-group  a second communicator from ncclCommSplit; one ncclGroupStart/End with an
+ *                all-reduce on each, the culprit's on the second with 2048 floats:
+ *                ncclGroupEnd returns ncclInvalidUsage on every rank, the second
+ *                communicator's error names the mismatch (#1 of that communicator), the first
+ *                communicator's all-reduce runs and is right, its async error stays ncclSuccess
+ *   check-good   the check on and every rank agreeing: broadcast, all-gather, reduce-scatter,
+ *                a zero-count all-reduce (a no-op, checked too), a ring of sends and receives
+ *                in a group, and two all-reduces in one group: every result right, no
+ *                check or hang line in any log
  * After each case every rank tears down (ncclCommAbort after an error, else ncclCommDestroy);
  * a rank process has an 80 s alarm and the case a 100 s limit, after which it is killed.
  *
@@ -57,7 +78,8 @@
 #define CASE_LIMIT 100.0
 #define EXIT_SKIP 77
 
-static const char *CASES[] = {"skip-report", "skip", "collective", "count", "kill"};
+static const char *CASES[] = {"skip-report", "skip", "collective", "count", "kill", "check-collective",
+                              "check-count", "check-root", "check-nonblocking", "check-group", "check-good"};
 #define NCASES (int)(sizeof CASES / sizeof CASES[0])
 
 static char self_exe[4096];
@@ -218,6 +240,211 @@ static void wait_all_done(struct shared *sh, int n, int skip, double secs) {
   }
 }
 
+/* ---- The collective check (OXCCL_CHECK_COLLECTIVES=1). ---- */
+
+/* Wait out ncclInProgress (a non-blocking communicator), bounded: the final state. */
+static ncclResult_t settle(ncclComm_t comm, ncclResult_t res, double secs) {
+  for (double t0 = now(); res == ncclInProgress && now() - t0 < secs; usleep(2000)) res = async_error(comm);
+  return res;
+}
+
+/* Fill `count` floats at `dev` with `v`. */
+static int fill(float *dev, size_t count, float v) {
+  float *host = malloc(count * sizeof(float));
+  if (!host) return 0;
+  for (size_t i = 0; i < count; i++) host[i] = v;
+  int ok = cudaMemcpy(dev, host, count * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
+  free(host);
+  return ok;
+}
+
+/* Whether `count` floats at `dev` are `want(i)`; the first wrong one is printed. */
+static int holds(const char *what, const float *dev, size_t count, float (*want)(size_t, int, int), int r, int n) {
+  float *host = malloc(count * sizeof(float));
+  if (!host || cudaMemcpy(host, dev, count * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) {
+    free(host);
+    CHECK(0, "%s: cannot read the result back", what);
+    return 0;
+  }
+  for (size_t i = 0; i < count; i++) {
+    if (host[i] != want(i, r, n)) {
+      CHECK(0, "%s: element %zu is %g, want %g", what, i, host[i], want(i, r, n));
+      free(host);
+      return 0;
+    }
+  }
+  free(host);
+  n_checks++;
+  return 1;
+}
+
+static float sum_of_ranks(size_t i, int r, int n) { (void)i, (void)r; return (float)(n * (n + 1) / 2); }
+static float root_value(size_t i, int r, int n) { (void)i, (void)r, (void)n; return 1.0f; }
+static float gathered(size_t i, int r, int n) { (void)r, (void)n; return (float)(i / 1024 + 1); }
+static float from_left(size_t i, int r, int n) { (void)i; return (float)((r + n - 1) % n + 1); }
+
+/* What ranks 0..c-1 are called in a mismatch line: "rank 0" or "ranks 0,1,2". */
+static void others_text(char *out, size_t cap, int c) {
+  int len = snprintf(out, cap, "%s", c == 1 ? "rank 0" : "ranks 0");
+  for (int q = 1; q < c && len < (int)cap; q++) len += snprintf(out + len, cap - len, ",%d", q);
+}
+
+static void wait_ready(struct shared *sh, int n) {
+  for (double t0 = now(); now() - t0 < 30;) {
+    int all = 1;
+    for (int q = 0; q < n; q++) all &= sh->ready[q];
+    if (all) return;
+    usleep(10000);
+  }
+}
+
+static int check_main(const char *c, int r, int n, ncclUniqueId id, const char *dir, struct shared *sh) {
+  int culprit = n - 1, is_culprit = r == culprit;
+  int nonblocking = !strcmp(c, "check-nonblocking"), group = !strcmp(c, "check-group");
+  int good = !strcmp(c, "check-good");
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = nonblocking ? 0 : 1;
+  ncclComm_t comm = NULL, second = NULL;
+  ncclResult_t res = ncclCommInitRankConfig(&comm, n, id, r, &cfg);
+  res = settle(comm, res, 60);
+  if (res != ncclSuccess) {
+    printf("  [%s] init refused: %s / %s\n", tag, ncclGetErrorString(res), text_of(ncclGetLastError(NULL)));
+    return res == ncclInvalidUsage ? EXIT_SKIP : 1;
+  }
+  if (group) {
+    res = ncclCommSplit(comm, 0, r, &second, NULL);
+    CHECK(res == ncclSuccess && second, "ncclCommSplit: %s", ncclGetErrorString(res));
+    if (!second) return 1;
+  }
+  cudaStream_t s;
+  float *buf = NULL, *out = NULL, *big = NULL, *out2 = NULL;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc((void **)&buf, COUNT * sizeof(float)) != cudaSuccess ||
+      cudaMalloc((void **)&out, COUNT * sizeof(float)) != cudaSuccess ||
+      cudaMalloc((void **)&out2, COUNT * sizeof(float)) != cudaSuccess ||
+      cudaMalloc((void **)&big, 1024 * MAXR * sizeof(float)) != cudaSuccess || !fill(buf, COUNT, (float)(r + 1)))
+    return 1;
+  for (int i = 0; i < 3; i++) {
+    res = settle(comm, ncclAllReduce(buf, out, COUNT, ncclFloat, ncclSum, comm, s), 30);
+    CHECK(res == ncclSuccess, "good all-reduce #%d: %s / %s", i + 1, ncclGetErrorString(res), text_of(ncclGetLastError(comm)));
+  }
+  CHECK(stream_idle_within(s, 30), "3 good all-reduces not done within 30 s");
+  holds("all-reduce #3", out, COUNT, sum_of_ranks, r, n);
+  sh->ready[r] = 1;
+  wait_ready(sh, n);
+  double t0 = now();
+  if (good) {
+    /* #4 broadcast from rank 0 (which holds 1), #5 all-gather of 1024 floats, #6
+     * reduce-scatter, #7 a zero-count all-reduce, then a ring of sends and receives, then #8
+     * and #9 in one group. */
+    fill(out, COUNT, -1);
+    res = ncclBroadcast(buf, out, COUNT, ncclFloat, 0, comm, s);
+    CHECK(res == ncclSuccess, "broadcast: %s / %s", ncclGetErrorString(res), text_of(ncclGetLastError(comm)));
+    res = ncclAllGather(buf, big, 1024, ncclFloat, comm, s);
+    CHECK(res == ncclSuccess, "all-gather: %s", ncclGetErrorString(res));
+    CHECK(stream_idle_within(s, 30), "broadcast and all-gather not done within 30 s");
+    holds("broadcast", out, COUNT, root_value, r, n);
+    holds("all-gather", big, 1024 * (size_t)n, gathered, r, n);
+    fill(big, 1024 * (size_t)n, (float)(r + 1));
+    res = ncclReduceScatter(big, out, 1024, ncclFloat, ncclSum, comm, s);
+    CHECK(res == ncclSuccess, "reduce-scatter: %s", ncclGetErrorString(res));
+    res = ncclAllReduce(buf, out2, 0, ncclFloat, ncclSum, comm, s);
+    CHECK(res == ncclSuccess, "zero-count all-reduce: %s", ncclGetErrorString(res));
+    CHECK(stream_idle_within(s, 30), "reduce-scatter not done within 30 s");
+    holds("reduce-scatter", out, 1024, sum_of_ranks, r, n);
+    ncclGroupStart();
+    ncclSend(buf, COUNT, ncclFloat, (r + 1) % n, comm, s);
+    ncclRecv(out2, COUNT, ncclFloat, (r + n - 1) % n, comm, s);
+    res = ncclGroupEnd();
+    CHECK(res == ncclSuccess, "send/receive ring: %s / %s", ncclGetErrorString(res), text_of(ncclGetLastError(NULL)));
+    CHECK(stream_idle_within(s, 30), "send/receive ring not done within 30 s");
+    holds("send/receive ring", out2, COUNT, from_left, r, n);
+    ncclGroupStart();
+    ncclAllReduce(buf, out, COUNT, ncclFloat, ncclSum, comm, s);
+    ncclAllReduce(buf, out2, COUNT, ncclFloat, ncclSum, comm, s);
+    res = ncclGroupEnd();
+    CHECK(res == ncclSuccess, "two all-reduces in a group: %s", ncclGetErrorString(res));
+    CHECK(stream_idle_within(s, 30), "two all-reduces not done within 30 s");
+    holds("grouped all-reduce 1", out, COUNT, sum_of_ranks, r, n);
+    holds("grouped all-reduce 2", out2, COUNT, sum_of_ranks, r, n);
+    CHECK(async_error(comm) == ncclSuccess, "async error %s", ncclGetErrorString(async_error(comm)));
+    printf("  [%s] 9 collectives and a send/receive ring checked and right in %.2f s\n", tag, now() - t0);
+    sh->done[r] = 1;
+    wait_all_done(sh, n, -1, 45);
+    char *log = read_log(dir, r);
+    CHECK(log && !strstr(log, "collective check") && !strstr(log, "has made no progress"),
+          "a check or hang line in a healthy run: %s", log ? log : "(no log)");
+    free(log);
+    res = ncclCommDestroy(comm);
+    CHECK(res == ncclSuccess, "ncclCommDestroy: %s", ncclGetErrorString(res));
+    return n_fail > 76 ? 76 : n_fail;
+  }
+  /* #4 (or #1 of the split communicator), the culprit's differing. */
+  char others[64], want[256], also[128];
+  others_text(others, sizeof others, culprit);
+  ncclComm_t failing = group ? second : comm;
+  if (!strcmp(c, "check-collective")) {
+    res = is_culprit ? ncclAllGather(buf, big, 1024, ncclFloat, comm, s)
+                     : ncclAllReduce(buf, out, COUNT, ncclFloat, ncclSum, comm, s);
+    snprintf(want, sizeof want, "rank %d called ncclAllGather #4 (1024 × float) where %s called ncclAllReduce #4 (4096 × float)",
+             culprit, others);
+  } else if (!strcmp(c, "check-root")) {
+    res = ncclBroadcast(buf, out, COUNT, ncclFloat, is_culprit ? culprit : 0, comm, s);
+    snprintf(want, sizeof want,
+             "rank %d called ncclBroadcast #4 (4096 × float, root %d) where %s called ncclBroadcast #4 (4096 × float, root 0)",
+             culprit, culprit, others);
+  } else if (group) {
+    fill(out2, COUNT, -1);
+    ncclGroupStart();
+    ncclAllReduce(buf, out2, COUNT, ncclFloat, ncclSum, comm, s);
+    ncclAllReduce(buf, out, is_culprit ? COUNT / 2 : COUNT, ncclFloat, ncclSum, second, s);
+    res = ncclGroupEnd();
+    snprintf(want, sizeof want, "rank %d called ncclAllReduce #1 (2048 × float) where %s called ncclAllReduce #1 (4096 × float)",
+             culprit, others);
+  } else {
+    res = ncclAllReduce(buf, out, is_culprit ? COUNT / 2 : COUNT, ncclFloat, ncclSum, comm, s);
+    snprintf(want, sizeof want, "rank %d called ncclAllReduce #4 (2048 × float) where %s called ncclAllReduce #4 (4096 × float)",
+             culprit, others);
+  }
+  if (nonblocking) res = settle(comm, res, 30);
+  double took = now() - t0;
+  char msg[2048], thread_msg[2048];
+  snprintf(thread_msg, sizeof thread_msg, "%s", text_of(ncclGetLastError(NULL)));
+  snprintf(msg, sizeof msg, "%s", text_of(ncclGetLastError(failing)));
+  printf("  [%s] #4 returned %s after %.2f s: %s\n", tag, ncclGetErrorString(res), took, msg);
+  CHECK(res == ncclInvalidUsage, "the call returned %s, want ncclInvalidUsage", ncclGetErrorString(res));
+  CHECK(took < 15, "the check took %.1f s (limit 15)", took);
+  CHECK(strstr(msg, want) != NULL, "'%s' not in ncclGetLastError(comm): %s", want, msg);
+  CHECK(strstr(msg, "OXCCL_CHECK_COLLECTIVES=1") != NULL, "the setting is not named: %s", msg);
+  snprintf(also, sizeof also, "rank %d (host ", r);
+  CHECK(strstr(msg, also) != NULL, "'%s' (this rank) not in: %s", also, msg);
+  CHECK(strstr(thread_msg, want) != NULL, "'%s' not in ncclGetLastError(NULL): %s", want, thread_msg);
+  CHECK(async_error(failing) == ncclInvalidUsage, "async error %s, want ncclInvalidUsage",
+        ncclGetErrorString(async_error(failing)));
+  CHECK(stream_idle_within(s, 5), "the stream is busy 5 s after the failed check (was something launched?)");
+  if (group) {
+    CHECK(async_error(comm) == ncclSuccess, "the first communicator's async error is %s",
+          ncclGetErrorString(async_error(comm)));
+    holds("the first communicator's all-reduce in the failed group", out2, COUNT, sum_of_ranks, r, n);
+  }
+  /* A later call on the failed communicator is refused at once. */
+  res = ncclAllReduce(buf, out, COUNT, ncclFloat, ncclSum, failing, s);
+  CHECK(res != ncclSuccess && res != ncclInProgress, "a call after the failed check returned %s", ncclGetErrorString(res));
+  sh->done[r] = 1;
+  wait_all_done(sh, n, -1, 45);
+  double ta = now();
+  res = ncclCommAbort(failing);
+  CHECK(res == ncclSuccess, "ncclCommAbort: %s", ncclGetErrorString(res));
+  if (group) {
+    res = ncclCommDestroy(comm);
+    CHECK(res == ncclSuccess, "ncclCommDestroy of the first communicator: %s", ncclGetErrorString(res));
+  }
+  printf("  [%s] teardown in %.2f s\n", tag, now() - ta);
+  CHECK(stream_idle_within(s, 15), "stream still busy 15 s after the teardown");
+  fflush(stdout);
+  return n_fail > 76 ? 76 : n_fail;
+}
+
 static int rank_main(const char *c, int r, int n, const char *hex, const char *dir) {
   snprintf(tag, sizeof tag, "%s rank %d", c, r);
   signal(SIGALRM, on_alarm);
@@ -235,6 +462,7 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
     id.internal[i] = (char)v;
   }
   if (cudaSetDevice(0) != cudaSuccess) return 1;
+  if (!strncmp(c, "check-", 6)) return check_main(c, r, n, id, dir, sh);
   ncclComm_t comm = NULL;
   ncclResult_t res = ncclCommInitRank(&comm, n, id, r);
   if (res != ncclSuccess) {
@@ -378,6 +606,8 @@ static int run_case(const char *c, int n, double limit) {
       setenv("OXCCL_HANG_REPORT_S", "3", 1);
       if (strcmp(c, "skip-report")) setenv("OXCCL_HANG_ERROR", "1", 1);
       else unsetenv("OXCCL_HANG_ERROR");
+      if (!strncmp(c, "check-", 6)) setenv("OXCCL_CHECK_COLLECTIVES", "1", 1);
+      else unsetenv("OXCCL_CHECK_COLLECTIVES");
       char *argv[] = {self_exe, "--rank", (char *)c, rstr[r], nstr, hex, dir, NULL};
       execv(self_exe, argv);
       _exit(127);

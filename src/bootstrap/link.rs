@@ -4,9 +4,11 @@
 //! (`KIND_WATCH`, any peer, any order), tells how each peer's connection to this rank stands
 //! (open, closed after a farewell, closed without one), and sends the farewell of an orderly
 //! close over the connections that are open. Every send is bounded by its own short limit.
+//! The optional collective check (`core::watchdog::check`) sends and receives its own kind
+//! (`KIND_CHECK`) on the same connections, from the caller's thread.
 
-use super::peers::{LinkState, Peers, KIND_BYE, KIND_WATCH};
-use super::socket::Limits;
+use super::peers::{LinkState, Peers, KIND_BYE, KIND_CHECK, KIND_WATCH};
+use super::socket::{Limits, WaitError};
 use crate::error::Result;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -43,6 +45,37 @@ impl Link {
         let never = AtomicBool::new(false);
         let limits = Limits::new(limit, &never);
         self.peers.send(peer, KIND_WATCH, tag, data, &limits)
+    }
+
+    /// Send a collective-check message to `peer` within `limit` (or until `abort` is set).
+    pub fn send_check(
+        &self,
+        peer: i32,
+        data: &[u8],
+        limit: Duration,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let limits = Limits::new(limit, abort);
+        self.peers.send(peer, KIND_CHECK, 0, data, &limits)
+    }
+
+    /// The next collective-check message from `peer` (they arrive in the order sent), waiting
+    /// at most `wait`: None when none came by then. Fails when `abort` is set, and at once
+    /// when `peer`'s connection closed with nothing left from it.
+    pub fn recv_check(
+        &self,
+        peer: i32,
+        wait: Duration,
+        abort: &AtomicBool,
+    ) -> Result<Option<Vec<u8>>> {
+        let limits = Limits::new(wait, abort);
+        match self.peers.recv(peer, KIND_CHECK, 0, &limits) {
+            Ok(msg) => Ok(Some(msg)),
+            Err(e) => match limits.expired() {
+                Some(WaitError::TimedOut) => Ok(None),
+                _ => Err(e),
+            },
+        }
     }
 
     /// The oldest watchdog message waiting from any peer: (peer, tag, payload).

@@ -41,6 +41,9 @@ pub const KIND_WATCH: u32 = 5;
 /// The last frame of an orderly close (payload: the sender's farewell). Kept per peer rather
 /// than filed, so that the close which follows it is known to be orderly.
 pub const KIND_BYE: u32 = 6;
+/// The signatures of the operations a rank is about to run (`core::watchdog::check`, the
+/// optional collective check): received by the caller's thread, never by the watchdog's.
+pub const KIND_CHECK: u32 = 7;
 
 /// Largest payload of one frame: a failure report or a ring hello is a line of text, anything
 /// else at most this (the bootstrap carries setup messages and small allgathers, never bulk
@@ -54,7 +57,7 @@ const MAX_QUEUED_BYTES: usize = 1 << 30;
 /// The payload limit of a frame kind.
 fn frame_limit(kind: u32) -> usize {
     match kind {
-        KIND_FAIL | KIND_RING | KIND_WATCH | KIND_BYE => MAX_TEXT_FRAME,
+        KIND_FAIL | KIND_RING | KIND_WATCH | KIND_BYE | KIND_CHECK => MAX_TEXT_FRAME,
         _ => MAX_FRAME,
     }
 }
@@ -948,7 +951,8 @@ mod tests {
             KIND_FAIL,
             KIND_WATCH,
             KIND_BYE,
-            7,
+            KIND_CHECK,
+            8,
             u32::MAX,
         ];
         let kind = if rng.one_in(8) {

@@ -4,8 +4,12 @@
 //! like NVIDIA's, they enqueue no GPU work at all. Every operation, no-ops included, is
 //! numbered first (`Comm::progress`), so that all ranks number the same calls alike; a no-op
 //! outside a group counts as launched (and so, once what came before it finishes, done) at
-//! once.
+//! once. With the collective check on (`OXCCL_CHECK_COLLECTIVES=1`), every numbered operation
+//! is also noted for the check of its group (`watchdog::check`), no-ops too: another rank may
+//! have called something else under that number.
 
+use super::watchdog::check;
+use super::watchdog::wire::OpDesc;
 use super::Comm;
 use crate::abi::cudaStream_t;
 use crate::error::Result;
@@ -14,11 +18,19 @@ use std::sync::Arc;
 
 /// Queue `task` on `comm` for `stream`.
 pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()> {
-    comm.progress.record(&task, stream as usize);
+    let seq = comm.progress.record(&task, stream as usize);
+    let checked = comm.nranks() > 1 && check::enabled();
+    if checked {
+        check::note(comm, signature(&task, seq));
+    }
     let p2p = matches!(task.kind, CollKind::Send | CollKind::Recv);
     let noop = !p2p
         && (task.count == 0 || comm.nranks() == 1 && is_one_rank_noop(&task) && comm.is_ready());
     if noop {
+        if checked {
+            // No GPU work, but the other ranks wait for its signature.
+            super::group::check_noop(comm)?;
+        }
         if super::group::depth() == 0 {
             comm.progress.mark_launched();
             if let Some(rt) = comm.rt.lock().as_mut() {
@@ -37,6 +49,18 @@ pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()>
         comm.rank()
     );
     super::group::submit_op(comm, task, stream as usize)
+}
+
+/// What the collective check compares of `task`, numbered `seq`.
+fn signature(task: &Task, seq: u64) -> OpDesc {
+    OpDesc {
+        kind: task.kind,
+        seq,
+        count: task.count as u64,
+        dtype: task.dtype,
+        op: crate::sched::device::op_code(task.op),
+        root: task.root,
+    }
 }
 
 /// Whether `task` on a one-rank communicator changes nothing: in place, and no PreMulSum.

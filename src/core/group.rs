@@ -1,8 +1,11 @@
 //! Group semantics: `ncclGroupStart`/`ncclGroupEnd` nesting per thread; the communicator
 //! creations and operations collected until the outermost end, which then runs creations
 //! (concurrently, one thread each) and then each communicator's operations as one launch
-//! (concurrently across communicators, since connection setup waits on peers).
+//! (concurrently across communicators, since connection setup waits on peers). With the
+//! collective check on (`OXCCL_CHECK_COLLECTIVES=1`), the ranks compare what they are about to
+//! run first (`watchdog::check`); a communicator whose check fails launches nothing.
 
+use super::watchdog::check;
 use super::Comm;
 use crate::abi::ncclResult_t;
 use crate::error::{Error, Result};
@@ -31,6 +34,8 @@ struct Pending {
     depth: usize,
     inits: Vec<InitWork>,
     ops: Vec<Op>,
+    /// Communicators whose only operations in the group were no-ops, still to be checked.
+    checks: Vec<Arc<Comm>>,
 }
 
 thread_local! {
@@ -49,7 +54,7 @@ pub fn depth() -> usize {
 
 /// Close a group; the outermost end runs what was collected.
 pub fn end() -> Result<()> {
-    let (inits, ops) = GROUP.with(|g| {
+    let (inits, ops, checks) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Err(Error::invalid_usage(
@@ -58,11 +63,15 @@ pub fn end() -> Result<()> {
         }
         g.depth -= 1;
         if g.depth > 0 {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Default::default());
         }
-        Ok((std::mem::take(&mut g.inits), std::mem::take(&mut g.ops)))
+        Ok((
+            std::mem::take(&mut g.inits),
+            std::mem::take(&mut g.ops),
+            std::mem::take(&mut g.checks),
+        ))
     })?;
-    execute(inits, ops)
+    execute(inits, ops, checks)
 }
 
 /// `ncclGroupSimulateEnd`: close the group without running it and estimate its time in µs.
@@ -79,6 +88,7 @@ pub fn simulate_end() -> Result<f32> {
             return Ok(Vec::new());
         }
         g.inits.clear();
+        g.checks.clear();
         Ok(std::mem::take(&mut g.ops))
     })?;
     let tasks: Vec<(i32, Option<crate::sched::NetLink>, Task)> = ops
@@ -125,10 +135,25 @@ pub fn submit_op(comm: &Arc<Comm>, task: Task, stream: usize) -> Result<()> {
         GROUP.with(|g| g.borrow_mut().ops.push(op));
         return Ok(());
     }
-    execute(Vec::new(), vec![op])
+    execute(Vec::new(), vec![op], Vec::new())
 }
 
-fn execute(inits: Vec<InitWork>, ops: Vec<Op>) -> Result<()> {
+/// A no-op (no GPU work) under the collective check: checked now outside a group, else at
+/// the group's end with the rest.
+pub fn check_noop(comm: &Arc<Comm>) -> Result<()> {
+    if depth() > 0 {
+        GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if !g.checks.iter().any(|c| Arc::ptr_eq(c, comm)) {
+                g.checks.push(comm.clone());
+            }
+        });
+        return Ok(());
+    }
+    check::run(std::slice::from_ref(comm)).remove(0)
+}
+
+fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result<()> {
     if !inits.is_empty() {
         let nonblocking = inits.iter().any(|j| !j.blocking);
         if nonblocking && ops.is_empty() {
@@ -145,9 +170,6 @@ fn execute(inits: Vec<InitWork>, ops: Vec<Op>) -> Result<()> {
         }
         run_inits(inits)?;
     }
-    if ops.is_empty() {
-        return Ok(());
-    }
     // Group the operations by communicator, keeping their order.
     let mut per_comm: Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)> = Vec::new();
     for op in ops {
@@ -162,6 +184,47 @@ fn execute(inits: Vec<InitWork>, ops: Vec<Op>) -> Result<()> {
             None => per_comm.push((op.comm, vec![op.task], vec![op.stream])),
         }
     }
+    let check_failure = check_group(&mut per_comm, checks);
+    if per_comm.is_empty() {
+        return check_failure.map_or(Ok(()), Err);
+    }
+    launch_all(per_comm)?;
+    check_failure.map_or(Ok(()), Err)
+}
+
+/// The collective check of every communicator of the group with operations noted for it
+/// (those with work, and `noop_only` ones whose calls were all no-ops): the communicators that
+/// fail it are dropped from `per_comm`; the first failure is returned.
+fn check_group(
+    per_comm: &mut Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)>,
+    noop_only: Vec<Arc<Comm>>,
+) -> Option<Error> {
+    if !check::enabled() {
+        return None;
+    }
+    let mut comms: Vec<Arc<Comm>> = per_comm.iter().map(|(c, _, _)| c.clone()).collect();
+    for c in noop_only {
+        if !comms.iter().any(|k| Arc::ptr_eq(k, &c)) {
+            comms.push(c);
+        }
+    }
+    comms.retain(|c| check::pending(c));
+    if comms.is_empty() {
+        return None;
+    }
+    let results = check::run(&comms);
+    let mut first = None;
+    for (comm, result) in comms.iter().zip(results) {
+        if let Err(e) = result {
+            per_comm.retain(|(c, _, _)| !Arc::ptr_eq(c, comm));
+            first.get_or_insert(e);
+        }
+    }
+    first
+}
+
+/// Connect and launch each communicator's operations.
+fn launch_all(per_comm: Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)>) -> Result<()> {
     if per_comm.len() > 1 {
         check_rank_streams(&per_comm)?;
     }

@@ -44,6 +44,8 @@ pub struct Comm {
     pub last_error: LastError,
     /// `ncclResult_t` of an error found after the call that caused it returned.
     async_error: AtomicI32,
+    /// That error's message (kept apart from `last_error`, which later calls overwrite).
+    async_message: Mutex<Option<String>>,
     /// Set by `ncclCommAbort`; every wait of this communicator checks it.
     pub abort: Arc<AtomicBool>,
     pub redops: redop::RedOpTable,
@@ -72,6 +74,7 @@ impl Comm {
             config,
             last_error: LastError::default(),
             async_error: AtomicI32::new(ncclResult_t::ncclSuccess as i32),
+            async_message: Mutex::new(None),
             abort: Arc::new(AtomicBool::new(false)),
             redops: redop::RedOpTable::default(),
             progress: progress::Progress::default(),
@@ -143,8 +146,14 @@ impl Comm {
             })
             .is_ok()
         {
+            *self.async_message.lock() = Some(e.msg.clone());
             self.last_error.set(&e.msg);
         }
+    }
+
+    /// The message of the async error, if one was recorded.
+    pub fn async_message(&self) -> Option<String> {
+        self.async_message.lock().clone()
     }
 
     /// Whether init completed without error and nothing failed since (no async error).
@@ -172,9 +181,14 @@ impl Comm {
         }
         match self.async_error() {
             ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(()),
+            // With the reason: a caller that reads only this call's message (PyTorch's next
+            // collective after a dead rank) still learns who and why.
             code => Err(Error::new(
                 code,
-                "communicator has a pending asynchronous error",
+                match self.async_message() {
+                    Some(why) => format!("communicator has a pending asynchronous error: {why}"),
+                    None => "communicator has a pending asynchronous error".into(),
+                },
             )),
         }
     }
@@ -223,5 +237,13 @@ mod tests {
         c.set_async_error(&Error::remote("peer 1 died"));
         c.set_async_error(&Error::system("later"));
         assert_eq!(c.async_error(), ncclResult_t::ncclRemoteError);
+        // Later calls overwrite the last error; the refusal of the next one still says why.
+        c.last_error.set("ncclAllReduce: something else");
+        let refused = c.check_usable().unwrap_err();
+        assert_eq!(refused.code, ncclResult_t::ncclRemoteError);
+        assert_eq!(
+            refused.msg,
+            "communicator has a pending asynchronous error: peer 1 died"
+        );
     }
 }

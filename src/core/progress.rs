@@ -94,6 +94,9 @@ pub struct Progress {
     log: Mutex<Log>,
     launched: AtomicU64,
     completed: AtomicU64,
+    /// The ordinal up to which operations wait in the collective check (`watchdog::check`),
+    /// before their launch; 0 when none do.
+    checking: AtomicU64,
 }
 
 impl Progress {
@@ -138,6 +141,22 @@ impl Progress {
     /// The ordinal of the last operation handed to the GPU.
     pub fn launched(&self) -> u64 {
         self.launched.load(Ordering::Acquire)
+    }
+
+    /// Operations up to `ordinal` wait in the collective check (`None`: the check ended).
+    pub fn set_checking(&self, ordinal: Option<u64>) {
+        self.checking.store(ordinal.unwrap_or(0), Ordering::Release);
+    }
+
+    /// Whether operations wait in the collective check now.
+    pub fn in_check(&self) -> bool {
+        self.checking.load(Ordering::Acquire) > self.launched()
+    }
+
+    /// The ordinal of the last operation handed over to run: launched, or waiting in the
+    /// collective check before its launch (what the watchdog counts as pending).
+    pub fn handed_over(&self) -> u64 {
+        self.launched().max(self.checking.load(Ordering::Acquire))
     }
 
     /// Operations up to `ordinal` are known to have finished.
@@ -287,5 +306,23 @@ mod tests {
         p.set_completed(2);
         p.set_completed(1);
         assert_eq!(p.completed(), 2);
+    }
+
+    #[test]
+    fn operations_in_the_check_count_as_handed_over_until_it_ends() {
+        let p = Progress::default();
+        p.record(&task(CollKind::AllReduce, 4, 0), 0);
+        p.mark_launched();
+        p.record(&task(CollKind::AllReduce, 4, 0), 0);
+        assert_eq!(p.handed_over(), 1);
+        p.set_checking(Some(2));
+        assert!(p.in_check());
+        assert_eq!((p.launched(), p.handed_over()), (1, 2));
+        p.set_checking(None);
+        assert!(!p.in_check());
+        assert_eq!(p.handed_over(), 1);
+        p.set_checking(Some(2));
+        p.mark_launched();
+        assert!(!p.in_check(), "launched: the check is over");
     }
 }

@@ -282,6 +282,10 @@ pub struct ChildRole {
 pub struct Options {
     pub lib: Option<PathBuf>,
     pub vs: Option<PathBuf>,
+    /// With `--vs`: variables set for library A's (`--env-a`) and B's (`--env-b`) processes
+    /// only, e.g. the same library with and without a setting.
+    pub env_a: Vec<(String, String)>,
+    pub env_b: Vec<(String, String)>,
     pub colls: Vec<Coll>,
     pub dtypes: Vec<Dtype>,
     pub ops: Vec<Op>,
@@ -315,6 +319,8 @@ impl Default for Options {
         Options {
             lib: None,
             vs: None,
+            env_a: Vec::new(),
+            env_b: Vec::new(),
             colls: vec![Coll::AllReduce],
             dtypes: vec![Dtype::Float],
             ops: vec![Op::Sum],
@@ -359,6 +365,10 @@ Library:
                       directory, else whatever dlopen(\"libnccl.so.2\") finds)
   --vs PATH           also run the same sweep against this second library (each library in
                       its own child processes) and print both side by side with ratios A/B
+  --env-a NAME=VALUE, --env-b NAME=VALUE
+                      with --vs: set a variable for library A's or B's processes only
+                      (repeatable); with --vs naming the same library, this compares a
+                      setting, e.g. --env-b OXCCL_CHECK_COLLECTIVES=1
 
 Collectives and data:
   -c, --coll NAME     all_reduce all_gather reduce_scatter broadcast reduce alltoall gather
@@ -551,6 +561,29 @@ fn check_device_list_length(list: &[usize], layout: Layout) -> Result<(), UsageE
     }
 }
 
+/// `NAME=VALUE` of `--env-a` / `--env-b`: a variable name of letters, digits and `_` (not
+/// starting with a digit), and any value.
+fn parse_env(text: &str) -> Result<(String, String), UsageError> {
+    let bad = || UsageError(format!("--env-a/--env-b take NAME=VALUE, got '{text}'"));
+    let (name, value) = text.split_once('=').ok_or_else(bad)?;
+    let valid = name
+        .bytes()
+        .enumerate()
+        .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+    if name.is_empty() || !valid {
+        return Err(bad());
+    }
+    Ok((name.to_string(), value.to_string()))
+}
+
+/// `A=1 B=2`: how a library's variables are shown.
+pub fn env_text(env: &[(String, String)]) -> String {
+    env.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The list of sizes one run sweeps, in order.
 pub fn sweep_sizes(opts: &Options) -> Vec<u64> {
     if let Some(list) = &opts.sizes {
@@ -619,6 +652,8 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
             "--ranks-per-gpu" => ranks_per_gpu = Some(parse_ranks_per_gpu(&value)?),
             "--lib" => opts.lib = Some(PathBuf::from(value)),
             "--vs" => opts.vs = Some(PathBuf::from(value)),
+            "--env-a" => opts.env_a.push(parse_env(&value)?),
+            "--env-b" => opts.env_b.push(parse_env(&value)?),
             "-c" | "--coll" => {
                 opts.colls = parse_list(&value, "collective", &Coll::ALL, Coll::parse, "all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall, gather, scatter, sendrecv")?
             }
@@ -716,6 +751,11 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
             )));
         }
     }
+    if opts.vs.is_none() && !(opts.env_a.is_empty() && opts.env_b.is_empty()) {
+        return Err(UsageError(
+            "--env-a and --env-b need --vs (they set a variable for one library's run)".into(),
+        ));
+    }
     if opts.vs.is_some() && opts.child.is_some() {
         return Err(UsageError("--vs cannot be used in a child process".into()));
     }
@@ -761,6 +801,38 @@ mod tests {
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
         for bad in ["", "K", "1.5M", "-4", "12X", "1KB", "99999999999999999999G"] {
             assert!(parse_size(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn per_library_variables_need_vs_and_a_name() {
+        let opts = run(&[
+            "--lib",
+            "/o/libnccl.so.2",
+            "--vs",
+            "/o/libnccl.so.2",
+            "--env-b",
+            "OXCCL_CHECK_COLLECTIVES=1",
+            "--env-b=NCCL_DEBUG=WARN",
+            "--env-a",
+            "X_1=",
+        ])
+        .unwrap();
+        assert_eq!(
+            opts.env_b,
+            vec![
+                ("OXCCL_CHECK_COLLECTIVES".into(), "1".into()),
+                ("NCCL_DEBUG".into(), "WARN".into())
+            ]
+        );
+        assert_eq!(opts.env_a, vec![("X_1".into(), String::new())]);
+        assert_eq!(
+            env_text(&opts.env_b),
+            "OXCCL_CHECK_COLLECTIVES=1 NCCL_DEBUG=WARN"
+        );
+        assert!(run(&["--env-b", "A=1"]).is_err(), "needs --vs");
+        for bad in ["NOVALUE", "=1", "1A=2", "A-B=1", "A B=1"] {
+            assert!(run(&["--vs", "x", "--env-a", bad]).is_err(), "{bad}");
         }
     }
 

@@ -330,12 +330,19 @@ struct LibraryOutcome {
 
 /// Run one library's whole sweep in a child; a refusal is an outcome, other failures are
 /// errors naming the library.
-fn run_library_child(opts: &Options, label: &str, lib: &Path) -> Result<LibraryOutcome, Failure> {
+fn run_library_child(
+    opts: &Options,
+    label: &str,
+    lib: &Path,
+    env: &[(String, String)],
+) -> Result<LibraryOutcome, Failure> {
     let mut child_opts = opts.clone();
     child_opts.lib = Some(lib.to_path_buf());
     let mut argv = procs::child_args(&child_opts);
     argv.push("--emit".into());
-    let command = procs::self_command(&argv)?;
+    let mut command = procs::self_command(&argv)?;
+    // Its rank children (with -p) inherit them.
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     let mut results = Vec::new();
     let mut init = InitSummary::default();
     // A whole sweep may legitimately print nothing for a while only within one step.
@@ -373,8 +380,13 @@ fn run_library_child(opts: &Options, label: &str, lib: &Path) -> Result<LibraryO
             )))
         }
     };
+    let mut name = lib.to_string_lossy().into_owned();
+    if !env.is_empty() {
+        // The records of two runs of one library with different settings stay apart.
+        name = format!("{name} [{}]", args::env_text(env));
+    }
     Ok(LibraryOutcome {
-        lib: lib.to_string_lossy().into_owned(),
+        lib: name,
         results,
         init,
         refused,
@@ -402,17 +414,25 @@ fn versus_status(a: &LibraryOutcome, b: &LibraryOutcome) -> i32 {
 /// Library A (`--lib`) then library B (`--vs`), each in its own child process(es), then the
 /// side-by-side table. A library that refuses the configuration does not stop the other.
 fn run_versus(opts: &Options, vs: &Path) -> Result<i32, Failure> {
-    let libs = [("A", library_path(opts)), ("B", vs.to_path_buf())];
+    let libs = [
+        ("A", library_path(opts), &opts.env_a),
+        ("B", vs.to_path_buf(), &opts.env_b),
+    ];
     let mut outcomes: Vec<LibraryOutcome> = Vec::new();
-    for (label, lib) in &libs {
+    for (label, lib, env) in &libs {
         if lib.to_string_lossy().contains('/') && !lib.exists() {
             return Err(Failure::Error(format!(
                 "library {label} ({}) does not exist",
                 lib.display()
             )));
         }
-        println!("# ===== library {label}: {} =====", lib.display());
-        let outcome = run_library_child(opts, label, lib)?;
+        let with = if env.is_empty() {
+            String::new()
+        } else {
+            format!(" with {}", args::env_text(env))
+        };
+        println!("# ===== library {label}: {}{with} =====", lib.display());
+        let outcome = run_library_child(opts, label, lib, env)?;
         if let Some(refusal) = &outcome.refused {
             println!(
                 "# ===== library {label} refused: {} =====",

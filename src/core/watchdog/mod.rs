@@ -12,12 +12,16 @@
 //!   ranks compare progress and each log one WARN line (`report.rs`); `OXCCL_HANG_ERROR=1`
 //!   turns the report into the communicator's error and stops its kernels;
 //! - answers: it answers the other ranks' progress queries, so a rank that is not stuck, or
-//!   has finished everything, still says where it is.
+//!   has finished everything, still says where it is;
+//! - the optional collective check (`check.rs`, `OXCCL_CHECK_COLLECTIVES=1`): runs on the
+//!   caller's thread before a launch; a mismatch it finds reaches the other ranks through the
+//!   watchdog (`TAG_CHECK_FAILED`), and operations waiting in it count as pending here.
 //!
 //! Completion is seen through the runtime's own launch events
 //! (`completion.rs`), progress numbers come from `core::progress`, the messages are in
 //! `wire.rs`, and when a communicator counts as stuck is `stall.rs`.
 
+pub mod check;
 pub mod completion;
 pub mod report;
 pub mod stall;
@@ -114,12 +118,33 @@ pub struct Slot {
     last_report: Mutex<Option<String>>,
     /// Who waits for an on-demand status of this communicator.
     status_waiters: Mutex<Vec<std::sync::mpsc::Sender<String>>>,
+    /// The collective check's operations and the signatures received (`check.rs`).
+    check: Mutex<check::State>,
+    /// Mismatches this rank's check found, for the watchdog to tell the other ranks.
+    check_failures: Mutex<Vec<String>>,
 }
 
 impl Slot {
     /// The line of the last hang report this rank made, if any.
     pub fn last_report(&self) -> Option<String> {
         self.last_report.lock().clone()
+    }
+
+    /// What the collective check needs: the link, the communicator's name and its ranks
+    /// (None while no watchdog runs).
+    fn parts_for_check(&self) -> Option<(Link, CommName, Vec<Ident>)> {
+        let link = self.handle.lock().as_ref()?.link.clone();
+        let (name, idents) = self.names.lock().clone()?;
+        Some((link, name, idents))
+    }
+
+    /// This rank's check found `what`: the watchdog fails the communicator for good and tells
+    /// the other ranks.
+    fn check_failed(&self, what: String) {
+        self.check_failures.lock().push(what);
+        if let Some(h) = self.handle.lock().as_ref() {
+            h.link.wake();
+        }
     }
 }
 
@@ -313,6 +338,8 @@ struct Exchange {
     answers: Vec<Option<Answer>>,
     /// Whether this is the second round of a hang report.
     refined: bool,
+    /// Whether this rank's operation waits in the collective check (not launched yet).
+    in_check: bool,
 }
 
 impl Exchange {
@@ -478,6 +505,10 @@ impl Watch {
                     }
                     _ => self.malformed(peer, "lost-rank notice"),
                 },
+                wire::TAG_CHECK_FAILED => match wire::decode_check_failed(&payload) {
+                    Some(what) => self.check_failed_there(comm, peer, what),
+                    None => self.malformed(peer, "failed-check notice"),
+                },
                 _ => self.malformed(peer, "watchdog message"),
             }
         }
@@ -528,7 +559,7 @@ impl Watch {
     fn state_for(&self, comm: &Comm, asker: i32, asked: Option<&OpDesc>) -> RankState {
         let p = &comm.progress;
         let enqueued = p.enqueued();
-        let launched = p.launched().min(enqueued);
+        let launched = p.handed_over().min(enqueued);
         let completed = p.completed().min(launched);
         let now = p.counts_at(enqueued).unwrap_or_default();
         let done = p.counts_at(completed);
@@ -610,6 +641,10 @@ impl Watch {
     }
 
     fn check_reports(&mut self, comm: &Comm) {
+        let mismatches = std::mem::take(&mut *comm.watch.check_failures.lock());
+        for what in mismatches {
+            self.check_failed_here(what);
+        }
         let reports = std::mem::take(&mut *comm.watch.reports.lock());
         for (peer, what) in reports {
             if (0..self.nranks).contains(&peer) && peer != self.me {
@@ -619,6 +654,36 @@ impl Watch {
                 (self.stop_kernels)();
             }
         }
+    }
+
+    /// This rank's collective check found `what` (the caller's thread has set the error and
+    /// logged it): no more reports; kernels still running after the grace are stopped; the
+    /// other ranks are told, so that one whose own check passed does not wait forever.
+    fn check_failed_here(&mut self, what: String) {
+        self.failed = true;
+        if self.abort_due.is_none() {
+            self.abort_due = Some(Instant::now() + LOST_GRACE);
+        }
+        let notice = wire::encode_check_failed(&what);
+        for r in self.others().collect::<Vec<_>>() {
+            if matches!(self.ends[r as usize], PeerEnd::Here) {
+                let _ = self
+                    .link
+                    .send(r, wire::TAG_CHECK_FAILED, &notice, SEND_LIMIT);
+            }
+        }
+    }
+
+    /// Another rank's collective check found `what`: this rank's communicator fails too.
+    fn check_failed_there(&mut self, comm: &Comm, peer: i32, what: String) {
+        let msg = format!(
+            "{} {}: the collective check ({}=1) of {} found {what}; the communicator is failed",
+            self.name,
+            self.who(self.me),
+            check::SETTING,
+            self.who(peer)
+        );
+        self.fail(comm, Error::invalid_usage(msg), false);
     }
 
     /// A departed rank: this rank's work beyond what it completed can never complete.
@@ -676,7 +741,7 @@ impl Watch {
 
     fn check_stall(&mut self, comm: &Comm) {
         let p = &comm.progress;
-        let launched = p.launched();
+        let launched = p.handed_over();
         self.stuck = self
             .stall
             .update(Instant::now(), launched, p.completed().min(launched));
@@ -742,6 +807,7 @@ impl Watch {
             stuck,
             answers,
             refined,
+            in_check: comm.progress.in_check(),
         });
     }
 
@@ -825,6 +891,7 @@ impl Watch {
             mine: &ex.mine,
             stuck: ex.stuck,
             answers: &answers,
+            in_check: ex.in_check,
         });
         debug_assert_eq!(ex.query.round, ex.round);
         *comm.watch.last_report.lock() = Some(verdict.line.clone());

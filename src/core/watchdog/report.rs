@@ -169,14 +169,22 @@ pub struct Findings<'a> {
     pub stuck: Duration,
     /// Every other rank's answer.
     pub answers: &'a [(i32, Answer)],
+    /// Whether the operation waits in the collective check (`OXCCL_CHECK_COLLECTIVES`), not
+    /// launched yet.
+    pub in_check: bool,
 }
 
 /// The one WARN line of a rank whose operation made no progress.
 pub fn hang_report(f: &Findings<'_>) -> Verdict {
+    let note = if f.in_check {
+        " (waiting in the collective check, OXCCL_CHECK_COLLECTIVES=1)"
+    } else {
+        ""
+    };
     let Some(waiting) = f.mine.waiting else {
         return Verdict {
             line: format!(
-                "{} {}: work made no progress for {} s",
+                "{} {}: work made no progress for {} s{note}",
                 f.name,
                 who(f.me, f.idents),
                 f.stuck.as_secs()
@@ -201,7 +209,7 @@ pub fn hang_report(f: &Findings<'_>) -> Verdict {
     }
     Verdict {
         line: format!(
-            "{} {}: {} has made no progress for {} s; {}",
+            "{} {}: {} has made no progress for {} s{note}; {}",
             f.name,
             who(f.me, f.idents),
             describe(&waiting),
@@ -281,10 +289,13 @@ fn how_far(s: &RankState) -> String {
 
 /// "rank 2 called ncclAllGather #57 (1024 × float) where ranks 0,1,3 called ncclAllReduce #57
 /// (4096 × float)", when the callers of one number did not all call the same; None if they
-/// did. The largest group (the one with the lowest rank among equals) is the reference.
+/// did. The largest group (the one with the lowest rank among equals) is the reference; each
+/// group is described by its lowest rank's call, so every rank words it alike.
 pub fn mismatch_text(callers: &[(i32, OpDesc)]) -> Option<String> {
+    let mut callers = callers.to_vec();
+    callers.sort_by_key(|(r, _)| *r);
     let mut groups: Vec<(OpDesc, Vec<i32>)> = Vec::new();
-    for (r, d) in callers {
+    for (r, d) in &callers {
         let sig = signature_of(d);
         match groups.iter_mut().find(|(g, _)| signature_of(g) == sig) {
             Some((_, members)) => members.push(*r),

@@ -9,6 +9,7 @@ use super::*;
 use crate::abi::ncclDataType_t;
 use crate::bootstrap::{get_unique_id_with, Bootstrap, BootstrapConfig};
 use crate::core::CommConfig;
+use crate::error::Result;
 use crate::sched::redop::RedOp;
 use crate::sched::{CollKind, Task};
 
@@ -655,4 +656,475 @@ fn a_process_that_exits_without_destroying_raises_no_error() {
     let (out, _) = two_processes("exit");
     assert!(out.contains("RESULT ncclSuccess after"), "{out}");
     assert!(!out.contains("KERNELS STOPPED"), "{out}");
+}
+
+// ---- The collective check (OXCCL_CHECK_COLLECTIVES=1), ranks on threads. ----
+
+/// Number `ops` on `r` and note them for its check, as enqueue does with the check on.
+fn note_ops(r: &Rank, ops: &[(CollKind, usize, i32)]) {
+    for &(kind, count, root) in ops {
+        let t = task(kind, count, root);
+        let seq = r.comm.progress.record(&t, 0);
+        check::note(
+            &r.comm,
+            wire::OpDesc {
+                kind,
+                seq,
+                count: count as u64,
+                dtype: t.dtype,
+                op: crate::sched::device::op_code(t.op),
+                root,
+            },
+        );
+    }
+}
+
+/// Run the check of `comms` on a thread of its own (as one thread driving them in a group);
+/// the results, or None if it did not end within `limit`.
+fn check_on_thread(comms: Vec<Arc<Comm>>, limit: Duration) -> Option<Vec<Result<()>>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(check::run(&comms));
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+/// Every rank checks `ops(rank)` on its own thread; each rank's result.
+fn check_all(all: &[Rank], ops: impl Fn(usize) -> Vec<(CollKind, usize, i32)>) -> Vec<Result<()>> {
+    for (i, r) in all.iter().enumerate() {
+        note_ops(r, &ops(i));
+    }
+    let pending: Vec<_> = all
+        .iter()
+        .map(|r| {
+            let comm = r.comm.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(check::run(&[comm]).remove(0));
+            });
+            rx
+        })
+        .collect();
+    pending
+        .into_iter()
+        .enumerate()
+        .map(|(i, rx)| {
+            rx.recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("rank {i}'s check did not end within 20 s"))
+        })
+        .collect()
+}
+
+fn usage_error(r: &Result<()>) -> String {
+    match r {
+        Err(e) if e.code == ncclResult_t::ncclInvalidUsage => e.msg.clone(),
+        other => panic!("expected ncclInvalidUsage, got {other:?}"),
+    }
+}
+
+#[test]
+fn matching_operations_pass_the_check_and_leave_nothing_behind() {
+    let mut all = ranks(3, settings(60, false));
+    let results = check_all(&all, |r| {
+        vec![
+            (CollKind::AllReduce, 4096, 0),
+            (CollKind::Broadcast, 10, 2),
+            (CollKind::Send, 7, ((r + 1) % 3) as i32),
+            (CollKind::Recv, 7, ((r + 2) % 3) as i32),
+            (CollKind::AllGather, 0, 0),
+        ]
+    });
+    for (r, res) in all.iter().zip(&results) {
+        assert!(res.is_ok(), "{res:?}");
+        assert_eq!(check::kept(&r.comm), 0, "every counterpart used");
+        assert_eq!(r.comm.async_error(), ncclResult_t::ncclSuccess);
+        assert!(!r.comm.progress.in_check());
+    }
+    // And again: the next group's numbers meet as well.
+    let again = check_all(&all, |_| vec![(CollKind::ReduceScatter, 64, 0)]);
+    assert!(again.iter().all(|r| r.is_ok()), "{again:?}");
+    stop_all(&mut all);
+}
+
+#[test]
+fn another_collective_fails_every_rank_with_the_hang_reports_words() {
+    let mut all = ranks(3, settings(60, false));
+    warm_up(&all, 3);
+    let results = check_all(&all, |r| {
+        if r == 1 {
+            vec![(CollKind::AllGather, 1024, 0)]
+        } else {
+            vec![(CollKind::AllReduce, 4096, 0)]
+        }
+    });
+    let words = "rank 1 called ncclAllGather #4 (1024 × float) where ranks 0,2 called \
+                 ncclAllReduce #4 (4096 × float)";
+    for (i, (r, res)) in all.iter().zip(&results).enumerate() {
+        let msg = usage_error(res);
+        assert!(msg.contains(words), "{msg}");
+        // Its own finding, or (when another rank's notice came first) that rank's.
+        assert!(
+            msg.contains(&format!("rank {i} (host node{i}, pid 100{i}"))
+                && msg.contains("OXCCL_CHECK_COLLECTIVES=1")
+                && (msg.contains("nothing of this group was launched")
+                    || msg.contains("the communicator is failed")),
+            "{msg}"
+        );
+        assert_eq!(r.comm.async_error(), ncclResult_t::ncclInvalidUsage);
+        assert!(error_of(r).contains(words), "{}", error_of(r));
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn another_count_type_or_root_is_named() {
+    let mut all = ranks(2, settings(60, false));
+    let results = check_all(&all, |r| {
+        if r == 0 {
+            vec![(CollKind::AllReduce, 4096, 0), (CollKind::Broadcast, 10, 0)]
+        } else {
+            vec![(CollKind::AllReduce, 2048, 0), (CollKind::Broadcast, 10, 1)]
+        }
+    });
+    for res in &results {
+        let msg = usage_error(res);
+        assert!(
+            msg.contains(
+                "rank 1 called ncclAllReduce #1 (2048 × float) where rank 0 called \
+                 ncclAllReduce #1 (4096 × float)"
+            ) && msg.contains(
+                "rank 1 called ncclBroadcast #2 (10 × float, root 1) where rank 0 called \
+                 ncclBroadcast #2 (10 × float, root 0)"
+            ),
+            "{msg}"
+        );
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_zero_count_no_op_is_checked_too() {
+    let mut all = ranks(2, settings(60, false));
+    let results = check_all(&all, |r| {
+        vec![(CollKind::AllReduce, if r == 0 { 0 } else { 8 }, 0)]
+    });
+    for res in &results {
+        assert!(
+            usage_error(res).contains("rank 1 called ncclAllReduce #1 (8 × float) where rank 0"),
+            "{res:?}"
+        );
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_send_whose_receive_differs_fails_both_and_the_notice_reaches_a_third_rank() {
+    let mut all = ranks(3, settings(60, false));
+    // Rank 0 sends to 1 (who expects another count) and to 2 (who agrees).
+    let results = check_all(&all, |r| match r {
+        0 => vec![(CollKind::Send, 100, 1), (CollKind::Send, 5, 2)],
+        1 => vec![(CollKind::Recv, 200, 0)],
+        _ => vec![(CollKind::Recv, 5, 0)],
+    });
+    let words = "rank 1 called ncclRecv #1 from rank 0 (200 × float) where rank 0 called \
+                 ncclSend #1 to rank 1 (100 × float)";
+    for res in &results[..2] {
+        assert!(usage_error(res).contains(words), "{res:?}");
+    }
+    // Rank 2's own check passes, and it launches its receive: rank 0's watchdog tells it.
+    // (Rarely the notice lands before rank 2 has looked at what it received: then its check
+    // fails with the notice.)
+    match &results[2] {
+        Ok(()) => all[2].comm.progress.mark_launched(),
+        Err(e) => assert!(
+            e.code == ncclResult_t::ncclInvalidUsage && e.msg.contains(words),
+            "{e:?}"
+        ),
+    }
+    let failed = || all[2].comm.async_error() == ncclResult_t::ncclInvalidUsage;
+    assert!(eventually(Duration::from_secs(10), failed));
+    let msg = error_of(&all[2]);
+    assert!(
+        msg.contains("rank 2 (host node2")
+            && msg.contains("the collective check")
+            && msg.contains(words),
+        "{msg}"
+    );
+    // Its receive can never complete: its kernels are released after the grace.
+    if results[2].is_ok() {
+        assert!(eventually(LOST_GRACE + Duration::from_secs(3), || all[2]
+            .kernels_stopped
+            .load(Ordering::Acquire)));
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn ranks_that_group_their_calls_differently_still_meet() {
+    let mut all = ranks(2, settings(60, false));
+    note_ops(
+        &all[0],
+        &[(CollKind::AllReduce, 8, 0), (CollKind::AllReduce, 16, 0)],
+    );
+    let comm = all[0].comm.clone();
+    let (tx, both) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(check::run(&[comm]).remove(0));
+    });
+    note_ops(&all[1], &[(CollKind::AllReduce, 8, 0)]);
+    let first = check_on_thread(vec![all[1].comm.clone()], Duration::from_secs(20));
+    assert!(first.expect("ended")[0].is_ok());
+    assert!(
+        both.recv_timeout(Duration::from_millis(300)).is_err(),
+        "rank 0 waits for rank 1's #2"
+    );
+    note_ops(&all[1], &[(CollKind::AllReduce, 16, 0)]);
+    let second = check_on_thread(vec![all[1].comm.clone()], Duration::from_secs(20));
+    assert!(second.expect("ended")[0].is_ok());
+    let both = both.recv_timeout(Duration::from_secs(20)).expect("ended");
+    assert!(both.is_ok(), "{both:?}");
+    stop_all(&mut all);
+}
+
+#[test]
+fn one_thread_checks_every_rank_of_a_group_without_waiting_on_itself() {
+    let mut all = ranks(3, settings(60, false));
+    for r in &all {
+        note_ops(r, &[(CollKind::AllReduce, 4096, 0)]);
+    }
+    let comms: Vec<Arc<Comm>> = all.iter().map(|r| r.comm.clone()).collect();
+    let res = check_on_thread(comms.clone(), Duration::from_secs(20)).expect("no deadlock");
+    assert!(res.iter().all(|r| r.is_ok()), "{res:?}");
+    // A mismatch in one thread's group: every rank's result says so.
+    for (i, r) in all.iter().enumerate() {
+        note_ops(r, &[(CollKind::Reduce, 4096, if i == 2 { 1 } else { 0 })]);
+    }
+    let res = check_on_thread(comms, Duration::from_secs(20)).expect("no deadlock");
+    for r in &res {
+        assert!(
+            usage_error(r).contains(
+                "rank 2 called ncclReduce #2 (4096 × float, root 1) where ranks 0,1 called \
+                 ncclReduce #2 (4096 × float, root 0)"
+            ),
+            "{r:?}"
+        );
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_rank_that_never_comes_is_named_by_the_hang_report_and_abort_ends_the_wait() {
+    let mut all = ranks(2, settings(1, false));
+    warm_up(&all, 3);
+    note_ops(&all[0], &[(CollKind::AllReduce, 4096, 0)]);
+    let comm = all[0].comm.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(check::run(&[comm]).remove(0));
+    });
+    assert!(eventually(Duration::from_secs(15), || !report_of(&all[0]).is_empty()));
+    let line = report_of(&all[0]);
+    assert!(
+        line.contains(
+            "ncclAllReduce #4 (4096 × float) has made no progress for 1 s (waiting in the \
+             collective check, OXCCL_CHECK_COLLECTIVES=1); not called by 1 rank: rank 1 (host \
+             node1"
+        ),
+        "{line}"
+    );
+    assert!(
+        report_of(&all[1]).contains("which rank 1 has not called"),
+        "{}",
+        report_of(&all[1])
+    );
+    assert!(rx.try_recv().is_err(), "still waiting: NCCL's semantics");
+    all[0].comm.abort.store(true, Ordering::Release);
+    let res = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the abort ends the wait");
+    assert!(
+        usage_error(&res).contains("aborted while this rank waited"),
+        "{res:?}"
+    );
+    stop_all(&mut all);
+}
+
+#[test]
+fn under_hang_error_a_rank_that_never_comes_fails_the_check() {
+    let mut all = ranks(2, settings(1, true));
+    note_ops(&all[1], &[(CollKind::AllReduce, 8, 0)]);
+    let res = check_on_thread(vec![all[1].comm.clone()], Duration::from_secs(20))
+        .expect("bounded by the hang error");
+    match &res[0] {
+        Err(e) => assert!(
+            e.code == ncclResult_t::ncclRemoteError
+                && e.msg.contains("not called by 1 rank: rank 0 (host node0"),
+            "{e:?}"
+        ),
+        ok => panic!("{ok:?}"),
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_rank_that_dies_during_the_check_is_named() {
+    let mut all = ranks_with(3, settings(60, false), &[1]);
+    for r in [0, 2] {
+        note_ops(&all[r], &[(CollKind::AllReduce, 8, 0)]);
+    }
+    let waiting: Vec<_> = [0, 2]
+        .iter()
+        .map(|&r| {
+            let comm = all[r].comm.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(check::run(&[comm]).remove(0));
+            });
+            rx
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    all[1].boot.take();
+    for rx in waiting {
+        let res = rx.recv_timeout(Duration::from_secs(10)).expect("bounded");
+        match res {
+            Err(e) => assert!(
+                e.code == ncclResult_t::ncclRemoteError
+                    && e.msg.contains("rank 1 (host node1, pid 1001")
+                    && e.msg.contains("is gone"),
+                "{e:?}"
+            ),
+            ok => panic!("{ok:?}"),
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_malformed_check_message_fails_the_check_naming_the_sender() {
+    let mut all = ranks(2, settings(60, false));
+    note_ops(&all[0], &[(CollKind::AllReduce, 8, 0)]);
+    let link = all[1].boot.as_ref().unwrap().link();
+    let never = AtomicBool::new(false);
+    link.send_check(0, b"\x01garbage", Duration::from_secs(2), &never)
+        .unwrap();
+    let res = check_on_thread(vec![all[0].comm.clone()], Duration::from_secs(20)).expect("ends");
+    match &res[0] {
+        Err(e) => assert!(
+            e.code == ncclResult_t::ncclInternalError
+                && e.msg
+                    .contains("malformed collective-check message from rank 1"),
+            "{e:?}"
+        ),
+        ok => panic!("{ok:?}"),
+    }
+    stop_all(&mut all);
+}
+
+/// Through enqueue and the group's end, as the API calls them (no runtime here: a call whose
+/// check passes then fails at its launch, "not initialised"; one whose check fails never gets
+/// there).
+#[test]
+fn enqueue_and_group_end_run_the_check_before_any_launch() {
+    check::FORCED.store(true, Ordering::Release);
+    let mut all = ranks(2, settings(60, false));
+    let call = |r: usize, kind: CollKind, count: usize| {
+        let comm = all[r].comm.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            crate::core::group::start();
+            let queued =
+                crate::core::enqueue::enqueue(&comm, task(kind, count, 0), std::ptr::null_mut());
+            // A zero-count no-op of the same group is checked with it.
+            let noop = crate::core::enqueue::enqueue(
+                &comm,
+                task(CollKind::AllReduce, 0, 0),
+                std::ptr::null_mut(),
+            );
+            let _ = tx.send((queued, noop, crate::core::group::end()));
+        });
+        rx
+    };
+    let agree: Vec<_> = (0..2).map(|r| call(r, CollKind::AllReduce, 64)).collect();
+    for rx in agree {
+        let (queued, noop, end) = rx.recv_timeout(Duration::from_secs(20)).expect("ends");
+        assert!(queued.is_ok() && noop.is_ok(), "collected in the group");
+        let e = end.unwrap_err();
+        assert!(e.msg.contains("not initialised"), "past the check: {e:?}");
+    }
+    let differ: Vec<_> = (0..2)
+        .map(|r| call(r, CollKind::AllReduce, if r == 0 { 64 } else { 32 }))
+        .collect();
+    for rx in differ {
+        let (_, _, end) = rx.recv_timeout(Duration::from_secs(20)).expect("ends");
+        let e = end.unwrap_err();
+        assert!(
+            e.code == ncclResult_t::ncclInvalidUsage
+                && e.msg.contains(
+                    "rank 1 called ncclAllReduce #3 (32 × float) where rank 0 called \
+                     ncclAllReduce #3 (64 × float)"
+                ),
+            "{e:?}"
+        );
+    }
+    check::FORCED.store(false, Ordering::Release);
+    stop_all(&mut all);
+}
+
+/// The check's host cost: `rounds` checks of one all-reduce on every rank (each rank on its
+/// own thread, as one process per rank would), the median wall time of one check on rank 0.
+/// Ignored by default (timing); `cargo test --lib check_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn check_cost() {
+    for n in [2, 4, 8] {
+        let mut all = ranks(n, settings(60, false));
+        let rounds = 2000;
+        let barrier = Arc::new(std::sync::Barrier::new(n as usize));
+        let threads: Vec<_> = all
+            .iter()
+            .map(|r| {
+                let comm = r.comm.clone();
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    let mut times = Vec::with_capacity(rounds);
+                    barrier.wait();
+                    for _ in 0..rounds {
+                        let t = task(CollKind::AllReduce, 8, 0);
+                        let seq = comm.progress.record(&t, 0);
+                        check::note(
+                            &comm,
+                            wire::OpDesc {
+                                kind: t.kind,
+                                seq,
+                                count: 8,
+                                dtype: t.dtype,
+                                op: crate::sched::device::op_code(t.op),
+                                root: 0,
+                            },
+                        );
+                        let t0 = Instant::now();
+                        check::run(std::slice::from_ref(&comm)).remove(0).unwrap();
+                        times.push(t0.elapsed());
+                    }
+                    times
+                })
+            })
+            .collect();
+        let mut times: Vec<Vec<Duration>> =
+            threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let mine = &mut times[0];
+        mine.sort();
+        let (median, p90) = (mine[rounds / 2], mine[rounds * 9 / 10]);
+        println!(
+            "collective check, {n} ranks on threads over loopback: median {:.1} us, p90 {:.1} us \
+             per all-reduce ({rounds} rounds)",
+            median.as_secs_f64() * 1e6,
+            p90.as_secs_f64() * 1e6
+        );
+        assert!(median < Duration::from_millis(5), "{median:?}");
+        stop_all(&mut all);
+    }
 }

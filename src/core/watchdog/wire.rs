@@ -1,6 +1,6 @@
 //! The watchdog's messages on the bootstrap: progress queries and their answers, lost-rank
-//! notices (`KIND_WATCH`, told apart by tag) and the farewell of an orderly close
-//! (`KIND_BYE`). Little-endian with a version byte first; decoding checks every length and
+//! and failed-check notices (`KIND_WATCH`, told apart by tag), the farewell of an orderly
+//! close (`KIND_BYE`) and the signatures of the collective check (`KIND_CHECK`, `check.rs`). Little-endian with a version byte first; decoding checks every length and
 //! value and never panics, since a peer may be buggy or of another version (it gives None).
 
 use crate::abi::ncclDataType_t;
@@ -11,9 +11,14 @@ use crate::sched::CollKind;
 pub const TAG_QUERY: u64 = 1;
 pub const TAG_REPLY: u64 = 2;
 pub const TAG_LOST: u64 = 3;
+/// A rank's collective check found a mismatch: its communicator is failed everywhere.
+pub const TAG_CHECK_FAILED: u64 = 4;
 const VERSION: u8 = 1;
 /// Longest text a message carries (a lost-rank reason).
 const MAX_TEXT: usize = 4096;
+/// Most signatures in one message of the collective check (a message stays well under the
+/// bootstrap's 64 KiB limit for its kind; a larger group sends several).
+pub const MAX_SIGNATURES: usize = 1024;
 
 /// What an operation was, as reports print and compare it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,6 +308,45 @@ pub fn decode_lost(b: &[u8]) -> Option<Lost> {
     r.done(Lost { rank, why })
 }
 
+/// The signatures of the operations a rank is about to run, for the collective check: its
+/// collectives for every other rank, its sends to and receives from one peer for that peer
+/// (at most [`MAX_SIGNATURES`]).
+pub fn encode_signatures(ops: &[OpDesc]) -> Vec<u8> {
+    let ops = &ops[..ops.len().min(MAX_SIGNATURES)];
+    let mut w = Writer::new();
+    w.u32(ops.len() as u32);
+    for op in ops {
+        w.op(&Some(*op));
+    }
+    w.0
+}
+
+pub fn decode_signatures(b: &[u8]) -> Option<Vec<OpDesc>> {
+    let mut r = Reader::new(b)?;
+    let n = r.u32()? as usize;
+    if n > MAX_SIGNATURES {
+        return None;
+    }
+    let mut ops = Vec::with_capacity(n);
+    for _ in 0..n {
+        ops.push(r.op()??);
+    }
+    r.done(ops)
+}
+
+/// The notice of a failed collective check: what the rank that found it saw.
+pub fn encode_check_failed(text: &str) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.text(text);
+    w.0
+}
+
+pub fn decode_check_failed(b: &[u8]) -> Option<String> {
+    let mut r = Reader::new(b)?;
+    let text = r.text()?;
+    r.done(text)
+}
+
 pub fn encode_farewell(f: &Farewell) -> Vec<u8> {
     let mut w = Writer::new();
     w.u8(f.reason as u8);
@@ -392,6 +436,28 @@ mod tests {
             recvs_done: 0,
         };
         assert_eq!(decode_farewell(&encode_farewell(&f)), Some(f));
+        let sigs = vec![op(CollKind::AllReduce, 4, 4096), op(CollKind::Send, 1, 7)];
+        assert_eq!(decode_signatures(&encode_signatures(&sigs)), Some(sigs));
+        assert_eq!(decode_signatures(&encode_signatures(&[])), Some(vec![]));
+        let text = "rank 1 called ncclAllGather #4 (1024 × float)";
+        assert_eq!(
+            decode_check_failed(&encode_check_failed(text)).as_deref(),
+            Some(text)
+        );
+    }
+
+    #[test]
+    fn a_signature_batch_is_cut_at_its_limit_and_a_longer_count_refused() {
+        let many = vec![op(CollKind::AllReduce, 1, 1); MAX_SIGNATURES + 5];
+        let b = encode_signatures(&many);
+        assert_eq!(decode_signatures(&b).map(|v| v.len()), Some(MAX_SIGNATURES));
+        assert!(b.len() < 64 << 10, "{} bytes", b.len());
+        let mut forged = b.clone();
+        forged[1..5].copy_from_slice(&(MAX_SIGNATURES as u32 + 1).to_le_bytes());
+        assert_eq!(decode_signatures(&forged), None);
+        let mut absent = encode_signatures(&many[..1]);
+        absent[5] = 0; // "no operation" where a signature must be
+        assert_eq!(decode_signatures(&absent), None);
     }
 
     #[test]
@@ -423,6 +489,8 @@ mod tests {
                 rank: 1,
                 why: "x".repeat(100),
             }),
+            encode_signatures(&[op(CollKind::Gather, 9, 3), op(CollKind::Recv, 2, 5)]),
+            encode_check_failed("mismatch"),
         ];
         fuzz::run(
             "watchdog messages",
@@ -447,6 +515,8 @@ mod tests {
                     decode_query(&b),
                     decode_lost(&b),
                     decode_farewell(&b),
+                    decode_signatures(&b),
+                    decode_check_failed(&b),
                 );
             },
         );
