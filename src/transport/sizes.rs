@@ -13,6 +13,9 @@ pub const DIRECT_SLOT_BYTES: u32 = 256 << 10;
 /// Slots per connection of the one-shot all-reduce's rows.
 pub const DIRECT_NSLOTS: u32 = 2;
 
+const _: () = assert!(NSLOTS.is_power_of_two() && DIRECT_NSLOTS.is_power_of_two());
+const _: () = assert!(NSLOTS <= crate::sched::device::MAX_NSLOTS);
+
 /// Bytes and slots of the buffers of a connection on a one-shot row (`direct`) or any other.
 pub fn row_buffers(direct: bool, configured_slot_bytes: u32) -> (u32, u32) {
     if direct {
@@ -53,7 +56,5 @@ mod tests {
     fn one_shot_rows_get_their_own_small_buffers() {
         assert_eq!(row_buffers(true, 4096), (DIRECT_SLOT_BYTES, DIRECT_NSLOTS));
         assert_eq!(row_buffers(false, 4096), (4096, NSLOTS));
-        assert!(NSLOTS.is_power_of_two() && DIRECT_NSLOTS.is_power_of_two());
-        assert!(NSLOTS <= crate::sched::device::MAX_NSLOTS);
     }
 }
