@@ -1,7 +1,7 @@
 //! How big connection buffers are: the slots of every connection a transport allocates, the
-//! small LL-only buffers of the one-shot all-reduce's rows, and `NCCL_BUFFSIZE`. A leaf
-//! module (it imports nothing of the crate but `env`), so the cost model can read the same
-//! figures it models the steps with.
+//! small LL-only buffers of the one-shot all-reduce's rows, and `NCCL_BUFFSIZE`. Nothing
+//! here depends on a transport's state, so the cost model can read the same figures it models
+//! the steps with.
 
 /// Bytes per slot of a connection (`NCCL_BUFFSIZE / NSLOTS` when that is set).
 pub const SLOT_BYTES: u32 = 512 * 1024;
