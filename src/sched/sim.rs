@@ -1695,19 +1695,19 @@ fn over_a_slow_network_plans_differ_from_nvlink() {
         .iter()
         .any(|w| w.kind == WorkKind::DirectAllReduce as u32));
     assert!(net.iter().all(|w| w.kind == WorkKind::RingAllReduce as u32));
-    // A large one: fewer CTAs (channels) over the slow link.
+    // A large one: never fewer CTAs (channels) over the network than without it.
     let (nv_grid, _) = items(CollKind::AllReduce, 4 << 20, false);
     let (net_grid, _) = items(CollKind::AllReduce, 4 << 20, true);
     assert!(
-        net_grid < nv_grid && net_grid <= 2,
+        net_grid >= nv_grid && nv_grid > 1,
         "{net_grid} CTAs over the network, {nv_grid} without"
     );
     // A large send to the next host (rank 0 -> 1 stays on the host, 3 -> 0 crosses): rank 0's
-    // receive from rank 3 is split in fewer parts than its send to rank 1.
+    // receive from rank 3 is split in at least as many parts as its send to rank 1.
     let (_, sends) = items(CollKind::Send, 4 << 20, true);
     let parts = |k: WorkKind| sends.iter().filter(|w| w.kind == k as u32).count();
     assert!(
-        parts(WorkKind::Recv) < parts(WorkKind::Send),
+        parts(WorkKind::Recv) >= parts(WorkKind::Send) && parts(WorkKind::Send) > 1,
         "{} receive parts, {} send parts",
         parts(WorkKind::Recv),
         parts(WorkKind::Send)
