@@ -24,14 +24,22 @@ fn lo() -> NetIf {
     }
 }
 
-fn parse_size(s: &str) -> usize {
+const USAGE: &str = "usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4]
+  (the socket network's shape comes from NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD)";
+
+/// A size like 64K, 1M or 1G.
+fn parse_size(s: &str) -> Result<usize, String> {
     let (num, mul) = match s.chars().last() {
         Some('K') => (&s[..s.len() - 1], 1 << 10),
         Some('M') => (&s[..s.len() - 1], 1 << 20),
         Some('G') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<usize>().expect("a size like 64K, 1M or 1G") * mul
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("'{s}' is not a size like 64K, 1M or 1G"))
 }
 
 struct Opts {
@@ -41,22 +49,46 @@ struct Opts {
 }
 
 fn opts() -> Opts {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match parse_opts(&args) {
+        Ok(o) => o,
+        Err(msg) => {
+            if !msg.is_empty() {
+                eprintln!("oxccl-netbench: {msg}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(if msg.is_empty() { 0 } else { 2 });
+        }
+    }
+}
+
+/// The options in `args`; an empty error asks for the usage (`-h`, `--help`).
+fn parse_opts(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
         sizes: vec![64 << 10, 1 << 20, 4 << 20, 16 << 20],
         total: 1 << 30,
         inflight: 4,
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    for pair in args.chunks(2) {
-        let v = pair.get(1).map(String::as_str).unwrap_or("");
-        match pair[0].as_str() {
-            "--sizes" => o.sizes = v.split(',').map(parse_size).collect(),
-            "--total" => o.total = parse_size(v),
-            "--inflight" => o.inflight = v.parse().expect("--inflight N"),
-            other => panic!("oxccl-netbench: unknown argument {other} (see the source's header)"),
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        if flag == "-h" || flag == "--help" {
+            return Err(String::new());
+        }
+        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--sizes" => o.sizes = v.split(',').map(parse_size).collect::<Result<_, _>>()?,
+            "--total" => o.total = parse_size(v)?,
+            "--inflight" => {
+                o.inflight = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| format!("--inflight needs a positive count, not '{v}'"))?
+            }
+            other => return Err(format!("unknown argument {other}")),
         }
     }
-    o
+    Ok(o)
 }
 
 /// Wait for a request, calling `test` until it is done.
