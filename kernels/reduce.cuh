@@ -86,12 +86,26 @@ template <> struct OxTraits<__nv_bfloat16> {
   __device__ static C inv_n(int n) { return __double2bfloat16(1.0 / (double)n); }
 };
 // fp8: computed in half, converted back with saturation to the largest finite value.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+// Before sm_89 the GPU has no fp8 conversion instructions and each conversion is emulated in
+// dozens of instructions; inlined into every unrolled element of every loop, they made ptxas
+// take about ten minutes for sm_80 (under one without the fp8 types). There, one out-of-line
+// copy of each conversion; sm_89 and later convert inline, in one instruction.
+template <typename F8> __device__ __noinline__ __half ox_fp8_to_half(F8 x) { return (__half)x; }
+template <typename F8> __device__ __noinline__ F8 ox_half_to_fp8(__half x) { return F8(x); }
+#define OX_FP8_CONVERT_OUT_OF_LINE 1
+#endif
 template <typename F8> struct OxFp8Traits {
   using C = __half;
   using Bits = uint8_t;
   static constexpr bool kFloat = true;
+#ifdef OX_FP8_CONVERT_OUT_OF_LINE
+  __device__ static C to_c(F8 x) { return ox_fp8_to_half<F8>(x); }
+  __device__ static F8 from_c(C x) { return ox_half_to_fp8<F8>(x); }
+#else
   __device__ static C to_c(F8 x) { return (__half)x; }
   __device__ static F8 from_c(C x) { return F8(x); }
+#endif
   __device__ static C add(C a, C b) { return __hadd(a, b); }
   __device__ static C mul(C a, C b) { return __hmul(a, b); }
   __device__ static C max(C a, C b) { return __hmax(a, b); }
