@@ -794,6 +794,15 @@ pub fn algorithms() -> Algorithms {
 mod tests {
     use super::*;
 
+    /// The collectives that run as rings.
+    const RING_KINDS: [CollKind; 5] = [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+    ];
+
     #[test]
     fn tiny_messages_use_one_channel_large_ones_many() {
         for n in [2, 4, 8] {
@@ -854,13 +863,7 @@ mod tests {
     fn ll_for_small_simple_for_large() {
         let both = parse_protocols("");
         for n in [2, 4, 8] {
-            for kind in [
-                CollKind::AllReduce,
-                CollKind::AllGather,
-                CollKind::ReduceScatter,
-                CollKind::Broadcast,
-                CollKind::Reduce,
-            ] {
+            for kind in RING_KINDS {
                 assert_eq!(
                     ring_plan_with(kind, 8, n, NCHANNELS, both).0,
                     Proto::Ll,
@@ -1074,13 +1077,7 @@ mod tests {
         let both = parse_protocols("");
         let (slow, fast) = slow_and_fast();
         for n in [2, 4, 8] {
-            for kind in [
-                CollKind::AllReduce,
-                CollKind::AllGather,
-                CollKind::ReduceScatter,
-                CollKind::Broadcast,
-                CollKind::Reduce,
-            ] {
+            for kind in RING_KINDS {
                 let at = |b: u64, link: Option<NetLink>| match link {
                     None => ring_plan_with(kind, b, n, NCHANNELS, both),
                     Some(l) => ring_plan_net_with(kind, b, n, NCHANNELS, both, l),
