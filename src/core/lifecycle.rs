@@ -370,34 +370,31 @@ fn agreed_link(claims: &[NetClaim]) -> Option<NetLink> {
 /// Agree at init on the network link the planner uses, so that every rank plans alike: each
 /// rank says whether it uses the network and what its `nchannels` channels get of it (the
 /// network `net_name` picks), and all take `agreed_link`. Every rank of a communicator of
-/// more than one rank takes part.
+/// more than one rank that uses the network takes part; the others have no link to agree on.
 fn agree_net_link(
     topo: &Topology,
     bootstrap: &Bootstrap,
     net_name: Option<&str>,
     nchannels: u32,
 ) -> Result<Option<NetLink>> {
-    if topo.peers.len() <= 1 {
+    // `uses_net` answers alike on every rank (planning relies on it too), so a communicator
+    // within one host's P2P/SHM reach skips the exchange on every rank.
+    if topo.peers.len() <= 1 || !topo.uses_net() {
         return Ok(None);
     }
-    let uses = topo.uses_net();
-    let link = if uses {
-        match crate::transport::net::link(net_name, nchannels) {
-            Ok(l) => Some(l),
-            Err(e) => {
-                crate::info!(
-                    INIT | NET,
-                    "rank {}: no network properties for the cost model: {}",
-                    topo.my_rank,
-                    e.msg
-                );
-                None
-            }
+    let link = match crate::transport::net::link(net_name, nchannels) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            crate::info!(
+                INIT | NET,
+                "rank {}: no network properties for the cost model: {}",
+                topo.my_rank,
+                e.msg
+            );
+            None
         }
-    } else {
-        None
     };
-    let all = bootstrap.allgather(&NetClaim { uses, link }.to_bytes())?;
+    let all = bootstrap.allgather(&NetClaim { uses: true, link }.to_bytes())?;
     let claims = all
         .iter()
         .enumerate()
