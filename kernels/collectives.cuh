@@ -255,7 +255,8 @@ __device__ __noinline__ void ox_direct_move_t(OxShared& s, const char* in, char*
       } else {
         const int k = ox_mod(r - 1 - src, n);
         const uint64_t* p = (const uint64_t*)(ox_slot(s.recv[k]) + ll_off + u * 16);
-        if (!ox_ll_receive(p, two, (uint32_t)(s.recv[k].step + 1), w.abort_flag, &s.aborted, &x))
+        if (!ox_ll_receive(p, two, (uint32_t)(s.recv[k].step + 1), w.abort_flag, &s.aborted, &x,
+                           k, s.item))
           return;
       }
       acc = src == 0 ? x : ox_ll_apply<T, OP>(f, acc, x, false, true, false);

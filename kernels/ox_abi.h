@@ -79,6 +79,52 @@
 // Most threads per CTA `ox_kernel` may be launched with (its `__launch_bounds__`).
 #define OX_MAX_THREADS 512
 
+// The communicator's status page (host-mapped, its device address in every item's
+// `abort_flag`): the u32 abort flag at offset 0, then from `PROGRESS_OFFSET` one u64 *wait
+// word* per CTA, CTA b's at `PROGRESS_OFFSET + 8 * b`, for `PROGRESS_CTAS` CTAs.
+//
+// A CTA writes its word (relaxed, system scope) only in the abort poll of its one wait loop
+// (`ox_spin`), that is after a thread of it has waited `OX_ABORT_POLL` spins, and again every
+// such poll while the wait lasts: what it waits for, on which peer of which item, and at
+// which step. A CTA that wrote its word clears it (0) when its kernel ends, also on abort,
+// so a non-zero word belongs to a running kernel. Several threads of one CTA may write the
+// word; the last one stands. 0: nothing to say.
+//
+// Layout of a non-zero word: bits 0..32 the low 32 bits of the position (step) waited on;
+// bits `WAIT_ITEM_SHIFT..+16` the index of the item in the launch's item list
+// (`WAIT_ITEM_UNKNOWN` when the waiting code does not know it); bits `WAIT_FAN_SHIFT..+8`
+// the fan index k of the peer (the item's k-th send or receive peer); bits
+// `WAIT_WHAT_SHIFT..+8` what is waited for (`WAIT_SEND_SLOT`, `WAIT_RECV_SLOT`,
+// `WAIT_LL_DATA`, never 0).
+#define OX_PROGRESS_OFFSET 64
+
+// CTAs with a wait word on the status page (the planner's most CTAs a launch may have).
+#define OX_PROGRESS_CTAS 64
+
+// Bytes of the status page.
+#define OX_STATUS_PAGE_BYTES (OX_PROGRESS_OFFSET + (8 * OX_PROGRESS_CTAS))
+
+// Shift of the item index in a wait word.
+#define OX_WAIT_ITEM_SHIFT 32
+
+// Shift of the fan index in a wait word.
+#define OX_WAIT_FAN_SHIFT 48
+
+// Shift of the wait kind in a wait word.
+#define OX_WAIT_WHAT_SHIFT 56
+
+// The item index of a wait word whose item the waiting code does not know.
+#define OX_WAIT_ITEM_UNKNOWN 65535
+
+// Waits for a free slot of a send peer (`head + nslots > step`).
+#define OX_WAIT_SEND_SLOT 1
+
+// Waits for a filled slot of a receive peer (Simple: `tail > step`).
+#define OX_WAIT_RECV_SLOT 2
+
+// Waits for the LL words of a receive peer's step to carry its epoch.
+#define OX_WAIT_LL_DATA 3
+
 #define OX_SUM 0
 
 #define OX_PROD 1

@@ -13,6 +13,7 @@ __device__ __forceinline__ uint32_t ox_run_item(OxShared& s, const OxWork* __res
   if (threadIdx.x < sizeof(OxWork) / 8) {
     ((uint64_t*)&s.w)[threadIdx.x] = ((const uint64_t*)&items[i])[threadIdx.x];
   }
+  if (threadIdx.x == 0) s.item = i;
   __syncthreads();
   const int used = ox_open(s, items, i, nitems);
   if (used == 0) return 0;
@@ -46,14 +47,18 @@ ox_kernel(const OxWork* __restrict__ items, uint32_t nitems) {
     const uint32_t* first = (const uint32_t*)(items + nitems);
     range[threadIdx.x] = first[blockIdx.x + threadIdx.x];
   }
-  if (threadIdx.x == 0) s.aborted = 0;
+  if (threadIdx.x == 0) {
+    s.aborted = 0;
+    ox_wait_told = 0;
+  }
   __syncthreads();
   const uint32_t hi = range[1] < nitems ? range[1] : nitems;
   for (uint32_t i = range[0]; i < hi;) {
     const uint32_t used = ox_run_item(s, items, i, nitems);
-    if (used == 0) return;
+    if (used == 0) break;
     i += used;
   }
+  ox_wait_clear(s);
 }
 
 // Items passed by value in the launch itself (small groups): no bus round trip to fetch them,
@@ -64,13 +69,17 @@ ox_kernel_inline(const __grid_constant__ OxInline args) {
   __shared__ OxShared s;
   __shared__ uint8_t mine[OX_INLINE_ITEMS];
   const uint32_t nitems = args.nitems < OX_INLINE_ITEMS ? args.nitems : OX_INLINE_ITEMS;
-  if (threadIdx.x == 0) s.aborted = 0;
+  if (threadIdx.x == 0) {
+    s.aborted = 0;
+    ox_wait_told = 0;
+  }
   if (threadIdx.x < nitems) mine[threadIdx.x] = args.items[threadIdx.x].cta == blockIdx.x;
   __syncthreads();
   for (uint32_t i = 0; i < nitems; i++) {
     if (!mine[i]) continue;
     const uint32_t used = ox_run_item(s, args.items, i, nitems);
-    if (used == 0) return;
+    if (used == 0) break;
     i += used - 1;
   }
+  ox_wait_clear(s);
 }

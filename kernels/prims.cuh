@@ -248,13 +248,45 @@ struct OxShared {
   OxPeer recv[OX_MAX_FAN];
   int nfan;
   int aborted;
+  // The index of the item in the launch's item list (set by ox_run_item), for wait words.
+  uint32_t item;
 };
+
+// Set by a thread of the CTA that wrote its wait word (OX_PROGRESS_OFFSET); the kernel entry
+// clears the word at its end when set. Per CTA, like every __shared__ variable.
+__shared__ int ox_wait_told;
+
+// A wait word (OX_PROGRESS_OFFSET): what is waited for, the peer's fan index, the item's
+// index in the launch's list (OX_WAIT_ITEM_UNKNOWN if not known), the low 32 bits of the step.
+__device__ __forceinline__ uint64_t ox_wait_word(uint32_t what, uint32_t fan, uint32_t item,
+                                                 uint64_t step) {
+  return ((uint64_t)what << OX_WAIT_WHAT_SHIFT) | ((uint64_t)fan << OX_WAIT_FAN_SHIFT) |
+         ((uint64_t)(item & 0xFFFF) << OX_WAIT_ITEM_SHIFT) | (uint64_t)(uint32_t)step;
+}
+
+// This CTA's wait word on the status page whose abort flag is at abort_addr.
+__device__ __forceinline__ uint64_t* ox_wait_slot(uint64_t abort_addr) {
+  return (uint64_t*)(abort_addr + OX_PROGRESS_OFFSET + 8ull * blockIdx.x);
+}
+
+// At the end of a kernel entry (every thread, after the barrier that follows its last wait):
+// thread 0 clears this CTA's wait word if the CTA wrote one (then s.w is an item of this
+// launch, all of whose items carry the same status page), so a finished launch leaves none
+// behind.
+__device__ __forceinline__ void ox_wait_clear(const OxShared& s) {
+  if (threadIdx.x == 0 && *(volatile int*)&ox_wait_told && s.w.abort_flag) {
+    ox_st_relaxed(ox_wait_slot(s.w.abort_flag), 0);
+  }
+}
 
 // The one abort-poll loop: spins until ready() holds, reading the abort flag (a
 // device-visible uint32 at abort_addr, if not 0) every OX_ABORT_POLL spins. False, with
-// *aborted set, if the abort flag rose first.
-template <typename Ready>
-__device__ __forceinline__ bool ox_spin(Ready ready, uint64_t abort_addr, int* aborted) {
+// *aborted set, if the abort flag rose first. At each such poll it also publishes
+// describe() (a wait word, ox_wait_word) as this CTA's wait word on the status page: only a
+// wait that lasts computes or stores anything.
+template <typename Ready, typename Describe>
+__device__ __forceinline__ bool ox_spin(Ready ready, Describe describe, uint64_t abort_addr,
+                                        int* aborted) {
   const volatile uint32_t* abort_flag = (const volatile uint32_t*)abort_addr;
   uint32_t spins = 0;
   while (!ready()) {
@@ -263,6 +295,10 @@ __device__ __forceinline__ bool ox_spin(Ready ready, uint64_t abort_addr, int* a
       if (abort_flag && *abort_flag) {
         *(volatile int*)aborted = 1;
         return false;
+      }
+      if (abort_flag && blockIdx.x < OX_PROGRESS_CTAS) {
+        ox_st_relaxed(ox_wait_slot(abort_addr), describe());
+        *(volatile int*)&ox_wait_told = 1;
       }
     }
   }
@@ -342,6 +378,10 @@ __device__ bool ox_wait(OxShared& s, int nsend, int nrecv) {
     ox_spin([&] {
       return (!send || ox_ld_relaxed(sp.head) + sp.nslots > sp.step) &&
              (!recv || ox_ld_relaxed(rp.tail) > rp.step);
+    }, [&] {
+      const bool on_send = send && !(ox_ld_relaxed(sp.head) + sp.nslots > sp.step);
+      return on_send ? ox_wait_word(OX_WAIT_SEND_SLOT, k, s.item, sp.step)
+                     : ox_wait_word(OX_WAIT_RECV_SLOT, k, s.item, rp.step);
     }, s.w.abort_flag, &s.aborted);
   }
   __syncthreads();
@@ -404,16 +444,18 @@ __device__ __forceinline__ void ox_store_bytes(char* p, uint64_t v, uint32_t len
 
 // Waits until the LL words at p (one, or two when `two`) carry `flag`, then returns their
 // payload bytes in *out (the first word's in the low half). False, with *aborted set, if the
-// abort flag rose meanwhile.
+// abort flag rose meanwhile. `fan` and `item` only describe the wait (its wait word; the
+// step is flag - 1).
 __device__ __forceinline__ bool ox_ll_receive(const uint64_t* p, bool two, uint32_t flag,
-                                              uint64_t abort_addr, int* aborted, uint64_t* out) {
+                                              uint64_t abort_addr, int* aborted, uint64_t* out,
+                                              uint32_t fan, uint32_t item) {
   uint64_t a = ox_ll_word(p);
   uint64_t b = two ? ox_ll_word(p + 1) : ((uint64_t)flag << 32);
   const bool ok = ox_spin([&] {
     if ((uint32_t)(a >> 32) != flag) a = ox_ll_word(p);
     if ((uint32_t)(b >> 32) != flag) b = ox_ll_word(p + 1);
     return (uint32_t)(a >> 32) == flag && (uint32_t)(b >> 32) == flag;
-  }, abort_addr, aborted);
+  }, [&] { return ox_wait_word(OX_WAIT_LL_DATA, fan, item, flag - 1u); }, abort_addr, aborted);
   *out = (a & 0xffffffffull) | (b << 32);
   return ok;
 }
@@ -458,7 +500,7 @@ __device__ __noinline__ void ox_ll_move_t(const char* in, char* out, char* send_
     const bool two = len > 4;
     uint64_t received = 0;
     if (recv_ll && !ox_ll_receive((const uint64_t*)(recv_ll + u * 16), two, recv_flag, abort_addr,
-                                  aborted, &received))
+                                  aborted, &received, 0, OX_WAIT_ITEM_UNKNOWN))
       return;
     uint64_t v;
     if (in) {

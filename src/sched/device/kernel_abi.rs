@@ -217,3 +217,40 @@ pub const INLINE_SIZE: usize = 3880;
 pub const MAX_ITEMS: usize = 512;
 /// Most threads per CTA `ox_kernel` may be launched with (its `__launch_bounds__`).
 pub const MAX_THREADS: u32 = 512;
+
+/// The communicator's status page (host-mapped, its device address in every item's
+/// `abort_flag`): the u32 abort flag at offset 0, then from `PROGRESS_OFFSET` one u64 *wait
+/// word* per CTA, CTA b's at `PROGRESS_OFFSET + 8 * b`, for `PROGRESS_CTAS` CTAs.
+///
+/// A CTA writes its word (relaxed, system scope) only in the abort poll of its one wait loop
+/// (`ox_spin`), that is after a thread of it has waited `OX_ABORT_POLL` spins, and again every
+/// such poll while the wait lasts: what it waits for, on which peer of which item, and at
+/// which step. A CTA that wrote its word clears it (0) when its kernel ends, also on abort,
+/// so a non-zero word belongs to a running kernel. Several threads of one CTA may write the
+/// word; the last one stands. 0: nothing to say.
+///
+/// Layout of a non-zero word: bits 0..32 the low 32 bits of the position (step) waited on;
+/// bits `WAIT_ITEM_SHIFT..+16` the index of the item in the launch's item list
+/// (`WAIT_ITEM_UNKNOWN` when the waiting code does not know it); bits `WAIT_FAN_SHIFT..+8`
+/// the fan index k of the peer (the item's k-th send or receive peer); bits
+/// `WAIT_WHAT_SHIFT..+8` what is waited for (`WAIT_SEND_SLOT`, `WAIT_RECV_SLOT`,
+/// `WAIT_LL_DATA`, never 0).
+pub const PROGRESS_OFFSET: u32 = 64;
+/// CTAs with a wait word on the status page (the planner's most CTAs a launch may have).
+pub const PROGRESS_CTAS: u32 = 64;
+/// Bytes of the status page.
+pub const STATUS_PAGE_BYTES: u32 = PROGRESS_OFFSET + 8 * PROGRESS_CTAS;
+/// Shift of the item index in a wait word.
+pub const WAIT_ITEM_SHIFT: u32 = 32;
+/// Shift of the fan index in a wait word.
+pub const WAIT_FAN_SHIFT: u32 = 48;
+/// Shift of the wait kind in a wait word.
+pub const WAIT_WHAT_SHIFT: u32 = 56;
+/// The item index of a wait word whose item the waiting code does not know.
+pub const WAIT_ITEM_UNKNOWN: u32 = 0xFFFF;
+/// Waits for a free slot of a send peer (`head + nslots > step`).
+pub const WAIT_SEND_SLOT: u32 = 1;
+/// Waits for a filled slot of a receive peer (Simple: `tail > step`).
+pub const WAIT_RECV_SLOT: u32 = 2;
+/// Waits for the LL words of a receive peer's step to carry its epoch.
+pub const WAIT_LL_DATA: u32 = 3;

@@ -28,6 +28,10 @@ const _: () = assert!(size_of::<OxInline>() == INLINE_SIZE);
 const _: () = assert!(size_of::<WorkKind>() == size_of::<u32>());
 const _: () = assert!(WorkKind::Peer as u32 + 1 == KIND_COUNT);
 const _: () = assert!(super::cost::BLOCK_THREADS <= MAX_THREADS);
+const _: () = assert!(PROGRESS_CTAS == super::cost::MAX_CTAS);
+const _: () = assert!(PROGRESS_OFFSET >= 4 && PROGRESS_OFFSET.is_multiple_of(8));
+const _: () = assert!(MAX_ITEMS < WAIT_ITEM_UNKNOWN as usize);
+const _: () = assert!(MAX_FAN < 256);
 
 /// Bytes of `c`'s fields; equal to `size_of::<OxConn>()` exactly when it has no padding. The
 /// exhaustive pattern stops compiling when a field is added without being counted here.
@@ -261,8 +265,94 @@ pub fn deserialize_all(items: &[u8]) -> Vec<OxWork> {
         .collect()
 }
 
+/// What a CTA's wait word (`PROGRESS_OFFSET`) says it waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitFor {
+    /// A free slot of send peer `fan` (`WAIT_SEND_SLOT`).
+    SendSlot,
+    /// A filled slot of receive peer `fan` (`WAIT_RECV_SLOT`).
+    RecvSlot,
+    /// The LL words of receive peer `fan` (`WAIT_LL_DATA`).
+    LlData,
+    /// A kind this build does not know (the code).
+    Other(u8),
+}
+
+/// A decoded wait word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitWord {
+    pub what: WaitFor,
+    /// The fan index k of the peer (the item's k-th send or receive peer).
+    pub fan: u8,
+    /// The item's index in the launch's item list, when the kernel knew it.
+    pub item: Option<u16>,
+    /// The low 32 bits of the position waited on.
+    pub step: u32,
+}
+
+/// Decodes a wait word; None for 0 (nothing written).
+pub fn decode_wait(word: u64) -> Option<WaitWord> {
+    if word == 0 {
+        return None;
+    }
+    let what = match (word >> WAIT_WHAT_SHIFT) as u8 {
+        c if c as u32 == WAIT_SEND_SLOT => WaitFor::SendSlot,
+        c if c as u32 == WAIT_RECV_SLOT => WaitFor::RecvSlot,
+        c if c as u32 == WAIT_LL_DATA => WaitFor::LlData,
+        c => WaitFor::Other(c),
+    };
+    let item = (word >> WAIT_ITEM_SHIFT) as u16;
+    Some(WaitWord {
+        what,
+        fan: (word >> WAIT_FAN_SHIFT) as u8,
+        item: (item as u32 != WAIT_ITEM_UNKNOWN).then_some(item),
+        step: word as u32,
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    /// A wait word as the kernel composes it (`ox_wait_word` in prims.cuh).
+    fn word(what: u32, fan: u32, item: u32, step: u32) -> u64 {
+        ((what as u64) << WAIT_WHAT_SHIFT)
+            | ((fan as u64) << WAIT_FAN_SHIFT)
+            | ((item as u64) << WAIT_ITEM_SHIFT)
+            | step as u64
+    }
+
+    #[test]
+    fn wait_words_decode() {
+        assert_eq!(decode_wait(0), None);
+        assert_eq!(
+            decode_wait(word(WAIT_RECV_SLOT, 0, 2, 17)),
+            Some(WaitWord {
+                what: WaitFor::RecvSlot,
+                fan: 0,
+                item: Some(2),
+                step: 17
+            })
+        );
+        assert_eq!(
+            decode_wait(word(WAIT_SEND_SLOT, 6, 511, u32::MAX)),
+            Some(WaitWord {
+                what: WaitFor::SendSlot,
+                fan: 6,
+                item: Some(511),
+                step: u32::MAX
+            })
+        );
+        let ll = decode_wait(word(WAIT_LL_DATA, 3, WAIT_ITEM_UNKNOWN, 5)).unwrap();
+        assert_eq!(
+            (ll.what, ll.fan, ll.item, ll.step),
+            (WaitFor::LlData, 3, None, 5)
+        );
+        assert_eq!(
+            decode_wait(word(9, 0, 0, 0)).map(|w| w.what),
+            Some(WaitFor::Other(9))
+        );
+        // The fields do not overlap: the step's top bit is not the item's.
+        assert_eq!(decode_wait(1 << 31).unwrap().item, Some(0));
+    }
     use super::*;
     use std::mem::align_of;
 
