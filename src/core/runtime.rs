@@ -258,6 +258,23 @@ mod tests {
         // CTA 2 has no items (an empty range); the last entry is nitems.
         assert_eq!(first, vec![0, 2, 3, 3, 6]);
     }
+
+    #[test]
+    fn wait_words_read_from_a_page() {
+        use crate::sched::device::{PROGRESS_OFFSET, WAIT_RECV_SLOT, WAIT_WHAT_SHIFT};
+        let mut page = vec![0u64; STATUS_PAGE_BYTES / 8];
+        page[0] = 1; // the abort flag is not a wait word
+        let word = ((WAIT_RECV_SLOT as u64) << WAIT_WHAT_SHIFT) | 17;
+        let first = PROGRESS_OFFSET as usize / 8;
+        page[first + 3] = word;
+        page[first + 63] = 5;
+        // SAFETY: the vector holds STATUS_PAGE_BYTES bytes, u64-aligned.
+        let words = unsafe { read_wait_words(page.as_ptr() as *const u8) };
+        assert_eq!(words, vec![(3, word), (63, 5)]);
+        page.fill(0);
+        // SAFETY: as above.
+        assert!(unsafe { read_wait_words(page.as_ptr() as *const u8) }.is_empty());
+    }
 }
 
 /// Stops a communicator's kernels: the abort flag they poll, shared with its runtime.
@@ -270,6 +287,35 @@ impl DeviceAbort {
         // SAFETY: the flag is a live (kept by this handle), aligned u32 in pinned host memory.
         unsafe { std::ptr::write_volatile(self.0.host() as *mut u32, 1) };
     }
+
+    /// The non-zero wait words of the status page (`PROGRESS_OFFSET`): (CTA, word), by CTA.
+    pub fn wait_words(&self) -> Vec<(u32, u64)> {
+        debug_assert!(self.0.len() >= STATUS_PAGE_BYTES);
+        // SAFETY: the page is live (kept by this handle), STATUS_PAGE_BYTES long (Runtime::new)
+        // and page-aligned (cuMemHostAlloc).
+        unsafe { read_wait_words(self.0.host()) }
+    }
+}
+
+/// Bytes of the communicator's status page: abort flag and wait words (`PROGRESS_OFFSET`).
+const STATUS_PAGE_BYTES: usize = sched::device::STATUS_PAGE_BYTES as usize;
+
+/// The non-zero wait words of the status page at `page`, (CTA, word) by CTA, each read once
+/// with a volatile load (kernels store them at any time).
+///
+/// # Safety
+/// `page` must point at `STATUS_PAGE_BYTES` readable bytes, 8-byte aligned.
+unsafe fn read_wait_words(page: *const u8) -> Vec<(u32, u64)> {
+    use sched::device::{PROGRESS_CTAS, PROGRESS_OFFSET};
+    (0..PROGRESS_CTAS)
+        .filter_map(|cta| {
+            let at = PROGRESS_OFFSET as usize + 8 * cta as usize;
+            // SAFETY: at + 8 <= STATUS_PAGE_BYTES and 8-aligned (PROGRESS_OFFSET is), within
+            // the caller's page.
+            let word = unsafe { std::ptr::read_volatile(page.add(at) as *const u64) };
+            (word != 0).then_some((cta, word))
+        })
+        .collect()
 }
 
 /// Which event marks a launch's completion.
@@ -301,7 +347,7 @@ impl Runtime {
             threads: threads_setting(),
             slot_bytes: sizes::configured_slot_bytes(),
             conns: Connections::default(),
-            device_abort: Arc::new(HostMapped::new(64)?),
+            device_abort: Arc::new(HostMapped::new(STATUS_PAGE_BYTES)?),
             arena: WorkArena::new()?,
             inline_done: (0..INLINE_EVENTS)
                 .map(|_| Event::new())

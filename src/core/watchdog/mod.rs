@@ -96,6 +96,8 @@ pub struct Parts {
     pub completion: Box<dyn FnOnce() -> Box<dyn Completion> + Send>,
     /// Stops the communicator's kernels.
     pub stop_kernels: Box<dyn Fn() + Send>,
+    /// Reads this rank's non-zero wait words (CTA, word) from the communicator's status page.
+    pub gpu_waits: Box<dyn Fn() -> Vec<(u32, u64)> + Send>,
     pub settings: Settings,
 }
 
@@ -162,6 +164,7 @@ pub fn start(comm: &Arc<Comm>) {
         };
         let ctx = completion::SendCtx(rt.ctx);
         let abort = rt.device_abort_handle();
+        let page = abort.clone();
         Parts {
             link: rt.bootstrap.link(),
             idents: rt.topo.peers.iter().map(Ident::from).collect(),
@@ -171,6 +174,7 @@ pub fn start(comm: &Arc<Comm>) {
             },
             completion: Box::new(move || completion::markers(ctx)),
             stop_kernels: Box::new(move || abort.signal()),
+            gpu_waits: Box::new(move || page.wait_words()),
             settings: Settings::from_env(),
         }
     };
@@ -363,6 +367,7 @@ struct Watch {
     name: CommName,
     make_completion: Option<Box<dyn FnOnce() -> Box<dyn Completion> + Send>>,
     stop_kernels: Box<dyn Fn() + Send>,
+    gpu_waits: Box<dyn Fn() -> Vec<(u32, u64)> + Send>,
     settings: Settings,
     me: i32,
     nranks: i32,
@@ -390,6 +395,7 @@ impl Watch {
             name: parts.name,
             make_completion: Some(parts.completion),
             stop_kernels: parts.stop_kernels,
+            gpu_waits: parts.gpu_waits,
             settings: parts.settings,
             me,
             nranks,
@@ -884,6 +890,7 @@ impl Watch {
             }
             return;
         }
+        let gpu_waits = (self.gpu_waits)();
         let verdict = report::hang_report(&Findings {
             name: self.name,
             me: self.me,
@@ -892,6 +899,7 @@ impl Watch {
             stuck: ex.stuck,
             answers: &answers,
             in_check: ex.in_check,
+            gpu_waits: &gpu_waits,
         });
         debug_assert_eq!(ex.query.round, ex.round);
         *comm.watch.last_report.lock() = Some(verdict.line.clone());

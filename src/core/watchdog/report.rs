@@ -4,7 +4,7 @@
 //! number, and the ranks that did not answer or are gone. Pure functions of their inputs.
 
 use super::wire::{Farewell, OpDesc, Query, RankState};
-use crate::sched::device::op;
+use crate::sched::device::{decode_wait, op, WaitFor};
 use crate::sched::CollKind;
 use crate::topo::PeerInfo;
 use std::fmt;
@@ -172,6 +172,38 @@ pub struct Findings<'a> {
     /// Whether the operation waits in the collective check (`OXCCL_CHECK_COLLECTIVES`), not
     /// launched yet.
     pub in_check: bool,
+    /// This rank's non-zero wait words (CTA, word) from its status page
+    /// (`sched::device::PROGRESS_OFFSET`): what its running kernel's CTAs wait for.
+    pub gpu_waits: &'a [(u32, u64)],
+}
+
+/// "CTA 3 waits for data from receive peer 0 of item 2 (step 17)".
+fn gpu_wait_text(cta: u32, word: u64) -> Option<String> {
+    let w = decode_wait(word)?;
+    let what = match w.what {
+        WaitFor::SendSlot => format!("a free slot of send peer {}", w.fan),
+        WaitFor::RecvSlot => format!("data from receive peer {}", w.fan),
+        WaitFor::LlData => format!("LL data from receive peer {}", w.fan),
+        WaitFor::Other(c) => format!("something unknown (code {c}) on peer {}", w.fan),
+    };
+    let item = match w.item {
+        Some(i) => format!("item {i}"),
+        None => "its item".into(),
+    };
+    Some(format!(
+        "CTA {cta} waits for {what} of {item} (step {})",
+        w.step
+    ))
+}
+
+/// "this rank's GPU: CTA 3 waits for ..., CTA 5 waits for ..." (peers are the item's fan
+/// indices, items its index in the launch's item list); None when no CTA has written one.
+pub fn gpu_waits_text(words: &[(u32, u64)]) -> Option<String> {
+    let parts: Vec<String> = words
+        .iter()
+        .filter_map(|&(cta, word)| gpu_wait_text(cta, word))
+        .collect();
+    (!parts.is_empty()).then(|| format!("this rank's GPU: {}", parts.join(", ")))
 }
 
 /// The one WARN line of a rank whose operation made no progress.
@@ -181,10 +213,13 @@ pub fn hang_report(f: &Findings<'_>) -> Verdict {
     } else {
         ""
     };
+    let gpu = gpu_waits_text(f.gpu_waits)
+        .map(|t| format!("; {t}"))
+        .unwrap_or_default();
     let Some(waiting) = f.mine.waiting else {
         return Verdict {
             line: format!(
-                "{} {}: work made no progress for {} s{note}",
+                "{} {}: work made no progress for {} s{note}{gpu}",
                 f.name,
                 who(f.me, f.idents),
                 f.stuck.as_secs()
@@ -209,7 +244,7 @@ pub fn hang_report(f: &Findings<'_>) -> Verdict {
     }
     Verdict {
         line: format!(
-            "{} {}: {} has made no progress for {} s{note}; {}",
+            "{} {}: {} has made no progress for {} s{note}; {}{gpu}",
             f.name,
             who(f.me, f.idents),
             describe(&waiting),
@@ -493,4 +528,78 @@ pub fn behind_report(
     let text = mismatch_text(&[(asker, *w), (me, asked)])?;
     let line = format!("{head}: {text} (rank {asker} has waited {} s)", q.stalled_s);
     Some((line, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::device::{
+        WAIT_FAN_SHIFT, WAIT_ITEM_SHIFT, WAIT_ITEM_UNKNOWN, WAIT_LL_DATA, WAIT_RECV_SLOT,
+        WAIT_SEND_SLOT, WAIT_WHAT_SHIFT,
+    };
+
+    fn word(what: u32, fan: u32, item: u32, step: u32) -> u64 {
+        ((what as u64) << WAIT_WHAT_SHIFT)
+            | ((fan as u64) << WAIT_FAN_SHIFT)
+            | ((item as u64) << WAIT_ITEM_SHIFT)
+            | step as u64
+    }
+
+    #[test]
+    fn gpu_waits_are_worded() {
+        assert_eq!(gpu_waits_text(&[]), None);
+        let page = [
+            (3, word(WAIT_RECV_SLOT, 0, 2, 17)),
+            (5, word(WAIT_SEND_SLOT, 1, 0, 4)),
+            (6, word(WAIT_LL_DATA, 0, WAIT_ITEM_UNKNOWN, 9)),
+        ];
+        assert_eq!(
+            gpu_waits_text(&page).unwrap(),
+            "this rank's GPU: CTA 3 waits for data from receive peer 0 of item 2 (step 17), \
+             CTA 5 waits for a free slot of send peer 1 of item 0 (step 4), \
+             CTA 6 waits for LL data from receive peer 0 of its item (step 9)"
+        );
+    }
+
+    #[test]
+    fn the_hang_report_appends_the_gpu_waits() {
+        let mine = RankState {
+            rank: 0,
+            enqueued: 1,
+            launched: 1,
+            completed: 0,
+            collectives: 1,
+            collectives_done: 0,
+            last_collective: None,
+            last_collective_done: None,
+            waiting: None,
+            stalled_s: 3,
+            asked: None,
+            p2p: Default::default(),
+        };
+        let page = [(1, word(WAIT_RECV_SLOT, 0, 0, 2))];
+        let mut f = Findings {
+            name: CommName {
+                handle: 0x10,
+                hash: 1,
+            },
+            me: 0,
+            idents: &[],
+            mine: &mine,
+            stuck: Duration::from_secs(3),
+            answers: &[],
+            in_check: false,
+            gpu_waits: &page,
+        };
+        assert_eq!(
+            hang_report(&f).line,
+            "comm 0x10 commHash 0x0000000000000001 rank 0: work made no progress for 3 s; \
+             this rank's GPU: CTA 1 waits for data from receive peer 0 of item 0 (step 2)"
+        );
+        f.gpu_waits = &[];
+        assert_eq!(
+            hang_report(&f).line,
+            "comm 0x10 commHash 0x0000000000000001 rank 0: work made no progress for 3 s"
+        );
+    }
 }

@@ -86,6 +86,7 @@ fn ranks_named(n: i32, s: Settings, without: &[i32], hash: u64) -> Vec<Rank> {
                     },
                     completion: Box::new(|| Box::new(Manual)),
                     stop_kernels: Box::new(move || flag.store(true, Ordering::Release)),
+                    gpu_waits: Box::new(Vec::new),
                     settings: s,
                 };
                 spawn(&comm, parts);
@@ -532,6 +533,7 @@ fn child_entry() {
         },
         completion: Box::new(|| Box::new(Manual)),
         stop_kernels: Box::new(|| println!("KERNELS STOPPED")),
+        gpu_waits: Box::new(Vec::new),
         settings: settings(60, false),
     };
     spawn(&comm, parts);
