@@ -256,17 +256,25 @@ struct OxShared {
 // clears the word at its end when set. Per CTA, like every __shared__ variable.
 __shared__ int ox_wait_told;
 
-// A wait word (OX_PROGRESS_OFFSET): what is waited for, the peer's fan index, the item's
-// index in the launch's list (OX_WAIT_ITEM_UNKNOWN if not known), the low 32 bits of the step.
-__device__ __forceinline__ uint64_t ox_wait_word(uint32_t what, uint32_t fan, uint32_t item,
-                                                 uint64_t step) {
-  return ((uint64_t)what << OX_WAIT_WHAT_SHIFT) | ((uint64_t)fan << OX_WAIT_FAN_SHIFT) |
-         ((uint64_t)(item & 0xFFFF) << OX_WAIT_ITEM_SHIFT) | (uint64_t)(uint32_t)step;
+// A wait entry's content (OX_PROGRESS_OFFSET): the wait word (what is waited for, the
+// peer's fan index, the item's index in the launch's list or OX_WAIT_ITEM_UNKNOWN, the low 32
+// bits of the step) and the device address the wait polls (it names the connection).
+struct OxWaitDesc {
+  uint64_t word;
+  uint64_t at;
+};
+
+__device__ __forceinline__ OxWaitDesc ox_wait_desc(uint32_t what, uint32_t fan, uint32_t item,
+                                                   uint64_t step, const void* at) {
+  return {((uint64_t)what << OX_WAIT_WHAT_SHIFT) | ((uint64_t)fan << OX_WAIT_FAN_SHIFT) |
+              ((uint64_t)(item & 0xFFFF) << OX_WAIT_ITEM_SHIFT) | (uint64_t)(uint32_t)step,
+          (uint64_t)at};
 }
 
-// This CTA's wait word on the status page whose abort flag is at abort_addr.
+// This CTA's wait entry (word, then address) on the status page whose abort flag is at
+// abort_addr.
 __device__ __forceinline__ uint64_t* ox_wait_slot(uint64_t abort_addr) {
-  return (uint64_t*)(abort_addr + OX_PROGRESS_OFFSET + 8ull * blockIdx.x);
+  return (uint64_t*)(abort_addr + OX_PROGRESS_OFFSET + (uint64_t)OX_WAIT_ENTRY_BYTES * blockIdx.x);
 }
 
 // At the end of a kernel entry (every thread, after the barrier that follows its last wait):
@@ -282,8 +290,8 @@ __device__ __forceinline__ void ox_wait_clear(const OxShared& s) {
 // The one abort-poll loop: spins until ready() holds, reading the abort flag (a
 // device-visible uint32 at abort_addr, if not 0) every OX_ABORT_POLL spins. False, with
 // *aborted set, if the abort flag rose first. At each such poll it also publishes
-// describe() (a wait word, ox_wait_word) as this CTA's wait word on the status page: only a
-// wait that lasts computes or stores anything.
+// describe() (an OxWaitDesc, ox_wait_desc) as this CTA's wait entry on the status page: only
+// a wait that lasts computes or stores anything.
 template <typename Ready, typename Describe>
 __device__ __forceinline__ bool ox_spin(Ready ready, Describe describe, uint64_t abort_addr,
                                         int* aborted) {
@@ -297,7 +305,10 @@ __device__ __forceinline__ bool ox_spin(Ready ready, Describe describe, uint64_t
         return false;
       }
       if (abort_flag && blockIdx.x < OX_PROGRESS_CTAS) {
-        ox_st_relaxed(ox_wait_slot(abort_addr), describe());
+        const OxWaitDesc d = describe();
+        uint64_t* entry = ox_wait_slot(abort_addr);
+        ox_st_relaxed(entry + 1, d.at);
+        ox_st_relaxed(entry, d.word);
         *(volatile int*)&ox_wait_told = 1;
       }
     }
@@ -380,8 +391,8 @@ __device__ bool ox_wait(OxShared& s, int nsend, int nrecv) {
              (!recv || ox_ld_relaxed(rp.tail) > rp.step);
     }, [&] {
       const bool on_send = send && !(ox_ld_relaxed(sp.head) + sp.nslots > sp.step);
-      return on_send ? ox_wait_word(OX_WAIT_SEND_SLOT, k, s.item, sp.step)
-                     : ox_wait_word(OX_WAIT_RECV_SLOT, k, s.item, rp.step);
+      return on_send ? ox_wait_desc(OX_WAIT_SEND_SLOT, k, s.item, sp.step, sp.head)
+                     : ox_wait_desc(OX_WAIT_RECV_SLOT, k, s.item, rp.step, rp.tail);
     }, s.w.abort_flag, &s.aborted);
   }
   __syncthreads();
@@ -455,7 +466,7 @@ __device__ __forceinline__ bool ox_ll_receive(const uint64_t* p, bool two, uint3
     if ((uint32_t)(a >> 32) != flag) a = ox_ll_word(p);
     if ((uint32_t)(b >> 32) != flag) b = ox_ll_word(p + 1);
     return (uint32_t)(a >> 32) == flag && (uint32_t)(b >> 32) == flag;
-  }, [&] { return ox_wait_word(OX_WAIT_LL_DATA, fan, item, flag - 1u); }, abort_addr, aborted);
+  }, [&] { return ox_wait_desc(OX_WAIT_LL_DATA, fan, item, flag - 1u, p); }, abort_addr, aborted);
   *out = (a & 0xffffffffull) | (b << 32);
   return ok;
 }

@@ -8,7 +8,8 @@ use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
 use crate::sched::{self, Geometry, Plan, Task};
 use crate::topo::{Path, Topology};
-use crate::transport::{sizes, Connections, ErrorSink, Setup};
+use crate::sched::device::GpuWait;
+use crate::transport::{self, sizes, ConnSpan, Connections, ErrorSink, Setup};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -134,6 +135,8 @@ pub struct Runtime {
     conns: Connections,
     /// A u32 kernels poll; non-zero asks them to stop (shared with `DeviceAbort` handles).
     device_abort: Arc<HostMapped>,
+    /// The connections' wait addresses (`Connections::wait_spans`), for `GpuWaits`.
+    wait_spans: Arc<parking_lot::Mutex<Vec<ConnSpan>>>,
     arena: WorkArena,
     /// Recorded after each launch that took its items by value (the next one each time, so a
     /// launch's event describes it until `INLINE_EVENTS` later launches).
@@ -260,20 +263,22 @@ mod tests {
     }
 
     #[test]
-    fn wait_words_read_from_a_page() {
-        use crate::sched::device::{PROGRESS_OFFSET, WAIT_RECV_SLOT, WAIT_WHAT_SHIFT};
+    fn wait_entries_read_from_a_page() {
+        use crate::sched::device::{PROGRESS_OFFSET, WAIT_ENTRY_BYTES, WAIT_RECV_SLOT, WAIT_WHAT_SHIFT};
         let mut page = vec![0u64; STATUS_PAGE_BYTES / 8];
         page[0] = 1; // the abort flag is not a wait word
         let word = ((WAIT_RECV_SLOT as u64) << WAIT_WHAT_SHIFT) | 17;
-        let first = PROGRESS_OFFSET as usize / 8;
-        page[first + 3] = word;
-        page[first + 63] = 5;
+        let entry = |cta: usize| (PROGRESS_OFFSET + WAIT_ENTRY_BYTES * cta as u32) as usize / 8;
+        page[entry(3)] = word;
+        page[entry(3) + 1] = 0x7000;
+        page[entry(63)] = 5;
+        page[entry(10) + 1] = 0x8000; // an address without a word: nothing to say
         // SAFETY: the vector holds STATUS_PAGE_BYTES bytes, u64-aligned.
-        let words = unsafe { read_wait_words(page.as_ptr() as *const u8) };
-        assert_eq!(words, vec![(3, word), (63, 5)]);
+        let entries = unsafe { read_wait_entries(page.as_ptr() as *const u8) };
+        assert_eq!(entries, vec![(3, word, 0x7000), (63, 5, 0)]);
         page.fill(0);
         // SAFETY: as above.
-        assert!(unsafe { read_wait_words(page.as_ptr() as *const u8) }.is_empty());
+        assert!(unsafe { read_wait_entries(page.as_ptr() as *const u8) }.is_empty());
     }
 }
 
@@ -288,32 +293,57 @@ impl DeviceAbort {
         unsafe { std::ptr::write_volatile(self.0.host() as *mut u32, 1) };
     }
 
-    /// The non-zero wait words of the status page (`PROGRESS_OFFSET`): (CTA, word), by CTA.
-    pub fn wait_words(&self) -> Vec<(u32, u64)> {
-        debug_assert!(self.0.len() >= STATUS_PAGE_BYTES);
+}
+
+/// What this communicator's kernels wait for, read without the runtime's lock (the
+/// watchdog's): the status page's wait entries (`sched::device::PROGRESS_OFFSET`) and the
+/// connections' addresses that name their peers.
+#[derive(Clone)]
+pub struct GpuWaits {
+    page: Arc<HostMapped>,
+    spans: Arc<parking_lot::Mutex<Vec<ConnSpan>>>,
+}
+
+impl GpuWaits {
+    /// Every CTA's current wait, by CTA, with the peer rank its address belongs to.
+    pub fn read(&self) -> Vec<GpuWait> {
+        debug_assert!(self.page.len() >= STATUS_PAGE_BYTES);
         // SAFETY: the page is live (kept by this handle), STATUS_PAGE_BYTES long (Runtime::new)
         // and page-aligned (cuMemHostAlloc).
-        unsafe { read_wait_words(self.0.host()) }
+        let entries = unsafe { read_wait_entries(self.page.host()) };
+        let spans = self.spans.lock();
+        entries
+            .into_iter()
+            .filter_map(|(cta, word, at)| {
+                Some(GpuWait {
+                    cta,
+                    wait: sched::device::decode_wait(word)?,
+                    peer: transport::span_at(&spans, at).map(|s| s.peer),
+                })
+            })
+            .collect()
     }
 }
 
-/// Bytes of the communicator's status page: abort flag and wait words (`PROGRESS_OFFSET`).
+/// Bytes of the communicator's status page: abort flag and wait entries (`PROGRESS_OFFSET`).
 const STATUS_PAGE_BYTES: usize = sched::device::STATUS_PAGE_BYTES as usize;
 
-/// The non-zero wait words of the status page at `page`, (CTA, word) by CTA, each read once
-/// with a volatile load (kernels store them at any time).
+/// The wait entries of the status page at `page` whose word is not 0, (CTA, word, address)
+/// by CTA, each field read once with a volatile load (kernels store them at any time).
 ///
 /// # Safety
 /// `page` must point at `STATUS_PAGE_BYTES` readable bytes, 8-byte aligned.
-unsafe fn read_wait_words(page: *const u8) -> Vec<(u32, u64)> {
-    use sched::device::{PROGRESS_CTAS, PROGRESS_OFFSET};
+unsafe fn read_wait_entries(page: *const u8) -> Vec<(u32, u64, u64)> {
+    use sched::device::{PROGRESS_CTAS, PROGRESS_OFFSET, WAIT_ENTRY_BYTES};
     (0..PROGRESS_CTAS)
         .filter_map(|cta| {
-            let at = PROGRESS_OFFSET as usize + 8 * cta as usize;
-            // SAFETY: at + 8 <= STATUS_PAGE_BYTES and 8-aligned (PROGRESS_OFFSET is), within
-            // the caller's page.
+            let at = (PROGRESS_OFFSET + WAIT_ENTRY_BYTES * cta) as usize;
+            // SAFETY: at + 16 <= STATUS_PAGE_BYTES and 8-aligned (PROGRESS_OFFSET and
+            // WAIT_ENTRY_BYTES are), within the caller's page.
             let word = unsafe { std::ptr::read_volatile(page.add(at) as *const u64) };
-            (word != 0).then_some((cta, word))
+            // SAFETY: as above, the entry's second u64.
+            let addr = unsafe { std::ptr::read_volatile(page.add(at + 8) as *const u64) };
+            (word != 0).then_some((cta, word, addr))
         })
         .collect()
 }
@@ -348,6 +378,7 @@ impl Runtime {
             slot_bytes: sizes::configured_slot_bytes(),
             conns: Connections::default(),
             device_abort: Arc::new(HostMapped::new(STATUS_PAGE_BYTES)?),
+            wait_spans: Arc::default(),
             arena: WorkArena::new()?,
             inline_done: (0..INLINE_EVENTS)
                 .map(|_| Event::new())
@@ -410,6 +441,15 @@ impl Runtime {
     /// launch waiting for a stuck kernel may hold): the watchdog's.
     pub fn device_abort_handle(&self) -> DeviceAbort {
         DeviceAbort(self.device_abort.clone())
+    }
+
+    /// A handle that reads what this communicator's kernels wait for without the runtime's
+    /// lock: the watchdog's.
+    pub fn gpu_waits_handle(&self) -> GpuWaits {
+        GpuWaits {
+            page: self.device_abort.clone(),
+            spans: self.wait_spans.clone(),
+        }
     }
 
     /// Clear the device abort flag (after a revoke has drained the kernels).
@@ -538,6 +578,7 @@ impl Runtime {
             self.conns.connect(&setup, &rows)?;
         }
         if self.conns.send.len() + self.conns.recv.len() != before {
+            *self.wait_spans.lock() = self.conns.wait_spans();
             self.geometry = None;
             self.plans.clear();
         }

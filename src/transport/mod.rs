@@ -55,7 +55,54 @@ pub struct Connections {
     proxy: Option<net::proxy::Proxy>,
 }
 
+/// The device addresses of one connection side that a waiting kernel polls (its wait entry's
+/// address, `sched::device::PROGRESS_OFFSET`): `start..end`, and the peer they belong to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnSpan {
+    pub start: u64,
+    pub end: u64,
+    pub peer: i32,
+}
+
+/// The span that holds device address `at`, if any.
+pub fn span_at(spans: &[ConnSpan], at: u64) -> Option<&ConnSpan> {
+    spans.iter().find(|s| (s.start..s.end).contains(&at))
+}
+
+/// The spans a kernel's waits on `peer` poll: a send side's `head` (a free slot); a receive
+/// side's `tail` (a filled slot) and its staging buffer (LL words).
+fn side_spans(peer: i32, conn: &OxConn, sends: bool) -> Vec<ConnSpan> {
+    let word = |at: u64| ConnSpan {
+        start: at,
+        end: at + 8,
+        peer,
+    };
+    if sends {
+        return vec![word(conn.head)];
+    }
+    let buf_bytes = conn.nslots as u64 * conn.slot_bytes as u64;
+    vec![
+        word(conn.tail),
+        ConnSpan {
+            start: conn.buf,
+            end: conn.buf + buf_bytes,
+            peer,
+        },
+    ]
+}
+
 impl Connections {
+    /// Every connection's wait spans (`ConnSpan`), sends then receives.
+    pub fn wait_spans(&self) -> Vec<ConnSpan> {
+        let sends = self.send.iter().map(|(&(_, peer), s)| (peer, &s.conn, true));
+        let recvs = self.recv.iter().map(|(&(_, peer), s)| (peer, &s.conn, false));
+        sends
+            .chain(recvs)
+            .flat_map(|(peer, c, sends)| side_spans(peer, c, sends))
+            .filter(|s| s.start != 0)
+            .collect()
+    }
+
     /// Let the proxy send what finished kernels left in network staging (an orderly
     /// destroy); false if that did not happen within `limit`.
     pub fn drain_network(&self, limit: std::time::Duration) -> bool {
@@ -263,6 +310,24 @@ fn mapped_side(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_address_names_the_connections_peer() {
+        // Each connection side has a block of its own, on both ends.
+        let (my_send, my_recv) = (0x1000_0000u64, 0x1100_0000u64);
+        let (left, right) = (0x2000_0000u64, 0x3000_0000u64);
+        let to_right = side_conn(Dir::Send, my_send, right, 65536, 8);
+        let from_left = side_conn(Dir::Recv, my_recv, left, 65536, 8);
+        let mut spans = side_spans(2, &to_right, true);
+        spans.extend(side_spans(1, &from_left, false));
+        let peer = |at: u64| span_at(&spans, at).map(|s| s.peer);
+        assert_eq!(peer(to_right.head), Some(2));
+        assert_eq!(peer(from_left.tail), Some(1));
+        assert_eq!(peer(from_left.buf + 8 * 65536 - 8), Some(1));
+        assert_eq!(peer(from_left.buf + 8 * 65536), None);
+        assert_eq!(peer(to_right.tail), None, "the receiver polls its own copy of tail");
+        assert_eq!(peer(0), None);
+    }
 
     #[test]
     fn both_sides_agree_on_the_receivers_buffer_and_counters() {

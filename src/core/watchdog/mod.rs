@@ -37,6 +37,7 @@ use crate::bootstrap::link::Link;
 use crate::bootstrap::peers::LinkState;
 use crate::error::Error;
 use parking_lot::Mutex;
+use crate::sched::device::GpuWait;
 use report::{Answer, CommName, Findings, Ident};
 use stall::Stall;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,8 +97,8 @@ pub struct Parts {
     pub completion: Box<dyn FnOnce() -> Box<dyn Completion> + Send>,
     /// Stops the communicator's kernels.
     pub stop_kernels: Box<dyn Fn() + Send>,
-    /// Reads this rank's non-zero wait words (CTA, word) from the communicator's status page.
-    pub gpu_waits: Box<dyn Fn() -> Vec<(u32, u64)> + Send>,
+    /// Reads what this rank's kernels wait for from the communicator's status page.
+    pub gpu_waits: Box<dyn Fn() -> Vec<GpuWait> + Send>,
     pub settings: Settings,
 }
 
@@ -164,7 +165,7 @@ pub fn start(comm: &Arc<Comm>) {
         };
         let ctx = completion::SendCtx(rt.ctx);
         let abort = rt.device_abort_handle();
-        let page = abort.clone();
+        let waits = rt.gpu_waits_handle();
         Parts {
             link: rt.bootstrap.link(),
             idents: rt.topo.peers.iter().map(Ident::from).collect(),
@@ -174,7 +175,7 @@ pub fn start(comm: &Arc<Comm>) {
             },
             completion: Box::new(move || completion::markers(ctx)),
             stop_kernels: Box::new(move || abort.signal()),
-            gpu_waits: Box::new(move || page.wait_words()),
+            gpu_waits: Box::new(move || waits.read()),
             settings: Settings::from_env(),
         }
     };
@@ -367,7 +368,7 @@ struct Watch {
     name: CommName,
     make_completion: Option<Box<dyn FnOnce() -> Box<dyn Completion> + Send>>,
     stop_kernels: Box<dyn Fn() + Send>,
-    gpu_waits: Box<dyn Fn() -> Vec<(u32, u64)> + Send>,
+    gpu_waits: Box<dyn Fn() -> Vec<GpuWait> + Send>,
     settings: Settings,
     me: i32,
     nranks: i32,

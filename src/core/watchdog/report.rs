@@ -4,7 +4,7 @@
 //! number, and the ranks that did not answer or are gone. Pure functions of their inputs.
 
 use super::wire::{Farewell, OpDesc, Query, RankState};
-use crate::sched::device::{decode_wait, op, WaitFor};
+use crate::sched::device::{op, GpuWait, WaitFor};
 use crate::sched::CollKind;
 use crate::topo::PeerInfo;
 use std::fmt;
@@ -172,36 +172,66 @@ pub struct Findings<'a> {
     /// Whether the operation waits in the collective check (`OXCCL_CHECK_COLLECTIVES`), not
     /// launched yet.
     pub in_check: bool,
-    /// This rank's non-zero wait words (CTA, word) from its status page
-    /// (`sched::device::PROGRESS_OFFSET`): what its running kernel's CTAs wait for.
-    pub gpu_waits: &'a [(u32, u64)],
+    /// What this rank's running kernel's CTAs wait for, from its status page
+    /// (`sched::device::PROGRESS_OFFSET`), by CTA.
+    pub gpu_waits: &'a [GpuWait],
 }
 
-/// "CTA 3 waits for data from receive peer 0 of item 2 (step 17)".
-fn gpu_wait_text(cta: u32, word: u64) -> Option<String> {
-    let w = decode_wait(word)?;
-    let what = match w.what {
-        WaitFor::SendSlot => format!("a free slot of send peer {}", w.fan),
-        WaitFor::RecvSlot => format!("data from receive peer {}", w.fan),
-        WaitFor::LlData => format!("LL data from receive peer {}", w.fan),
-        WaitFor::Other(c) => format!("something unknown (code {c}) on peer {}", w.fan),
+/// What one wait waits for, without its CTA: "LL data from rank 1", or by the item's fan
+/// index when the address named no connection ("data from receive peer 0 of item 2").
+fn gpu_wait_target(w: &GpuWait) -> String {
+    let (what, dir) = match w.wait.what {
+        WaitFor::SendSlot => ("a free slot".to_string(), ("to", "send")),
+        WaitFor::RecvSlot => ("data".to_string(), ("from", "receive")),
+        WaitFor::LlData => ("LL data".to_string(), ("from", "receive")),
+        WaitFor::Other(c) => (format!("something unknown (code {c})"), ("on", "")),
     };
-    let item = match w.item {
-        Some(i) => format!("item {i}"),
-        None => "its item".into(),
+    let peer = match (w.peer, w.wait.item) {
+        (Some(r), _) => format!("rank {r}"),
+        (None, Some(i)) => format!("{} peer {} of item {i}", dir.1, w.wait.fan),
+        (None, None) => format!("{} peer {} of its item", dir.1, w.wait.fan),
     };
-    Some(format!(
-        "CTA {cta} waits for {what} of {item} (step {})",
-        w.step
-    ))
+    format!("{what} {} {peer} (step {})", dir.0, w.wait.step)
 }
 
-/// "this rank's GPU: CTA 3 waits for ..., CTA 5 waits for ..." (peers are the item's fan
-/// indices, items its index in the launch's item list); None when no CTA has written one.
-pub fn gpu_waits_text(words: &[(u32, u64)]) -> Option<String> {
-    let parts: Vec<String> = words
+/// "CTA 3", "CTAs 0-6", "CTAs 0-2, 5" for CTAs in increasing order.
+fn ctas_text(ctas: &[u32]) -> String {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &c in ctas {
+        match runs.last_mut() {
+            Some((_, hi)) if *hi + 1 == c => *hi = c,
+            _ => runs.push((c, c)),
+        }
+    }
+    let parts: Vec<String> = runs
         .iter()
-        .filter_map(|&(cta, word)| gpu_wait_text(cta, word))
+        .map(|&(lo, hi)| match hi - lo {
+            0 => lo.to_string(),
+            _ => format!("{lo}-{hi}"),
+        })
+        .collect();
+    let s = if ctas.len() == 1 { "" } else { "s" };
+    format!("CTA{s} {}", parts.join(", "))
+}
+
+/// "this rank's GPU: CTAs 0-6 wait for LL data from rank 1 (step 3), CTA 7 waits for ...":
+/// CTAs that wait for the same thing are named together, in the order of their first CTA;
+/// None when no CTA has said anything.
+pub fn gpu_waits_text(waits: &[GpuWait]) -> Option<String> {
+    let mut groups: Vec<(String, Vec<u32>)> = Vec::new();
+    for w in waits {
+        let target = gpu_wait_target(w);
+        match groups.iter_mut().find(|(t, _)| *t == target) {
+            Some((_, ctas)) => ctas.push(w.cta),
+            None => groups.push((target, vec![w.cta])),
+        }
+    }
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(target, ctas)| {
+            let verb = if ctas.len() == 1 { "waits" } else { "wait" };
+            format!("{} {verb} for {target}", ctas_text(ctas))
+        })
         .collect();
     (!parts.is_empty()).then(|| format!("this rank's GPU: {}", parts.join(", ")))
 }
@@ -534,30 +564,49 @@ pub fn behind_report(
 mod tests {
     use super::*;
     use crate::sched::device::{
-        WAIT_FAN_SHIFT, WAIT_ITEM_SHIFT, WAIT_ITEM_UNKNOWN, WAIT_LL_DATA, WAIT_RECV_SLOT,
-        WAIT_SEND_SLOT, WAIT_WHAT_SHIFT,
+        decode_wait, WAIT_FAN_SHIFT, WAIT_ITEM_SHIFT, WAIT_ITEM_UNKNOWN, WAIT_LL_DATA,
+        WAIT_RECV_SLOT, WAIT_SEND_SLOT, WAIT_WHAT_SHIFT,
     };
 
-    fn word(what: u32, fan: u32, item: u32, step: u32) -> u64 {
-        ((what as u64) << WAIT_WHAT_SHIFT)
+    fn wait(cta: u32, what: u32, fan: u32, item: u32, step: u32, peer: Option<i32>) -> GpuWait {
+        let word = ((what as u64) << WAIT_WHAT_SHIFT)
             | ((fan as u64) << WAIT_FAN_SHIFT)
             | ((item as u64) << WAIT_ITEM_SHIFT)
-            | step as u64
+            | step as u64;
+        GpuWait {
+            cta,
+            wait: decode_wait(word).unwrap(),
+            peer,
+        }
     }
 
     #[test]
     fn gpu_waits_are_worded() {
         assert_eq!(gpu_waits_text(&[]), None);
         let page = [
-            (3, word(WAIT_RECV_SLOT, 0, 2, 17)),
-            (5, word(WAIT_SEND_SLOT, 1, 0, 4)),
-            (6, word(WAIT_LL_DATA, 0, WAIT_ITEM_UNKNOWN, 9)),
+            wait(3, WAIT_RECV_SLOT, 0, 2, 17, None),
+            wait(5, WAIT_SEND_SLOT, 1, 0, 4, None),
+            wait(6, WAIT_LL_DATA, 0, WAIT_ITEM_UNKNOWN, 9, None),
         ];
         assert_eq!(
             gpu_waits_text(&page).unwrap(),
             "this rank's GPU: CTA 3 waits for data from receive peer 0 of item 2 (step 17), \
-             CTA 5 waits for a free slot of send peer 1 of item 0 (step 4), \
+             CTA 5 waits for a free slot to send peer 1 of item 0 (step 4), \
              CTA 6 waits for LL data from receive peer 0 of its item (step 9)"
+        );
+    }
+
+    #[test]
+    fn gpu_waits_on_one_peer_are_named_together() {
+        let mut page: Vec<GpuWait> = (0..7)
+            .map(|c| wait(c, WAIT_LL_DATA, 0, c, 3, Some(1)))
+            .collect();
+        page.push(wait(9, WAIT_LL_DATA, 0, 9, 3, Some(1)));
+        page.push(wait(8, WAIT_SEND_SLOT, 0, 8, 2, Some(3)));
+        assert_eq!(
+            gpu_waits_text(&page).unwrap(),
+            "this rank's GPU: CTAs 0-6, 9 wait for LL data from rank 1 (step 3), \
+             CTA 8 waits for a free slot to rank 3 (step 2)"
         );
     }
 
@@ -577,7 +626,7 @@ mod tests {
             asked: None,
             p2p: Default::default(),
         };
-        let page = [(1, word(WAIT_RECV_SLOT, 0, 0, 2))];
+        let page = [wait(1, WAIT_RECV_SLOT, 0, 0, 2, Some(1))];
         let mut f = Findings {
             name: CommName {
                 handle: 0x10,
@@ -594,7 +643,7 @@ mod tests {
         assert_eq!(
             hang_report(&f).line,
             "comm 0x10 commHash 0x0000000000000001 rank 0: work made no progress for 3 s; \
-             this rank's GPU: CTA 1 waits for data from receive peer 0 of item 0 (step 2)"
+             this rank's GPU: CTA 1 waits for data from rank 1 (step 2)"
         );
         f.gpu_waits = &[];
         assert_eq!(

@@ -219,15 +219,21 @@ pub const MAX_ITEMS: usize = 512;
 pub const MAX_THREADS: u32 = 512;
 
 /// The communicator's status page (host-mapped, its device address in every item's
-/// `abort_flag`): the u32 abort flag at offset 0, then from `PROGRESS_OFFSET` one u64 *wait
-/// word* per CTA, CTA b's at `PROGRESS_OFFSET + 8 * b`, for `PROGRESS_CTAS` CTAs.
+/// `abort_flag`): the u32 abort flag at offset 0, then from `PROGRESS_OFFSET` one *wait entry*
+/// of `WAIT_ENTRY_BYTES` per CTA, CTA b's at `PROGRESS_OFFSET + WAIT_ENTRY_BYTES * b`, for
+/// `PROGRESS_CTAS` CTAs: a u64 *wait word*, then the u64 device address the wait polls.
 ///
-/// A CTA writes its word (relaxed, system scope) only in the abort poll of its one wait loop
-/// (`ox_spin`), that is after a thread of it has waited `OX_ABORT_POLL` spins, and again every
-/// such poll while the wait lasts: what it waits for, on which peer of which item, and at
-/// which step. A CTA that wrote its word clears it (0) when its kernel ends, also on abort,
-/// so a non-zero word belongs to a running kernel. Several threads of one CTA may write the
-/// word; the last one stands. 0: nothing to say.
+/// A CTA writes its entry (relaxed, system scope; the address first, then the word) only in
+/// the abort poll of its one wait loop (`ox_spin`), that is after a thread of it has waited
+/// `OX_ABORT_POLL` spins, and again every such poll while the wait lasts: what it waits for,
+/// on which peer of which item, at which step, and where. A CTA that wrote its entry clears
+/// its word (0) when its kernel ends, also on abort, so a non-zero word belongs to a running
+/// kernel. Several threads of one CTA may write the entry; the last one stands (a reader may
+/// see one thread's word with another's address). 0: nothing to say.
+///
+/// The address names the connection: a send slot wait polls the send connection's `head`, a
+/// receive slot wait its receive connection's `tail`, an LL wait a word inside its receive
+/// connection's `buf`; the host maps it back to the peer rank.
 ///
 /// Layout of a non-zero word: bits 0..32 the low 32 bits of the position (step) waited on;
 /// bits `WAIT_ITEM_SHIFT..+16` the index of the item in the launch's item list
@@ -236,10 +242,12 @@ pub const MAX_THREADS: u32 = 512;
 /// `WAIT_WHAT_SHIFT..+8` what is waited for (`WAIT_SEND_SLOT`, `WAIT_RECV_SLOT`,
 /// `WAIT_LL_DATA`, never 0).
 pub const PROGRESS_OFFSET: u32 = 64;
-/// CTAs with a wait word on the status page (the planner's most CTAs a launch may have).
+/// CTAs with a wait entry on the status page (the planner's most CTAs a launch may have).
 pub const PROGRESS_CTAS: u32 = 64;
+/// Bytes of one CTA's wait entry: the wait word, then the address waited on.
+pub const WAIT_ENTRY_BYTES: u32 = 16;
 /// Bytes of the status page.
-pub const STATUS_PAGE_BYTES: u32 = PROGRESS_OFFSET + 8 * PROGRESS_CTAS;
+pub const STATUS_PAGE_BYTES: u32 = PROGRESS_OFFSET + WAIT_ENTRY_BYTES * PROGRESS_CTAS;
 /// Shift of the item index in a wait word.
 pub const WAIT_ITEM_SHIFT: u32 = 32;
 /// Shift of the fan index in a wait word.

@@ -290,6 +290,15 @@ pub struct WaitWord {
     pub step: u32,
 }
 
+/// One CTA's wait as the host reads it from the status page: its decoded word and, when its
+/// address belongs to a connection, the peer rank it waits on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuWait {
+    pub cta: u32,
+    pub wait: WaitWord,
+    pub peer: Option<i32>,
+}
+
 /// Decodes a wait word; None for 0 (nothing written).
 pub fn decode_wait(word: u64) -> Option<WaitWord> {
     if word == 0 {
