@@ -8,7 +8,8 @@
  *   skip-report  the culprit never calls #4; OXCCL_HANG_ERROR unset: each waiting rank's log
  *                has exactly one "has made no progress" line for ncclAllReduce #4 (4096 ×
  *                float) naming the culprit (rank, host, pid) and its last enqueued/completed
- *                #3; the culprit's log says it has not called it; the async error stays
+ *                #3 and ending in what this rank's GPU waits for, from which rank (at 2
+ *                ranks: the culprit); the culprit's log says it has not called it; the async error stays
  *                ncclSuccess; then ncclCommAbort releases the waiting ranks
  *   skip         the same with OXCCL_HANG_ERROR=1: the waiting ranks get ncclRemoteError
  *                whose ncclGetLastError(comm) (and ncclGetLastError(NULL) after
@@ -528,6 +529,16 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
       const char *start = line;
       while (start && start > log && start[-1] != '\n') start--;
       check_named(c, start ? start : "", culprit, sh->pid[culprit]);
+      /* The GPU's own clause: every CTA waits on a peer named by rank (at 2 ranks, the
+       * culprit; at more, the ring's previous rank or, one-shot, any peer). */
+      const char *gpu = strstr(line, "this rank's GPU: CTA"), *eol = strchr(line, '\n');
+      if (gpu && eol && gpu > eol) gpu = NULL; /* another line's */
+      CHECK(gpu && strstr(gpu, " from rank "), "no GPU wait naming a rank in: %.600s", start);
+      if (gpu && n == 2) {
+        char want[64];
+        snprintf(want, sizeof want, "from rank %d (step ", culprit);
+        CHECK(strstr(gpu, want), "'%s' not in the GPU's clause: %.400s", want, gpu);
+      }
       free(log);
     }
   } else if (waits) {
