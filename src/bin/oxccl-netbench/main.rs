@@ -1,8 +1,11 @@
 //! oxccl-netbench: the built-in socket network beside a plain pair of TCP sockets, between two
 //! processes of this machine over loopback, with host buffers, in one run. The parent sends,
-//! a child process (this program again) receives; each message size is timed both ways.
+//! a child process (this program again) receives; each message size is timed both ways, from
+//! the parent's first send until the child says on its stdout that it has received the last
+//! byte (the same end for both, before either side tears anything down), `--reps` times each,
+//! alternating, and the median reported.
 //!
-//! Usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4]
+//! Usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4] [--reps 3]
 //! The socket network's shape comes from NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD.
 
 use nccl::bootstrap::socket::NetIf;
@@ -24,7 +27,7 @@ fn lo() -> NetIf {
     }
 }
 
-const USAGE: &str = "usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4]
+const USAGE: &str = "usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4] [--reps 3]
   (the socket network's shape comes from NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD)";
 
 /// A size like 64K, 1M or 1G.
@@ -46,6 +49,7 @@ struct Opts {
     sizes: Vec<usize>,
     total: usize,
     inflight: usize,
+    reps: usize,
 }
 
 fn opts() -> Opts {
@@ -68,6 +72,7 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
         sizes: vec![64 << 10, 1 << 20, 4 << 20, 16 << 20],
         total: 1 << 30,
         inflight: 4,
+        reps: 3,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -84,6 +89,13 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
                     .ok()
                     .filter(|&n| n > 0)
                     .ok_or_else(|| format!("--inflight needs a positive count, not '{v}'"))?
+            }
+            "--reps" => {
+                o.reps = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| format!("--reps needs a positive count, not '{v}'"))?
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -144,7 +156,7 @@ fn child(spec: &str) {
         for _ in 0..count {
             s.read_exact(&mut buf).unwrap();
         }
-        s.write_all(&[1]).unwrap();
+        say_done(&mut out);
         return;
     }
     let net = SocketNet::new(lo(), Shape::from_env());
@@ -158,28 +170,52 @@ fn child(spec: &str) {
         }
     };
     stream(&net, comm, size, count, inflight, false);
-    // The acknowledgement: one more message back would need a second comm; the parent
-    // times until its sends complete and then waits for this process to exit.
+    say_done(&mut out);
     net.close_recv(comm).unwrap();
 }
 
-fn spawn(kind: &str, size: usize, count: usize, inflight: usize) -> (std::process::Child, String) {
-    let mut c = Command::new(std::env::current_exe().unwrap())
+/// The child's end of a measurement: every byte received (one line on its stdout).
+fn say_done(out: &mut std::io::Stdout) {
+    writeln!(out, "done").unwrap();
+    out.flush().unwrap();
+}
+
+/// A spawned receiver: the process and its stdout, where it says its address, then "done".
+struct Receiver {
+    child: std::process::Child,
+    lines: BufReader<std::process::ChildStdout>,
+}
+
+impl Receiver {
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.lines.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    /// Wait for the receiver (after its "done") to exit.
+    fn finish_exit(mut self) {
+        self.child.wait().unwrap();
+    }
+}
+
+/// Start a receiver of `kind` and read the address it listens on.
+fn spawn(kind: &str, size: usize, count: usize, inflight: usize) -> (Receiver, String) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
         .env(CHILD, format!("{kind},{size},{count},{inflight}"))
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(c.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (c, line.trim().to_string())
+    let lines = BufReader::new(child.stdout.take().unwrap());
+    let mut r = Receiver { child, lines };
+    let addr = r.line();
+    (r, addr)
 }
 
 /// Seconds to move `count` messages of `size` over a plain TCP pair (until the receiver has
 /// read them all).
 fn plain_tcp(size: usize, count: usize) -> f64 {
-    let (mut c, port) = spawn("tcp", size, count, 1);
+    let (mut rx, port) = spawn("tcp", size, count, 1);
     let mut s = TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).unwrap();
     s.set_nodelay(true).unwrap();
     let buf = vec![1u8; size];
@@ -187,16 +223,15 @@ fn plain_tcp(size: usize, count: usize) -> f64 {
     for _ in 0..count {
         s.write_all(&buf).unwrap();
     }
-    let mut ack = [0u8; 1];
-    s.read_exact(&mut ack).unwrap();
+    assert_eq!(rx.line(), "done", "the receiver ended early");
     let t = start.elapsed().as_secs_f64();
-    c.wait().unwrap();
+    rx.child.wait().unwrap();
     t
 }
 
-/// Seconds to move the same over the socket network (until the receiving process is done).
+/// Seconds to move the same over the socket network (until the receiver has them all).
 fn socket_net(size: usize, count: usize, inflight: usize) -> f64 {
-    let (mut c, hex) = spawn("net", size, count, inflight);
+    let (mut rx, hex) = spawn("net", size, count, inflight);
     let bytes: Vec<u8> = (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
@@ -206,10 +241,18 @@ fn socket_net(size: usize, count: usize, inflight: usize) -> f64 {
     let comm = net.connect(0, &handle).unwrap().unwrap();
     let start = Instant::now();
     stream(&net, comm, size, count, inflight, true);
-    c.wait().unwrap();
+    assert_eq!(rx.line(), "done", "the receiver ended early");
     let t = start.elapsed().as_secs_f64();
+    // Close in order (the goodbye) while the receiver still runs, then let it exit.
     net.close_send(comm).unwrap();
+    rx.finish_exit();
     t
+}
+
+/// The median of `xs` (not empty).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
 }
 
 fn main() {
@@ -220,11 +263,12 @@ fn main() {
     let o = opts();
     let shape = Shape::from_env();
     println!(
-        "# oxccl-netbench: loopback, two processes, {} MiB per size; socket network: {} thread(s), {} socket(s), {} in flight",
+        "# oxccl-netbench: loopback, two processes, {} MiB per size; socket network: {} thread(s), {} socket(s), {} in flight; median of {}",
         o.total >> 20,
         shape.nthreads,
         shape.nsocks,
-        o.inflight
+        o.inflight,
+        o.reps
     );
     println!(
         "{:>12} {:>14} {:>14} {:>8}",
@@ -233,8 +277,12 @@ fn main() {
     for &size in &o.sizes {
         let count = (o.total / size).max(8);
         let gb = (size * count) as f64 / 1e9;
-        let plain = gb / plain_tcp(size, count);
-        let ours = gb / socket_net(size, count, o.inflight);
+        let (mut plain, mut ours) = (Vec::new(), Vec::new());
+        for _ in 0..o.reps {
+            plain.push(gb / plain_tcp(size, count));
+            ours.push(gb / socket_net(size, count, o.inflight));
+        }
+        let (plain, ours) = (median(plain), median(ours));
         println!(
             "{size:>12} {plain:>14.2} {ours:>14.2} {:>8.2}",
             ours / plain
