@@ -3,7 +3,7 @@
 //! a child process (this program again) receives; each message size is timed both ways, from
 //! the parent's first send until the child says on its stdout that it has received the last
 //! byte (the same end for both, before either side tears anything down), `--reps` times each,
-//! alternating, and the median reported.
+//! alternating, and the median reported. Both cycle through `--inflight` buffers per side.
 //!
 //! Usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4] [--reps 3]
 //! The socket network's shape comes from NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD.
@@ -114,9 +114,15 @@ fn wait(net: &dyn Net, r: Request) -> usize {
     }
 }
 
+/// The `inflight` buffers of `size` bytes a side cycles through (both paths alike, so both
+/// touch the same amount of memory).
+fn buffers(size: usize, inflight: usize) -> Vec<Vec<u8>> {
+    (0..inflight).map(|_| vec![1u8; size]).collect()
+}
+
 /// Move `count` messages of `size` bytes over `comm`, `inflight` at a time.
 fn stream(net: &dyn Net, comm: Comm, size: usize, count: usize, inflight: usize, send: bool) {
-    let mut bufs: Vec<Vec<u8>> = (0..inflight).map(|_| vec![1u8; size]).collect();
+    let mut bufs = buffers(size, inflight);
     let mh = net
         .reg_mr(comm, bufs[0].as_mut_ptr(), size, MemType::Host)
         .expect("reg_mr");
@@ -152,9 +158,9 @@ fn child(spec: &str) {
         writeln!(out, "{}", l.local_addr().unwrap().port()).unwrap();
         out.flush().unwrap();
         let (mut s, _) = l.accept().unwrap();
-        let mut buf = vec![0u8; size];
-        for _ in 0..count {
-            s.read_exact(&mut buf).unwrap();
+        let mut bufs = buffers(size, inflight);
+        for i in 0..count {
+            s.read_exact(&mut bufs[i % inflight]).unwrap();
         }
         say_done(&mut out);
         return;
@@ -214,14 +220,14 @@ fn spawn(kind: &str, size: usize, count: usize, inflight: usize) -> (Receiver, S
 
 /// Seconds to move `count` messages of `size` over a plain TCP pair (until the receiver has
 /// read them all).
-fn plain_tcp(size: usize, count: usize) -> f64 {
-    let (mut rx, port) = spawn("tcp", size, count, 1);
+fn plain_tcp(size: usize, count: usize, inflight: usize) -> f64 {
+    let (mut rx, port) = spawn("tcp", size, count, inflight);
     let mut s = TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).unwrap();
     s.set_nodelay(true).unwrap();
-    let buf = vec![1u8; size];
+    let bufs = buffers(size, inflight);
     let start = Instant::now();
-    for _ in 0..count {
-        s.write_all(&buf).unwrap();
+    for i in 0..count {
+        s.write_all(&bufs[i % inflight]).unwrap();
     }
     assert_eq!(rx.line(), "done", "the receiver ended early");
     let t = start.elapsed().as_secs_f64();
@@ -279,7 +285,7 @@ fn main() {
         let gb = (size * count) as f64 / 1e9;
         let (mut plain, mut ours) = (Vec::new(), Vec::new());
         for _ in 0..o.reps {
-            plain.push(gb / plain_tcp(size, count));
+            plain.push(gb / plain_tcp(size, count, o.inflight));
             ours.push(gb / socket_net(size, count, o.inflight));
         }
         let (plain, ours) = (median(plain), median(ours));
