@@ -21,7 +21,9 @@
 #           must name the right rank and operation and nothing may hang (each case bounded);
 #           after each, the collective-check cases (faults -c check, OXCCL_CHECK_COLLECTIVES=1):
 #           another collective, count or root as #4 (blocking and non-blocking), a mismatch
-#           on one of two communicators in one group, and agreeing ranks with right results
+#           on one of two communicators in one group, and agreeing ranks with right results;
+#           between the two rank counts, the classic cases with every rank claiming a host of
+#           its own (faults -n 2 -H: the ranks meet over the network transport)
 #   matrix  oxccl-bench correctness matrix, ours, NCCL_MULTI_RANK_GPU_ENABLE=1, ranks on GPU
 #           0: one process of 1, 2, 4, 8 ranks (--devices 0,..,0) and one process per rank for
 #           2 and 4 (-p R --ranks-per-gpu R); every collective, type and op, in and out of
@@ -317,11 +319,12 @@ sec_faults() {
   fi
   # Per rank count: the fault cases, then the collective-check cases (OXCCL_CHECK_COLLECTIVES=1);
   # LEAVE keeps time for the steps after each.
-  local step n cases name nominal leave
-  for step in "2 classic 180" "2 check 120" "4 classic 60" "4 check 0"; do
-    read -r n cases leave <<<"$step"
+  local step n cases name nominal leave hosts
+  for step in "2 classic 240 -" "2 check 180 -" "2 classic 120 -H" "4 classic 60 -" "4 check 0 -"; do
+    read -r n cases leave hosts <<<"$step"
+    [ "$hosts" = - ] && hosts=
     if [ "$cases" = classic ]; then
-      name="faults -n $n (ours)"
+      name="faults -n $n${hosts:+ $hosts} (ours)"
       cases=skip-report,skip,collective,count,kill
       nominal=330
     else
@@ -332,7 +335,7 @@ sec_faults() {
     if plan faults "$name" "$nominal" "$leave"; then
       local lim=$LIMIT
       LEAVE=$leave test_step faults "$name" "$lim" 0 env LD_LIBRARY_PATH="$DEV/lib" \
-        "$DEV/bin/faults" -n "$n" -c "$cases" -T $((lim - 12))
+        "$DEV/bin/faults" -n "$n" $hosts -c "$cases" -T $((lim - 12))
     fi
   done
 }

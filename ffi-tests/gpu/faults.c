@@ -51,8 +51,11 @@
  * Prints one line per case and 'N passed, M failed, K skipped, J not run'; exit 0 iff nothing
  * failed and nothing was left out.
  *
- * usage: faults [-n NRANKS] [-c LIST] [-T SECONDS] [-l] | --rank CASE R N HEX DIR
+ * usage: faults [-n NRANKS] [-H] [-c LIST] [-T SECONDS] [-l] | --rank CASE R N HEX DIR
  *   -n NRANKS   ranks per case, 2..8 (default 2)
+ *   -H          every rank claims a host of its own (NCCL_HOSTID=oxccl-faults-host-R, and
+ *               NCCL_SOCKET_IFNAME=lo unless set): the ranks reach each other over the
+ *               network transport (loopback sockets), as ranks on separate machines
  *   -c LIST     only these cases (comma list of names or prefixes)
  *   -T SECONDS  time budget (default 600): a case gets at most what is left less 5 s (and
  *               100 s); with under 25 s left it is not started
@@ -588,6 +591,9 @@ static void print_log(const char *dir, int r) {
   free(log);
 }
 
+/* -H: each rank process claims a host of its own. */
+static int hostid_per_rank;
+
 /* One case: its rank processes, bounded; 0 ok, 1 failed, 2 skipped. */
 static int run_case(const char *c, int n, double limit) {
   char dir[] = "/tmp/oxccl-faults.XXXXXX";
@@ -619,6 +625,12 @@ static int run_case(const char *c, int n, double limit) {
       else unsetenv("OXCCL_HANG_ERROR");
       if (!strncmp(c, "check-", 6)) setenv("OXCCL_CHECK_COLLECTIVES", "1", 1);
       else unsetenv("OXCCL_CHECK_COLLECTIVES");
+      if (hostid_per_rank) {
+        char host[64];
+        snprintf(host, sizeof host, "oxccl-faults-host-%d", r);
+        setenv("NCCL_HOSTID", host, 1);
+        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+      }
       char *argv[] = {self_exe, "--rank", (char *)c, rstr[r], nstr, hex, dir, NULL};
       execv(self_exe, argv);
       _exit(127);
@@ -662,7 +674,8 @@ static int run_case(const char *c, int n, double limit) {
     }
   }
   for (int r = 0; r < n; r++) print_log(dir, r);
-  printf("%s %s (%d ranks on GPU 0) in %.1f s\n", bad ? "FAIL" : skips ? "SKIP" : "PASS", c, n, now() - t0);
+  printf("%s %s (%d ranks on GPU 0%s) in %.1f s\n", bad ? "FAIL" : skips ? "SKIP" : "PASS", c, n,
+         hostid_per_rank ? ", each its own host" : "", now() - t0);
   fflush(stdout);
   munmap(sh, sizeof *sh);
   return bad ? 1 : skips ? 2 : 0;
@@ -684,15 +697,16 @@ int main(int argc, char **argv) {
   if (argc == 7 && !strcmp(argv[1], "--rank")) return rank_main(argv[2], atoi(argv[3]), atoi(argv[4]), argv[5], argv[6]);
   int n = 2, budget = 600, opt;
   const char *list = NULL;
-  while ((opt = getopt(argc, argv, "n:c:T:l")) != -1) {
+  while ((opt = getopt(argc, argv, "n:Hc:T:l")) != -1) {
     switch (opt) {
     case 'n': n = atoi(optarg); break;
+    case 'H': hostid_per_rank = 1; break;
     case 'c': list = optarg; break;
     case 'T': budget = atoi(optarg); break;
     case 'l':
       for (int i = 0; i < NCASES; i++) printf("%s\n", CASES[i]);
       return 0;
-    default: fprintf(stderr, "usage: faults [-n NRANKS] [-c LIST] [-T SECONDS] [-l]\n"); return 2;
+    default: fprintf(stderr, "usage: faults [-n NRANKS] [-H] [-c LIST] [-T SECONDS] [-l]\n"); return 2;
     }
   }
   if (n < 2 || n > MAXR) {
