@@ -544,12 +544,18 @@ impl Watch {
         let state = self.state_for(comm, asker, q.waiting.as_ref());
         let reply = wire::encode_reply(q.round, &state);
         let _ = self.link.send(asker, wire::TAG_REPLY, &reply, SEND_LIMIT);
-        // A rank with pending work of its own reports it itself when its time comes.
-        if self.stuck.is_some() || self.behind_logged.is_some() && self.behind_logged == q.waiting {
+        if self.behind_logged.is_some() && self.behind_logged == q.waiting {
             return;
         }
         let line = report::behind_report(self.name, self.me, &self.idents, &state, asker, q);
         if let Some((line, called_otherwise)) = line {
+            // A rank with pending work of its own reports it itself when its time comes;
+            // but under OXCCL_HANG_ERROR one that called something else fails at once, since
+            // the others, failing on the mismatch, may be gone before its own report is due
+            // (a culprit waiting on the host for connections its call needs).
+            if self.stuck.is_some() && !(called_otherwise && self.settings.hang_error) {
+                return;
+            }
             self.behind_logged = q.waiting;
             *comm.watch.last_report.lock() = Some(line.clone());
             // Called something else: under OXCCL_HANG_ERROR this side fails too (a rank that

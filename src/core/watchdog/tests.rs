@@ -68,6 +68,16 @@ fn ranks_with(n: i32, s: Settings, without: &[i32]) -> Vec<Rank> {
 
 /// `ranks_with` for a communicator of this hash.
 fn ranks_named(n: i32, s: Settings, without: &[i32], hash: u64) -> Vec<Rank> {
+    ranks_each(n, |_| s, without, hash)
+}
+
+/// `n` ranks, rank r's watchdog with `settings(r)` (none for the ranks in `without`).
+fn ranks_each(
+    n: i32,
+    settings: impl Fn(i32) -> Settings,
+    without: &[i32],
+    hash: u64,
+) -> Vec<Rank> {
     bootstraps(n)
         .into_iter()
         .enumerate()
@@ -87,7 +97,7 @@ fn ranks_named(n: i32, s: Settings, without: &[i32], hash: u64) -> Vec<Rank> {
                     completion: Box::new(|| Box::new(Manual)),
                     stop_kernels: Box::new(move || flag.store(true, Ordering::Release)),
                     gpu_waits: Box::new(Vec::new),
-                    settings: s,
+                    settings: settings(r),
                 };
                 spawn(&comm, parts);
             }
@@ -279,6 +289,31 @@ fn another_count_under_hang_error_fails_every_rank_naming_it() {
             r.kernels_stopped.load(Ordering::Acquire),
             "kernels released"
         );
+    }
+    stop_all(&mut all);
+}
+
+#[test]
+fn a_culprit_with_pending_work_of_its_own_says_at_once_that_it_called_otherwise() {
+    // Rank 1 is in a different collective that has not completed either (as one waiting on
+    // the host for new connections), and its own report is not due before the others fail
+    // and go (here: never): it must fail from their query alone, naming the mismatch.
+    let each = |r: i32| Settings {
+        report_after: (r == 0).then_some(Duration::from_secs(1)),
+        hang_error: true,
+    };
+    let mut all = ranks_each(2, each, &[], 0xfeed);
+    warm_up(&all, 3);
+    launch(&all[1], CollKind::AllGather, 1024, 0);
+    launch(&all[0], CollKind::AllReduce, 4096, 0);
+    let failed = |r: &Rank| r.comm.async_error() == ncclResult_t::ncclRemoteError;
+    assert!(eventually(Duration::from_secs(15), || all
+        .iter()
+        .all(failed)));
+    let mismatch = "rank 1 called ncclAllGather #4 (1024 × float) where rank 0 called \
+                    ncclAllReduce #4 (4096 × float)";
+    for r in &all {
+        assert!(error_of(r).contains(mismatch), "{}", error_of(r));
     }
     stop_all(&mut all);
 }
