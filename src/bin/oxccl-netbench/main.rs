@@ -3,7 +3,8 @@
 //! a child process (this program again) receives; each message size is timed both ways, from
 //! the parent's first send until the child says on its stdout that it has received the last
 //! byte (the same end for both, before either side tears anything down), `--reps` times each,
-//! alternating, and the median reported. Both cycle through `--inflight` buffers per side.
+//! alternating, and the median reported. Both cycle through `--inflight` buffers per side,
+//! each side's made (and touched) before the clock starts.
 //!
 //! Usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4] [--reps 3]
 //! The socket network's shape comes from NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD.
@@ -120,9 +121,10 @@ fn buffers(size: usize, inflight: usize) -> Vec<Vec<u8>> {
     (0..inflight).map(|_| vec![1u8; size]).collect()
 }
 
-/// Move `count` messages of `size` bytes over `comm`, `inflight` at a time.
-fn stream(net: &dyn Net, comm: Comm, size: usize, count: usize, inflight: usize, send: bool) {
-    let mut bufs = buffers(size, inflight);
+/// Move `count` messages of `size` bytes over `comm`, `bufs.len()` at a time, message i in
+/// `bufs[i % bufs.len()]`.
+fn stream(net: &dyn Net, comm: Comm, bufs: &mut [Vec<u8>], count: usize, send: bool) {
+    let (size, inflight) = (bufs[0].len(), bufs.len());
     let mh = net
         .reg_mr(comm, bufs[0].as_mut_ptr(), size, MemType::Host)
         .expect("reg_mr");
@@ -153,12 +155,13 @@ fn child(spec: &str) {
     let count: usize = parts.next().unwrap().parse().unwrap();
     let inflight: usize = parts.next().unwrap().parse().unwrap();
     let mut out = std::io::stdout();
+    // Before the address is out: the sender's clock may start once it is.
+    let mut bufs = buffers(size, inflight);
     if kind == "tcp" {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         writeln!(out, "{}", l.local_addr().unwrap().port()).unwrap();
         out.flush().unwrap();
         let (mut s, _) = l.accept().unwrap();
-        let mut bufs = buffers(size, inflight);
         for i in 0..count {
             s.read_exact(&mut bufs[i % inflight]).unwrap();
         }
@@ -175,7 +178,7 @@ fn child(spec: &str) {
             break c;
         }
     };
-    stream(&net, comm, size, count, inflight, false);
+    stream(&net, comm, &mut bufs, count, false);
     say_done(&mut out);
     net.close_recv(comm).unwrap();
 }
@@ -245,8 +248,9 @@ fn socket_net(size: usize, count: usize, inflight: usize) -> f64 {
     let handle = Handle(<[u8; HANDLE_BYTES]>::try_from(bytes).unwrap());
     let net = SocketNet::new(lo(), Shape::from_env());
     let comm = net.connect(0, &handle).unwrap().unwrap();
+    let mut bufs = buffers(size, inflight);
     let start = Instant::now();
-    stream(&net, comm, size, count, inflight, true);
+    stream(&net, comm, &mut bufs, count, true);
     assert_eq!(rx.line(), "done", "the receiver ended early");
     let t = start.elapsed().as_secs_f64();
     // Close in order (the goodbye) while the receiver still runs, then let it exit.
