@@ -724,6 +724,8 @@ static ncclResult_t oxInit_v11(void** ctx, uint64_t commId, oxCommConfig* config
   c->commId = commId;
   c->trafficClass = config ? config->trafficClass : -1;
   *ctx = c;
+  OXLOG(OX_LOG_INFO, "NET/OxTest : context for comm 0x%llx, traffic class %d",
+        (unsigned long long)commId, c->trafficClass);
   return ncclSuccess;
 }
 
@@ -740,8 +742,13 @@ static ncclResult_t oxConnect_v11(void* ctx, int dev, void* handle, void** sendC
 
 static ncclResult_t oxFinalize(void* ctx) {
   ncclResult_t rc = oxCheckCtx(ctx);
-  if (rc == ncclSuccess) free(ctx);
-  return rc;
+  if (rc != ncclSuccess) return rc;
+  struct oxCtx* c = (struct oxCtx*)ctx;
+  OXLOG(OX_LOG_INFO, "NET/OxTest : finalized the context of comm 0x%llx",
+        (unsigned long long)c->commId);
+  c->magic = 0; /* a second finalize, or a later use, is then caught */
+  free(c);
+  return ncclSuccess;
 }
 
 /* ---- the exported tables ---- */

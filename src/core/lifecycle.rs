@@ -285,7 +285,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         async_error_sink(comm),
     )?;
     rt.set_net_link(net_link);
-    rt.set_net_name(comm.config.net_name.clone());
+    rt.set_network(comm.config.net_name.clone(), comm.config.traffic_class);
     *comm.rt.lock() = Some(rt);
     super::watchdog::start(comm);
     crate::info!(

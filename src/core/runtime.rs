@@ -6,9 +6,10 @@
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
+use crate::sched::device::GpuWait;
 use crate::sched::{self, Geometry, Plan, Task};
 use crate::topo::{Path, Topology};
-use crate::sched::device::GpuWait;
+use crate::transport::net::CommNet;
 use crate::transport::{self, sizes, ConnSpan, Connections, ErrorSink, Setup};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -169,8 +170,9 @@ pub struct Runtime {
     /// The communicator's abort flag, and where a failed network connection is reported.
     abort: Arc<AtomicBool>,
     sink: ErrorSink,
-    /// The network asked for (`ncclConfig_t.netName`, else `NCCL_NET`).
-    net_name: Option<String>,
+    /// The network asked for (`ncclConfig_t.netName`, else `NCCL_NET`), opened for this
+    /// communicator on its first network connection.
+    comm_net: CommNet,
     /// The network as the planner sees it, when some rank uses it (agreed at init).
     net: Option<sched::NetView>,
 }
@@ -264,7 +266,9 @@ mod tests {
 
     #[test]
     fn wait_entries_read_from_a_page() {
-        use crate::sched::device::{PROGRESS_OFFSET, WAIT_ENTRY_BYTES, WAIT_RECV_SLOT, WAIT_WHAT_SHIFT};
+        use crate::sched::device::{
+            PROGRESS_OFFSET, WAIT_ENTRY_BYTES, WAIT_RECV_SLOT, WAIT_WHAT_SHIFT,
+        };
         let mut page = vec![0u64; STATUS_PAGE_BYTES / 8];
         page[0] = 1; // the abort flag is not a wait word
         let word = ((WAIT_RECV_SLOT as u64) << WAIT_WHAT_SHIFT) | 17;
@@ -273,7 +277,7 @@ mod tests {
         page[entry(3) + 1] = 0x7000;
         page[entry(63)] = 5;
         page[entry(10) + 1] = 0x8000; // an address without a word: nothing to say
-        // SAFETY: the vector holds STATUS_PAGE_BYTES bytes, u64-aligned.
+                                      // SAFETY: the vector holds STATUS_PAGE_BYTES bytes, u64-aligned.
         let entries = unsafe { read_wait_entries(page.as_ptr() as *const u8) };
         assert_eq!(entries, vec![(3, word, 0x7000), (63, 5, 0)]);
         page.fill(0);
@@ -292,7 +296,6 @@ impl DeviceAbort {
         // SAFETY: the flag is a live (kept by this handle), aligned u32 in pinned host memory.
         unsafe { std::ptr::write_volatile(self.0.host() as *mut u32, 1) };
     }
-
 }
 
 /// What this communicator's kernels wait for, read without the runtime's lock (the
@@ -398,7 +401,7 @@ impl Runtime {
             comm_hash,
             abort,
             sink,
-            net_name: None,
+            comm_net: CommNet::new(None, comm_hash, crate::abi::NCCL_CONFIG_UNDEF_INT),
             net: None,
         })
     }
@@ -427,9 +430,10 @@ impl Runtime {
         self.net.as_ref().map(|n| n.link)
     }
 
-    /// Use the network named `name` for this communicator's network connections.
-    pub fn set_net_name(&mut self, name: Option<String>) {
-        self.net_name = name;
+    /// Use the network named `name` for this communicator's network connections, opened
+    /// for it with its `ncclConfig_t.trafficClass` (before any connection is made).
+    pub fn set_network(&mut self, name: Option<String>, traffic_class: i32) {
+        self.comm_net = CommNet::new(name, self.comm_hash, traffic_class);
     }
 
     /// Ask running kernels to stop (they poll this flag).
@@ -573,7 +577,7 @@ impl Runtime {
                 abort: &self.abort,
                 device_abort: self.device_abort.host() as usize,
                 sink: &self.sink,
-                net_name: self.net_name.as_deref(),
+                net: &self.comm_net,
             };
             self.conns.connect(&setup, &rows)?;
         }

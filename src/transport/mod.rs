@@ -94,8 +94,14 @@ fn side_spans(peer: i32, conn: &OxConn, sends: bool) -> Vec<ConnSpan> {
 impl Connections {
     /// Every connection's wait spans (`ConnSpan`), sends then receives.
     pub fn wait_spans(&self) -> Vec<ConnSpan> {
-        let sends = self.send.iter().map(|(&(_, peer), s)| (peer, &s.conn, true));
-        let recvs = self.recv.iter().map(|(&(_, peer), s)| (peer, &s.conn, false));
+        let sends = self
+            .send
+            .iter()
+            .map(|(&(_, peer), s)| (peer, &s.conn, true));
+        let recvs = self
+            .recv
+            .iter()
+            .map(|(&(_, peer), s)| (peer, &s.conn, false));
         sends
             .chain(recvs)
             .flat_map(|(peer, c, sends)| side_spans(peer, c, sends))
@@ -130,8 +136,8 @@ pub struct Setup<'a> {
     pub device_abort: usize,
     /// Where the proxy reports a failed connection (the communicator's async error).
     pub sink: &'a net::proxy::ErrorSink,
-    /// The network this communicator asked for (`netName`, else `NCCL_NET`).
-    pub net_name: Option<&'a str>,
+    /// The network this communicator uses (`netName`, else `NCCL_NET`), opened for it.
+    pub net: &'a net::CommNet,
 }
 
 /// The transport of one connection, from the topology's path to the peer.
@@ -325,7 +331,11 @@ mod tests {
         assert_eq!(peer(from_left.tail), Some(1));
         assert_eq!(peer(from_left.buf + 8 * 65536 - 8), Some(1));
         assert_eq!(peer(from_left.buf + 8 * 65536), None);
-        assert_eq!(peer(to_right.tail), None, "the receiver polls its own copy of tail");
+        assert_eq!(
+            peer(to_right.tail),
+            None,
+            "the receiver polls its own copy of tail"
+        );
         assert_eq!(peer(0), None);
     }
 

@@ -28,7 +28,8 @@ fn lo() -> NetIf {
     }
 }
 
-const USAGE: &str = "usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4] [--reps 3]
+const USAGE: &str =
+    "usage: oxccl-netbench [--sizes 64K,1M,4M,16M] [--total 1G] [--inflight 4] [--reps 3]
   (the socket network's shape comes from NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD)";
 
 /// A size like 64K, 1M or 1G.

@@ -72,12 +72,7 @@ fn ranks_named(n: i32, s: Settings, without: &[i32], hash: u64) -> Vec<Rank> {
 }
 
 /// `n` ranks, rank r's watchdog with `settings(r)` (none for the ranks in `without`).
-fn ranks_each(
-    n: i32,
-    settings: impl Fn(i32) -> Settings,
-    without: &[i32],
-    hash: u64,
-) -> Vec<Rank> {
+fn ranks_each(n: i32, settings: impl Fn(i32) -> Settings, without: &[i32], hash: u64) -> Vec<Rank> {
     bootstraps(n)
         .into_iter()
         .enumerate()

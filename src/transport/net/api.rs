@@ -9,6 +9,7 @@
 //! reports it done, and registers every buffer it sends from or receives into with `reg_mr`.
 
 use crate::error::Result;
+use std::sync::Arc;
 
 /// Bytes of a connection handle (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const HANDLE_BYTES: usize = 128;
@@ -122,4 +123,13 @@ pub trait Net: Send + Sync {
     fn close_send(&self, comm: Comm) -> Result<()>;
     fn close_recv(&self, comm: Comm) -> Result<()>;
     fn close_listen(&self, comm: Comm) -> Result<()>;
+    /// This network as the communicator `comm_id` (its hash) uses it, with its
+    /// `ncclConfig_t.trafficClass` (`NCCL_CONFIG_UNDEF_INT`: unset): a network of its own for
+    /// that communicator when it keeps per-communicator state (a v11 plugin's context, from
+    /// an `init` of its own, finalized when the returned network goes), else None: the
+    /// communicator uses this one.
+    fn for_comm(&self, comm_id: u64, traffic_class: i32) -> Result<Option<Arc<dyn Net>>> {
+        let _ = (comm_id, traffic_class);
+        Ok(None)
+    }
 }

@@ -40,6 +40,42 @@ pub fn network(name: Option<&str>) -> Result<Arc<dyn Net>> {
     Ok(net)
 }
 
+/// The network one communicator uses (`network` picks it by `name`), made for that
+/// communicator on first use (`Net::for_comm`: a v11 plugin's context of its own, from an
+/// `init` with the communicator's id and traffic class, as NVIDIA's calls it per
+/// communicator) and kept while this or any of the communicator's network connections holds
+/// it.
+pub struct CommNet {
+    name: Option<String>,
+    comm_id: u64,
+    traffic_class: i32,
+    net: OnceCell<Arc<dyn Net>>,
+}
+
+impl CommNet {
+    /// The network named `name` for communicator `comm_id` (its hash) with `traffic_class`
+    /// (`ncclConfig_t.trafficClass`), not opened yet.
+    pub fn new(name: Option<String>, comm_id: u64, traffic_class: i32) -> CommNet {
+        CommNet {
+            name,
+            comm_id,
+            traffic_class,
+            net: OnceCell::new(),
+        }
+    }
+
+    /// The network, opened for this communicator the first time.
+    pub fn get(&self) -> Result<Arc<dyn Net>> {
+        self.net
+            .get_or_try_init(|| {
+                let shared = network(self.name.as_deref())?;
+                let own = shared.for_comm(self.comm_id, self.traffic_class)?;
+                Ok(own.unwrap_or(shared))
+            })
+            .cloned()
+    }
+}
+
 /// What this rank's channels get of the network named `name` (as `network` picks it), for
 /// the cost model: its devices side by side as far as `channels` reach them (channel c uses
 /// device c mod devices, see `local_half`), from each device's speed and latency.
@@ -150,7 +186,7 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
             setup.nslots
         )));
     }
-    let net = network(setup.net_name)?;
+    let net = setup.net.get()?;
     let dev = ch as i32 % net.devices()?.max(1);
     let mem = HostMapped::new(block_bytes(dir, setup.slot_bytes, setup.nslots))?;
     let (handle, listen) = match dir {

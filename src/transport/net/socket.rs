@@ -572,9 +572,8 @@ fn move_header_with_data(
     };
     // SAFETY: as in move_bytes: the request's buffer stays valid until the request is done,
     // and nothing writes it meanwhile.
-    let rest = unsafe {
-        std::slice::from_raw_parts((ptr + data.done) as *const u8, data.len - data.done)
-    };
+    let rest =
+        unsafe { std::slice::from_raw_parts((ptr + data.done) as *const u8, data.len - data.done) };
     loop {
         let bufs = [
             IoSlice::new(&header.header[header.done..]),

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr::null_mut;
+use std::sync::Arc;
 
 /// Sizes `test` may write: NVIDIA passes room for `NCCL_PROXY_MAX_SUBS` grouped receives.
 const TEST_SIZES: usize = 8;
@@ -70,6 +71,7 @@ enum Calls {
         irecv: IrecvV10Fn,
     },
     V11 {
+        init: InitV11Fn,
         props: PropsV11Fn,
         listen: ListenV11Fn,
         connect: ConnectV11Fn,
@@ -155,6 +157,7 @@ impl Table {
             Table::V11(t) => (
                 shared_of!(t),
                 Calls::V11 {
+                    init: req(t.init, "init")?,
                     props: req(t.getProperties, "getProperties")?,
                     listen: req(t.listen, "listen")?,
                     connect: req(t.connect, "connect")?,
@@ -229,25 +232,33 @@ macro_rules! properties_of {
 /// Handle buffers of connects in progress, by device and the caller's handle.
 type PendingConnects = HashMap<(i32, [u8; HANDLE_BYTES]), Box<[u8; HANDLE_BYTES]>>;
 
-/// A net plugin behind the [`Net`] trait: comms, requests and memory handles are the
-/// plugin's pointers.
-pub struct PluginNet {
+/// An opened plugin library and its entries, shared by every [`PluginNet`] made of it.
+struct Plugin {
     /// The table's name (`NCCL_NET` selects by it).
     name: String,
     shared: Shared,
     calls: Calls,
-    /// A v11 plugin's context from `init`.
+    /// Dropped last: the entries' code lives in it.
+    _lib: Library,
+}
+
+/// A net plugin behind the [`Net`] trait, with one context: comms, requests and memory
+/// handles are the plugin's pointers. The process opens the plugin once (`open`, NVIDIA's
+/// first `init`); each communicator then gets its own (`Net::for_comm`): a v11 plugin an
+/// `init` of its own with the communicator's id and traffic class, finalized when that
+/// communicator's last user of it goes, as NVIDIA's calls it per communicator.
+pub struct PluginNet {
+    plugin: Arc<Plugin>,
+    /// A v11 plugin's context from `init` (finalized on drop); 0 for older versions.
     ctx: usize,
-    /// The comm config a v10 plugin's `connect` takes, at one address for the plugin's life
-    /// (as NVIDIA keeps it in the context).
+    /// The comm config a v10 plugin's `connect` takes, at one address for this context's
+    /// life (as NVIDIA keeps it in the context).
     config: Box<UnsafeCell<ncclNetCommConfig_t>>,
     /// Handles of connects in progress, as the plugin left them: a plugin may keep the state
     /// of a non-blocking connect in the handle (NVIDIA's own do), so each retry must pass the
     /// bytes the previous call wrote, not the caller's copy. Keyed by device and the caller's
     /// handle; an entry goes when its connect completes or fails.
     pending: Mutex<PendingConnects>,
-    /// Dropped last: the entries' code lives in it.
-    _lib: Library,
 }
 
 // SAFETY: a plugin's entries may be called from any thread (NCCL calls them from its proxy
@@ -256,6 +267,10 @@ pub struct PluginNet {
 unsafe impl Send for PluginNet {}
 // SAFETY: as for Send; the &self methods read the copied entries and call the plugin.
 unsafe impl Sync for PluginNet {}
+// SAFETY: Plugin holds copied function pointers and the library they live in, read only.
+unsafe impl Send for Plugin {}
+// SAFETY: as for Send.
+unsafe impl Sync for Plugin {}
 
 impl PluginNet {
     /// Initialise the plugin whose `ncclNet_v<version>_t` is at `table` in `lib`: `init`,
@@ -285,25 +300,55 @@ impl PluginNet {
                 return failed(&name, &format!("{entry} is NULL"));
             }
         };
-        let net = PluginNet {
+        let plugin = Arc::new(Plugin {
             name,
             shared,
             calls,
-            ctx,
-            config: Box::new(UnsafeCell::new(default_config())),
-            pending: Mutex::new(HashMap::new()),
             _lib: lib,
-        };
+        });
+        let net = PluginNet::with_context(plugin, ctx, default_config());
         // From here on dropping `net` finalizes a v11 plugin, as NVIDIA's failure path does.
         match net.devices() {
             Ok(n) if n > 0 => {}
-            Ok(_) => return failed(&net.name, "no devices"),
-            Err(e) => return failed(&net.name, &e.msg),
+            Ok(_) => return failed(net.name(), "no devices"),
+            Err(e) => return failed(net.name(), &e.msg),
         }
-        crate::info!(INIT | NET, "Initialized NET plugin {}", net.name);
+        crate::info!(INIT | NET, "Initialized NET plugin {}", net.name());
         // A plugin may set NCCL_* variables in its init (aws-ofi-nccl does).
         crate::env::reload();
         net.host_only().then_some(net)
+    }
+
+    fn with_context(plugin: Arc<Plugin>, ctx: usize, config: ncclNetCommConfig_t) -> Self {
+        PluginNet {
+            plugin,
+            ctx,
+            config: Box::new(UnsafeCell::new(config)),
+            pending: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// This plugin for the communicator `comm_id` with `traffic_class` (its
+    /// `ncclConfig_t.trafficClass`, `NCCL_CONFIG_UNDEF_INT` when unset): a v11 plugin's
+    /// `init` with them (a context of its own), a v10 plugin's `connect` config; older
+    /// versions take neither (NVIDIA's compatibility layer does the same).
+    fn for_comm_context(&self, comm_id: u64, traffic_class: c_int) -> Result<PluginNet> {
+        let mut config = default_config();
+        if traffic_class != crate::abi::NCCL_CONFIG_UNDEF_INT {
+            config.trafficClass = traffic_class;
+        }
+        let mut ctx = 0usize;
+        if let Calls::V11 { init, .. } = self.plugin.calls {
+            let mut out = null_mut();
+            let log = super::logger::logger();
+            // SAFETY: the out-pointer and config are valid for the call (NVIDIA too passes a
+            // config that lives only for the call); the logger has ncclDebugLogger_t's C
+            // variadic type; the profiler callback may be NULL.
+            let rc = unsafe { init(&mut out, comm_id, &mut config, log, None) };
+            self.check(rc, "init")?;
+            ctx = out as usize;
+        }
+        Ok(PluginNet::with_context(self.plugin.clone(), ctx, config))
     }
 
     /// Whether oxccl can drive the plugin's device 0: it must not offload to the device
@@ -315,7 +360,7 @@ impl PluginNet {
                 crate::warn!(
                     "NET/Plugin: {} offloads to the device (netDeviceType {kind}), which oxccl \
                      does not support; not using it",
-                    self.name
+                    self.plugin.name
                 );
                 false
             }
@@ -338,7 +383,7 @@ impl PluginNet {
             code,
             format!(
                 "net plugin {}: {call} failed: {}",
-                self.name,
+                self.plugin.name,
                 crate::error::error_string(rc)
             ),
         ))
@@ -346,7 +391,7 @@ impl PluginNet {
 
     /// A device's properties, and its `netDeviceType`.
     fn raw_properties(&self, dev: i32) -> Result<(Properties, c_int)> {
-        let (props, kind, rc) = match self.calls {
+        let (props, kind, rc) = match self.plugin.calls {
             Calls::V8 { props, .. } => {
                 // SAFETY: plain data, for which all-zero is a valid value.
                 let mut p: ncclNetProperties_v8_t = unsafe { std::mem::zeroed() };
@@ -373,7 +418,7 @@ impl PluginNet {
         if props.max_p2p_bytes == 0 || props.max_p2p_bytes > NCCL_MAX_NET_SIZE_BYTES {
             return Err(Error::internal(format!(
                 "net plugin {}: invalid value for maxP2pBytes {} [allowed range: 1 - {}]",
-                self.name, props.max_p2p_bytes, NCCL_MAX_NET_SIZE_BYTES
+                self.plugin.name, props.max_p2p_bytes, NCCL_MAX_NET_SIZE_BYTES
             )));
         }
         Ok((props, kind))
@@ -385,7 +430,7 @@ impl PluginNet {
         if size > MAX_NET_SIZE {
             return Err(Error::internal(format!(
                 "net plugin {}: {call} of {size} bytes, more than a v8 plugin takes ({MAX_NET_SIZE})",
-                self.name
+                self.plugin.name
             )));
         }
         Ok(size as c_int)
@@ -400,7 +445,7 @@ impl PluginNet {
         // valid for the call; a NULL device handle asks for no offload; the v10 config lives
         // as long as the plugin; the v11 context is the one init returned.
         let rc = unsafe {
-            match self.calls {
+            match self.plugin.calls {
                 Calls::V8 { connect, .. } | Calls::V9 { connect, .. } => {
                     connect(dev, h, &mut comm, &mut dev_comm)
                 }
@@ -439,12 +484,16 @@ impl Drop for PluginNet {
     fn drop(&mut self) {
         if let Calls::V11 {
             finalize: Some(f), ..
-        } = self.calls
+        } = self.plugin.calls
         {
             // SAFETY: ctx is the context init returned; this is its one finalize.
             let rc = unsafe { f(self.ctx as *mut c_void) };
             if rc != 0 {
-                crate::info!(NET, "NET/Plugin: {}: finalize returned {rc}", self.name);
+                crate::info!(
+                    NET,
+                    "NET/Plugin: {}: finalize returned {rc}",
+                    self.plugin.name
+                );
             }
         }
     }
@@ -457,13 +506,19 @@ fn request(req: *mut c_void) -> Option<Request> {
 
 impl Net for PluginNet {
     fn name(&self) -> &str {
-        &self.name
+        &self.plugin.name
+    }
+
+    fn for_comm(&self, comm_id: u64, traffic_class: i32) -> Result<Option<Arc<dyn Net>>> {
+        Ok(Some(Arc::new(
+            self.for_comm_context(comm_id, traffic_class)?,
+        )))
     }
 
     fn devices(&self) -> Result<i32> {
         let mut n: c_int = 0;
         // SAFETY: n is writable for the call.
-        let rc = unsafe { (self.shared.devices)(&mut n) };
+        let rc = unsafe { (self.plugin.shared.devices)(&mut n) };
         self.check(rc, "devices")?;
         Ok(n)
     }
@@ -479,7 +534,7 @@ impl Net for PluginNet {
         // SAFETY (every arm): the handle has HANDLE_BYTES writable bytes, comm is writable;
         // the v11 context is the one init returned.
         let rc = unsafe {
-            match self.calls {
+            match self.plugin.calls {
                 Calls::V8 { listen, .. } | Calls::V9 { listen, .. } | Calls::V10 { listen, .. } => {
                     listen(dev, h, &mut comm)
                 }
@@ -490,7 +545,7 @@ impl Net for PluginNet {
         if comm.is_null() {
             return Err(Error::internal(format!(
                 "net plugin {}: listen returned no comm",
-                self.name
+                self.plugin.name
             )));
         }
         Ok((handle, Comm(comm as usize)))
@@ -516,7 +571,9 @@ impl Net for PluginNet {
         let mut dev_comm: *mut ncclNetDeviceHandle_t = null_mut();
         // SAFETY: listen is a comm this plugin's listen returned; the out-pointers are valid
         // for the call; a NULL device handle asks for no offload.
-        let rc = unsafe { (self.shared.accept)(listen.0 as *mut c_void, &mut comm, &mut dev_comm) };
+        let rc = unsafe {
+            (self.plugin.shared.accept)(listen.0 as *mut c_void, &mut comm, &mut dev_comm)
+        };
         self.check(rc, "accept")?;
         Ok((!comm.is_null()).then_some(Comm(comm as usize)))
     }
@@ -530,7 +587,7 @@ impl Net for PluginNet {
         // SAFETY: comm is this plugin's; data/size is the caller's buffer, which it keeps
         // valid while registered; mh is writable.
         let rc = unsafe {
-            (self.shared.reg_mr)(comm.0 as *mut c_void, data.cast(), size, kind, &mut mh)
+            (self.plugin.shared.reg_mr)(comm.0 as *mut c_void, data.cast(), size, kind, &mut mh)
         };
         self.check(rc, "regMr")?;
         Ok(MemHandle(mh as usize))
@@ -538,7 +595,8 @@ impl Net for PluginNet {
 
     fn dereg_mr(&self, comm: Comm, mh: MemHandle) -> Result<()> {
         // SAFETY: comm and mh are this plugin's, mh registered on comm.
-        let rc = unsafe { (self.shared.dereg_mr)(comm.0 as *mut c_void, mh.0 as *mut c_void) };
+        let rc =
+            unsafe { (self.plugin.shared.dereg_mr)(comm.0 as *mut c_void, mh.0 as *mut c_void) };
         self.check(rc, "deregMr")
     }
 
@@ -559,7 +617,7 @@ impl Net for PluginNet {
         // SAFETY (every arm): comm and mh are this plugin's; the caller keeps data valid
         // until the request is done; req is writable; no profiler handle.
         let rc = unsafe {
-            match self.calls {
+            match self.plugin.calls {
                 Calls::V8 { isend, .. } => {
                     isend(c, d, self.int_size(size, "isend")?, tag, m, &mut req)
                 }
@@ -593,7 +651,7 @@ impl Net for PluginNet {
         // call; comm and mh are this plugin's; the caller keeps data valid until the
         // request is done; req is writable (NULL in: no optional completion asked).
         let rc = unsafe {
-            match self.calls {
+            match self.plugin.calls {
                 Calls::V8 { irecv, .. } => {
                     let mut int_sizes = [self.int_size(size, "irecv")?];
                     irecv(c, 1, d, int_sizes.as_mut_ptr(), t, m, &mut req)
@@ -622,11 +680,14 @@ impl Net for PluginNet {
         size: usize,
         mh: MemHandle,
     ) -> Result<Option<Request>> {
-        let Some(iflush) = self.shared.iflush else {
+        let Some(iflush) = self.plugin.shared.iflush else {
             return Ok(None);
         };
         let size = c_int::try_from(size).map_err(|_| {
-            Error::internal(format!("net plugin {}: iflush of {size} bytes", self.name))
+            Error::internal(format!(
+                "net plugin {}: iflush of {size} bytes",
+                self.plugin.name
+            ))
         })?;
         let mut datas = [data as *mut c_void];
         let mut sizes = [size];
@@ -652,7 +713,9 @@ impl Net for PluginNet {
         let mut done: c_int = 0;
         let mut sizes = [0 as c_int; TEST_SIZES];
         // SAFETY: req is a live request of this plugin's; done and sizes are writable.
-        let rc = unsafe { (self.shared.test)(req.0 as *mut c_void, &mut done, sizes.as_mut_ptr()) };
+        let rc = unsafe {
+            (self.plugin.shared.test)(req.0 as *mut c_void, &mut done, sizes.as_mut_ptr())
+        };
         self.check(rc, "test")?;
         if done == 0 {
             return Ok(None);
@@ -660,7 +723,7 @@ impl Net for PluginNet {
         let size = usize::try_from(sizes[0]).map_err(|_| {
             Error::internal(format!(
                 "net plugin {}: test reported {} bytes",
-                self.name, sizes[0]
+                self.plugin.name, sizes[0]
             ))
         })?;
         Ok(Some(size))
@@ -668,19 +731,19 @@ impl Net for PluginNet {
 
     fn close_send(&self, comm: Comm) -> Result<()> {
         // SAFETY: comm is a send comm of this plugin's, closed once.
-        let rc = unsafe { (self.shared.close_send)(comm.0 as *mut c_void) };
+        let rc = unsafe { (self.plugin.shared.close_send)(comm.0 as *mut c_void) };
         self.check(rc, "closeSend")
     }
 
     fn close_recv(&self, comm: Comm) -> Result<()> {
         // SAFETY: comm is a receive comm of this plugin's, closed once.
-        let rc = unsafe { (self.shared.close_recv)(comm.0 as *mut c_void) };
+        let rc = unsafe { (self.plugin.shared.close_recv)(comm.0 as *mut c_void) };
         self.check(rc, "closeRecv")
     }
 
     fn close_listen(&self, comm: Comm) -> Result<()> {
         // SAFETY: comm is a listening comm of this plugin's, closed once.
-        let rc = unsafe { (self.shared.close_listen)(comm.0 as *mut c_void) };
+        let rc = unsafe { (self.plugin.shared.close_listen)(comm.0 as *mut c_void) };
         self.check(rc, "closeListen")
     }
 }

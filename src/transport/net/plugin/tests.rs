@@ -126,6 +126,59 @@ fn the_newest_table_is_used_and_init_logs_through_oxccl() {
 }
 
 #[test]
+fn a_v11_plugin_gets_a_context_per_communicator() {
+    let Some(lib) = plugin() else { return };
+    let shared: Arc<dyn Net> = open_entry(lib, &[11]).expect("v11 loads");
+    let a = shared
+        .for_comm(0xa11c0de, 7)
+        .unwrap()
+        .expect("a net of its own");
+    let b = shared
+        .for_comm(0xb0b, crate::abi::NCCL_CONFIG_UNDEF_INT)
+        .unwrap()
+        .expect("a net of its own");
+    assert!(logger::tests::logged(
+        "NET/OxTest : context for comm 0xa11c0de, traffic class 7"
+    ));
+    // Unset is NCCL's NCCL_NET_TRAFFIC_CLASS_UNDEF (-1) for the plugin, as NVIDIA passes it.
+    assert!(logger::tests::logged(
+        "NET/OxTest : context for comm 0xb0b, traffic class -1"
+    ));
+    // Each communicator's listen and connect carry its own context (the plugin checks it).
+    exchange(&a, &messages()[..3], false);
+    exchange(&b, &messages()[..3], false);
+    drop(a);
+    assert!(logger::tests::logged(
+        "NET/OxTest : finalized the context of comm 0xa11c0de"
+    ));
+    assert!(!logger::tests::logged(
+        "NET/OxTest : finalized the context of comm 0xb0b"
+    ));
+    drop(b);
+    assert!(logger::tests::logged(
+        "NET/OxTest : finalized the context of comm 0xb0b"
+    ));
+    // The process's own context still works after the communicators' went.
+    exchange(&shared, &messages()[..1], false);
+}
+
+#[test]
+fn older_plugins_are_shared_by_communicators_without_a_new_init() {
+    let Some(lib) = plugin() else { return };
+    for v in [8, 9, 10] {
+        let shared: Arc<dyn Net> = open_entry(lib, &[v]).unwrap();
+        let own = shared
+            .for_comm(0x51de, 3)
+            .unwrap()
+            .expect("a view of its own");
+        exchange(&own, &messages()[..2], false);
+    }
+    assert!(!logger::tests::logged(
+        "NET/OxTest : context for comm 0x51de, traffic class 3"
+    ));
+}
+
+#[test]
 fn properties_of_every_version() {
     let Some(lib) = plugin() else { return };
     for v in VERSIONS {
