@@ -10,9 +10,12 @@
 //! lines, and the caller falls back to the internal network, as NVIDIA's does.
 //!
 //! oxccl opens and initialises a plugin once per process (as NVIDIA's compatibility layer does
-//! for v8-v10 plugins): a v11 plugin gets communicator id 0 and the default comm config, and
-//! its `finalize` runs when the last reference to it goes. Selecting a network by name
-//! (`NCCL_NET`, `ncclConfig_t.netName`, against [`Net::name`]) is the caller's.
+//! for v8-v10 plugins; a v11 plugin's first `init` gets communicator id 0 and the default
+//! comm config, and that context serves the loader's checks). Each communicator then asks
+//! for its own ([`Net::for_comm`]): a v11 plugin gets another `init` with the communicator's
+//! hash and traffic class, finalized when the communicator's last user of it goes, as
+//! NVIDIA's 2.28.9 calls it per communicator. Selecting a network by name (`NCCL_NET`,
+//! `ncclConfig_t.netName`, against [`Net::name`]) is the caller's.
 //!
 //! Submodules: [`abi`] the C types, [`dl`] the loader calls, [`logger`] the log function a
 //! plugin gets, [`adapter`] the `Net` implementation.
