@@ -370,27 +370,76 @@ pub fn choose_interface(
     spec: Option<&str>,
     want_v6: Option<bool>,
 ) -> Option<NetIf> {
+    choose_interfaces(ifaces, spec, want_v6, 1)
+        .into_iter()
+        .next()
+}
+
+/// Up to `max` interfaces among `ifaces`, each with its first usable address, by the rules of
+/// `choose_interface` (NVIDIA's `ncclFindInterfaces`): with `spec`, every interface that
+/// matches it; otherwise the non-loopback non-docker ones, or if there are none the docker
+/// ones, or if none loopback.
+pub fn choose_interfaces(
+    ifaces: &[IfAddr],
+    spec: Option<&str>,
+    want_v6: Option<bool>,
+    max: usize,
+) -> Vec<NetIf> {
     let usable = |a: &&IfAddr| {
         a.up && want_v6.is_none_or(|v6| a.ip.is_ipv6() == v6)
             && !matches!(a.ip, IpAddr::V6(ip) if (ip.segments()[0] & 0xffc0) == 0xfe80)
     };
     let pick = |filter: IfFilter| {
-        ifaces
+        let mut found: Vec<NetIf> = Vec::new();
+        for a in ifaces
             .iter()
             .filter(usable)
-            .find(|a| filter.matches(&a.name))
-            .map(|a| NetIf {
-                name: a.name.clone(),
-                ip: a.ip,
-                scope_id: a.scope_id,
-            })
+            .filter(|a| filter.matches(&a.name))
+        {
+            if found.len() < max && !found.iter().any(|f| f.name == a.name) {
+                found.push(NetIf {
+                    name: a.name.clone(),
+                    ip: a.ip,
+                    scope_id: a.scope_id,
+                });
+            }
+        }
+        found
     };
     match spec {
         Some(spec) => pick(IfFilter::parse(spec)),
-        None => pick(IfFilter::parse("^docker,lo"))
-            .or_else(|| pick(IfFilter::parse("docker")))
-            .or_else(|| pick(IfFilter::parse("lo"))),
+        None => [
+            pick(IfFilter::parse("^docker,lo")),
+            pick(IfFilter::parse("docker")),
+            pick(IfFilter::parse("lo")),
+        ]
+        .into_iter()
+        .find(|found| !found.is_empty())
+        .unwrap_or_default(),
     }
+}
+
+/// Most interfaces the built-in socket network uses (NVIDIA's `MAX_IFS`).
+pub const MAX_NET_INTERFACES: usize = 16;
+
+/// The interfaces of the built-in socket network, by `NCCL_SOCKET_IFNAME` and
+/// `NCCL_SOCKET_FAMILY` as for the bootstrap, up to `MAX_NET_INTERFACES`: each is a device.
+pub fn net_interfaces() -> Result<Vec<NetIf>> {
+    let spec = crate::env::get("NCCL_SOCKET_IFNAME");
+    let family = parse_family(crate::env::get("NCCL_SOCKET_FAMILY").as_deref());
+    let found = choose_interfaces(
+        &list_interfaces()?,
+        spec.as_deref(),
+        family,
+        MAX_NET_INTERFACES,
+    );
+    if found.is_empty() {
+        return Err(Error::system(match &spec {
+            Some(s) => format!("NET/Socket : no interface found matching NCCL_SOCKET_IFNAME={s}"),
+            None => "NET/Socket : no interface found".to_string(),
+        }));
+    }
+    Ok(found)
 }
 
 /// The chosen interface and the settings' generation (`crate::env::generation`) it was
@@ -496,6 +545,44 @@ mod tests {
             name_ip(choose_interface(&only_lo, None, Some(true))).unwrap(),
             "lo:::1"
         );
+    }
+
+    #[test]
+    fn every_matching_interface_once_for_the_network() {
+        let list = vec![
+            ifa("lo", "127.0.0.1", true),
+            ifa("eth0", "10.0.0.1", true),
+            ifa("eth0", "10.0.0.9", true),
+            ifa("docker0", "172.17.0.1", true),
+            ifa("eth1", "10.0.1.1", true),
+            ifa("eth2", "10.0.2.1", false),
+            ifa("ib0", "10.1.0.1", true),
+        ];
+        let names = |v: Vec<NetIf>| -> Vec<String> {
+            v.iter().map(|n| format!("{}:{}", n.name, n.ip)).collect()
+        };
+        assert_eq!(
+            names(choose_interfaces(&list, None, None, 16)),
+            ["eth0:10.0.0.1", "eth1:10.0.1.1", "ib0:10.1.0.1"]
+        );
+        assert_eq!(names(choose_interfaces(&list, None, None, 2)).len(), 2);
+        assert_eq!(
+            names(choose_interfaces(&list, Some("eth"), None, 16)),
+            ["eth0:10.0.0.1", "eth1:10.0.1.1"]
+        );
+        assert_eq!(
+            names(choose_interfaces(&list, Some("^eth,ib"), None, 16)),
+            ["lo:127.0.0.1", "docker0:172.17.0.1"]
+        );
+        let only = vec![
+            ifa("lo", "127.0.0.1", true),
+            ifa("docker0", "172.17.0.1", true),
+        ];
+        assert_eq!(
+            names(choose_interfaces(&only, None, None, 16)),
+            ["docker0:172.17.0.1"]
+        );
+        assert!(choose_interfaces(&list, Some("=eth"), None, 16).is_empty());
     }
 
     #[test]

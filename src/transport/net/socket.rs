@@ -60,9 +60,9 @@ impl Shape {
     }
 }
 
-/// The built-in socket network.
+/// The built-in socket network: one device per interface (`bsock::net_interfaces`).
 pub struct SocketNet {
-    dev: NetIf,
+    devs: Vec<NetIf>,
     shape: Shape,
     objects: Mutex<Objects>,
 }
@@ -83,20 +83,42 @@ impl Objects {
 }
 
 impl SocketNet {
-    /// The network on the bootstrap's interface, with the settings of the environment.
+    /// The network on every interface `NCCL_SOCKET_IFNAME` / `NCCL_SOCKET_FAMILY` select
+    /// (as NVIDIA's: without a setting, every interface but loopback and docker, else
+    /// docker, else loopback), each a device, with the settings of the environment.
     pub fn from_env() -> Result<SocketNet> {
-        let dev = bsock::bootstrap_interface()?;
+        let devs = bsock::net_interfaces()?;
         let shape = Shape::from_env();
-        crate::info!(NET, "NET/Socket : Using [0]{}:{}<0>", dev.name, dev.ip);
-        Ok(SocketNet::new(dev, shape))
+        let list: Vec<String> = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| format!("[{i}]{}:{}<0>", d.name, d.ip))
+            .collect();
+        crate::info!(NET, "NET/Socket : Using {}", list.join(" "));
+        Ok(SocketNet::with_devices(devs, shape))
     }
 
+    /// The network on one interface.
     pub fn new(dev: NetIf, shape: Shape) -> SocketNet {
+        SocketNet::with_devices(vec![dev], shape)
+    }
+
+    /// The network on `devs` (not empty), device i on `devs[i]`.
+    pub fn with_devices(devs: Vec<NetIf>, shape: Shape) -> SocketNet {
+        debug_assert!(!devs.is_empty());
         SocketNet {
-            dev,
+            devs,
             shape,
             objects: Mutex::new(Objects::default()),
         }
+    }
+
+    /// Device `dev`'s interface, or an error naming it.
+    fn interface(&self, dev: i32) -> Result<&NetIf> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| self.devs.get(d))
+            .ok_or_else(|| Error::invalid_argument(format!("NET/Socket: no device {dev}")))
     }
 
     fn listen_comm(&self, c: Comm) -> Result<Arc<Listen>> {
@@ -193,6 +215,12 @@ fn encode_handle(addr: SocketAddr, shape: Shape) -> Handle {
         h.0[32..36].copy_from_slice(&a.scope_id().to_le_bytes());
     }
     h
+}
+
+/// The address a handle of ours points its sender at (for tests).
+#[cfg(test)]
+pub(super) fn handle_address(h: &Handle) -> SocketAddr {
+    decode_handle(h).expect("a handle of ours").0
 }
 
 fn decode_handle(h: &Handle) -> Result<(SocketAddr, Shape)> {
@@ -642,22 +670,18 @@ impl Net for SocketNet {
     }
 
     fn devices(&self) -> Result<i32> {
-        Ok(1)
+        Ok(self.devs.len() as i32)
     }
 
     fn properties(&self, dev: i32) -> Result<Properties> {
-        if dev != 0 {
-            return Err(Error::invalid_argument(format!(
-                "NET/Socket: no device {dev}"
-            )));
-        }
+        let netif = self.interface(dev)?;
         Ok(Properties {
-            name: self.dev.name.clone(),
+            name: netif.name.clone(),
             pci_path: String::new(),
             guid: 0,
             ptr_support: PTR_HOST,
             reg_is_global: false,
-            speed_mbps: link_speed_mbps(&self.dev.name),
+            speed_mbps: link_speed_mbps(&netif.name),
             port: 0,
             latency_us: 0.0,
             max_comms: 65536,
@@ -667,8 +691,7 @@ impl Net for SocketNet {
     }
 
     fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
-        self.properties(dev)?;
-        let listener = bsock::listen_on(&self.dev)?;
+        let listener = bsock::listen_on(self.interface(dev)?)?;
         listener
             .set_nonblocking(true)
             .map_err(sys("set_nonblocking"))?;

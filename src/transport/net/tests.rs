@@ -53,6 +53,48 @@ fn pattern(seed: usize, n: usize) -> Vec<u8> {
 }
 
 #[test]
+fn every_socket_device_listens_on_its_own_interface_and_moves_data() {
+    // Two "interfaces": two loopback addresses (Linux routes all of 127/8 to lo).
+    let second = NetIf {
+        name: "lo-b".into(),
+        ip: "127.0.0.2".parse().unwrap(),
+        scope_id: 0,
+    };
+    let net = SocketNet::with_devices(vec![lo(), second], Shape::new(0, 1));
+    assert_eq!(net.devices().unwrap(), 2);
+    assert_eq!(net.properties(1).unwrap().name, "lo-b");
+    assert!(net.properties(2).unwrap_err().msg.contains("no device 2"));
+    for dev in 0..2 {
+        let (h, l) = net.listen(dev).unwrap();
+        let want = if dev == 0 { "127.0.0.1" } else { "127.0.0.2" };
+        let addr = super::socket::handle_address(&h);
+        assert_eq!(addr.ip().to_string(), want, "device {dev}");
+        let s = until("connect", || net.connect(dev, &h));
+        let r = until("accept", || net.accept(l));
+        net.close_listen(l).unwrap();
+        let mh = net
+            .reg_mr(s, std::ptr::null_mut(), 0, MemType::Host)
+            .unwrap();
+        let data = pattern(dev as usize, 70_000);
+        let mut got = vec![0u8; 70_000];
+        let rr = net
+            .irecv(r, got.as_mut_ptr(), got.len(), 0, mh)
+            .unwrap()
+            .unwrap();
+        let mut send = data.clone();
+        let sr = net
+            .isend(s, send.as_mut_ptr(), send.len(), 0, mh)
+            .unwrap()
+            .unwrap();
+        until("send", || net.test(sr));
+        assert_eq!(until("recv", || net.test(rr)), data.len());
+        assert_eq!(got, data, "device {dev}");
+        net.close_send(s).unwrap();
+        net.close_recv(r).unwrap();
+    }
+}
+
+#[test]
 fn socket_messages_arrive_whole_and_in_order_with_every_shape() {
     let sizes = [0usize, 1, 8, 65535, 65537, (4 << 20) + 3];
     for (threads, per) in [(0, 1), (1, 1), (2, 2), (0, 4), (4, 1)] {
