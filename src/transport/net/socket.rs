@@ -40,13 +40,48 @@ pub struct Shape {
     pub nsocks: usize,
 }
 
+/// What `NCCL_SOCKET_NTHREADS` / `NCCL_NSOCKS_PERTHREAD` are when unset (NVIDIA's -2: the
+/// device's automatic value).
+const AUTO: i64 = -2;
+
 impl Shape {
-    /// `NCCL_SOCKET_NTHREADS` (default 0: the caller moves the bytes) and
-    /// `NCCL_NSOCKS_PERTHREAD` (default 1); their product is capped at 64.
+    /// `NCCL_SOCKET_NTHREADS` (unset: 0, the caller moves the bytes) and
+    /// `NCCL_NSOCKS_PERTHREAD` (unset: 1); their product is capped at 64.
     pub fn from_env() -> Shape {
-        let nthreads = crate::env::int("NCCL_SOCKET_NTHREADS", 0).clamp(0, 16) as usize;
-        let per = crate::env::int("NCCL_NSOCKS_PERTHREAD", 1).clamp(1, 64) as usize;
-        Shape::new(nthreads, per)
+        Shape::from_settings(Shape::settings(), (0, 1))
+    }
+
+    /// Device `ifname`'s shape: the settings where set, else NVIDIA's automatic values for
+    /// its NIC (`auto_for_vendor`).
+    pub fn for_interface(ifname: &str) -> Shape {
+        Shape::from_settings(
+            Shape::settings(),
+            auto_for_vendor(nic_vendor(ifname).as_deref()),
+        )
+    }
+
+    /// (`NCCL_SOCKET_NTHREADS`, `NCCL_NSOCKS_PERTHREAD`), `AUTO` where unset.
+    fn settings() -> (i64, i64) {
+        (
+            crate::env::int("NCCL_SOCKET_NTHREADS", AUTO),
+            crate::env::int("NCCL_NSOCKS_PERTHREAD", AUTO),
+        )
+    }
+
+    /// The shape of settings (threads, sockets per thread), `auto` standing in for the ones
+    /// that are `AUTO`; threads at most 16, sockets per thread 1..=64.
+    fn from_settings((threads, per): (i64, i64), auto: (usize, usize)) -> Shape {
+        let threads = if threads == AUTO {
+            auto.0
+        } else {
+            threads.clamp(0, 16) as usize
+        };
+        let per = if per == AUTO {
+            auto.1
+        } else {
+            per.clamp(1, 64) as usize
+        };
+        Shape::new(threads, per)
     }
 
     pub fn new(nthreads: usize, per_thread: usize) -> Shape {
@@ -60,10 +95,32 @@ impl Shape {
     }
 }
 
-/// The built-in socket network: one device per interface (`bsock::net_interfaces`).
+/// NVIDIA's automatic (threads, sockets per thread) for a NIC of PCI vendor `vendor` (as
+/// sysfs writes it): AWS ENA (0x1d0f) 2 × 8, Google gVNIC (0x1ae0) 4 × 1, any other NIC or a
+/// virtual interface 0 × 1.
+fn auto_for_vendor(vendor: Option<&str>) -> (usize, usize) {
+    match vendor {
+        Some("0x1d0f") => (2, 8),
+        Some("0x1ae0") => (4, 1),
+        _ => (0, 1),
+    }
+}
+
+/// The PCI vendor id of interface `ifname` (`/sys/class/net/<ifname>/device/vendor`, e.g.
+/// "0x1d0f"); None for an interface without a PCI device.
+fn nic_vendor(ifname: &str) -> Option<String> {
+    if ifname.contains('/') {
+        return None;
+    }
+    let text = std::fs::read_to_string(format!("/sys/class/net/{ifname}/device/vendor")).ok()?;
+    Some(text.trim().to_string())
+}
+
+/// The built-in socket network: one device per interface (`bsock::net_interfaces`), each
+/// with its shape.
 pub struct SocketNet {
     devs: Vec<NetIf>,
-    shape: Shape,
+    shapes: Vec<Shape>,
     objects: Mutex<Objects>,
 }
 
@@ -88,14 +145,14 @@ impl SocketNet {
     /// docker, else loopback), each a device, with the settings of the environment.
     pub fn from_env() -> Result<SocketNet> {
         let devs = bsock::net_interfaces()?;
-        let shape = Shape::from_env();
+        let shapes = devs.iter().map(|d| Shape::for_interface(&d.name)).collect();
         let list: Vec<String> = devs
             .iter()
             .enumerate()
             .map(|(i, d)| format!("[{i}]{}:{}<0>", d.name, d.ip))
             .collect();
         crate::info!(NET, "NET/Socket : Using {}", list.join(" "));
-        Ok(SocketNet::with_devices(devs, shape))
+        Ok(SocketNet::with_shapes(devs, shapes))
     }
 
     /// The network on one interface.
@@ -103,12 +160,18 @@ impl SocketNet {
         SocketNet::with_devices(vec![dev], shape)
     }
 
-    /// The network on `devs` (not empty), device i on `devs[i]`.
+    /// The network on `devs` (not empty), device i on `devs[i]`, all of one shape.
     pub fn with_devices(devs: Vec<NetIf>, shape: Shape) -> SocketNet {
-        debug_assert!(!devs.is_empty());
+        let shapes = vec![shape; devs.len()];
+        SocketNet::with_shapes(devs, shapes)
+    }
+
+    /// The network on `devs` (not empty), device i on `devs[i]` with `shapes[i]`.
+    fn with_shapes(devs: Vec<NetIf>, shapes: Vec<Shape>) -> SocketNet {
+        debug_assert!(!devs.is_empty() && devs.len() == shapes.len());
         SocketNet {
             devs,
-            shape,
+            shapes,
             objects: Mutex::new(Objects::default()),
         }
     }
@@ -692,18 +755,20 @@ impl Net for SocketNet {
 
     fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
         let listener = bsock::listen_on(self.interface(dev)?)?;
+        // The receiver's device decides the connection's shape; the sender follows it.
+        let shape = self.shapes[dev as usize];
         listener
             .set_nonblocking(true)
             .map_err(sys("set_nonblocking"))?;
         let addr = listener.local_addr().map_err(sys("local_addr"))?;
-        let handle = encode_handle(addr, self.shape);
+        let handle = encode_handle(addr, shape);
         let mut o = self.objects.lock();
         let id = o.id();
         o.listens.insert(
             id,
             Arc::new(Listen {
                 listener,
-                shape: self.shape,
+                shape,
                 arrived: Mutex::new(HashMap::new()),
             }),
         );
@@ -862,4 +927,27 @@ fn link_speed_mbps(ifname: &str) -> i32 {
         .and_then(|s| s.trim().parse::<i32>().ok())
         .filter(|&s| s > 0)
         .unwrap_or(10000)
+}
+
+#[cfg(test)]
+mod shape_tests {
+    use super::*;
+
+    #[test]
+    fn nvidias_automatic_shapes_by_nic_and_the_settings_over_them() {
+        assert_eq!(auto_for_vendor(Some("0x1d0f")), (2, 8));
+        assert_eq!(auto_for_vendor(Some("0x1ae0")), (4, 1));
+        assert_eq!(auto_for_vendor(Some("0x15b3")), (0, 1));
+        assert_eq!(auto_for_vendor(None), (0, 1));
+        let aws = (2, 8);
+        assert_eq!(Shape::from_settings((AUTO, AUTO), aws), Shape::new(2, 8));
+        assert_eq!(Shape::from_settings((0, AUTO), aws), Shape::new(0, 8));
+        assert_eq!(Shape::from_settings((AUTO, 1), aws), Shape::new(2, 1));
+        assert_eq!(Shape::from_settings((99, 99), (0, 1)), Shape::new(16, 64));
+        assert_eq!(Shape::new(16, 64).nsocks, 64, "at most 64 sockets");
+        assert_eq!(Shape::from_settings((-5, 0), (0, 1)), Shape::new(0, 1));
+        // Loopback has no PCI device.
+        assert_eq!(nic_vendor("lo"), None);
+        assert_eq!(nic_vendor("../lo"), None);
+    }
 }
