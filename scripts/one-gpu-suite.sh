@@ -46,7 +46,8 @@
 #           2, 4, 8 ranks, --graph) and with one process per rank claiming its own host
 #           (--hostid-per-rank; 2, 4, 8 processes), net_abort (ffi-tests/gpu/net_abort.c: a
 #           rank waiting on the network is aborted; NVIDIA's hostid cases as a reference), the
-#           test net plugin under ours and NVIDIA's, ours vs NVIDIA's sockets side by side, and
+#           test net plugin under ours and NVIDIA's, ours vs NVIDIA's sockets side by side,
+#           oxccl-netbench (the socket network against a plain TCP pair, reference rows), and
 #           torch-hostid (scripts/torch-all.sh --hostid: DDP on 2 and 4 ranks over the network,
 #           loss curves against NVIDIA's). MATRIX_ONLY=REGEX runs only its steps that match.
 # Output in ${OUT:-./out}: summary.txt (also printed last), machine.log and one SECTION.log per
@@ -437,6 +438,14 @@ sec_net() {
     LEAVE=30 bench_step net "net R=2 hostid: ours vs NVIDIA sockets" 200 "${lo[@]}" -- --lib "$OURS" \
       --vs "$NVLIB" -p 2 --ranks-per-gpu 2 --hostid-per-rank -c all_reduce,all_gather,sendrecv -d float -o sum -b 8 -e 128M -f 4 \
       --inplace 0 --check 1 -w 3 -n 10 --timeout 60
+  fi
+  # The socket network against a plain TCP pair (#12 item 2's bar), default shape and 2 x 2:
+  # a measurement (reference row; the numbers are in the step's log).
+  local nb=$DEV/bin/oxccl-netbench
+  if [ -x "$nb" ]; then
+    test_step net "netbench default shape" 60 1 "$nb" --sizes 64K,1M,16M --total 512M --reps 5
+    test_step net "netbench 2x2" 60 1 env NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=2 \
+      "$nb" --sizes 64K,1M,16M --total 512M --reps 5
   fi
   # PyTorch DDP over the network: 2 and 4 ranks on cuda:0, each claiming its own host, ours
   # against NVIDIA's (loss curves identical at 2 ranks, within 1e-4 at 4).
