@@ -14,6 +14,8 @@
 #     type x op, in and out of place, 0 B .. 1 MiB+4; 8 processes the same (#10's matrix)
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0 NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+# Every rank of these runs is on this machine: bootstrap and sockets over loopback only.
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 BUDGET=${1:-540}
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"

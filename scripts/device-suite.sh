@@ -4,6 +4,8 @@
 # Usage: scripts/device-suite.sh [quick|full]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Every rank of these runs is on this machine: bootstrap and sockets over loopback only.
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 mode=${1:-full}
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"

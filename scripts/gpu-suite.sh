@@ -21,6 +21,8 @@ set -u -o pipefail
 
 export NCCL_NVLS_ENABLE=0
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+# Every rank of these runs is on this machine: bootstrap and sockets over loopback only.
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 
 OURS="${OURS:-target/release/libnccl.so.2}"
 BENCH="${BENCH:-target/release/oxccl-bench}"

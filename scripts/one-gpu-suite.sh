@@ -57,6 +57,8 @@ set -u -o pipefail
 
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+# Every rank of these runs is on this machine: bootstrap and sockets over loopback only.
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 unset NCCL_MULTI_RANK_GPU_ENABLE LD_PRELOAD # set per step where it is meant
 
 BUDGET=540

@@ -90,6 +90,8 @@ esac
 OURS=$(readlink -f "$OURS")
 
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+# Every rank of these runs is on this machine: bootstrap and sockets over loopback only.
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 unset LD_PRELOAD
 # --same-gpu: the suite's extra arguments, the suite's --symm (not with --same-gpu), and the
 # fault scenarios' command prefix (torchrun runs "env LOCAL_RANK=0 python3 torch-faults.py").
