@@ -382,7 +382,17 @@ struct Watch {
     abort_due: Option<Instant>,
     /// The operation the last "behind" line was about (one line per stuck operation).
     behind_logged: Option<OpDesc>,
+    /// The GPU's waits while no pending operation accounts for them (`check_gpu_waits`).
+    gpu_only: Option<GpuOnlyWait>,
     last_full_tick: Instant,
+}
+
+/// The same wait entries seen since `since` with no operation pending, and whether they were
+/// reported.
+struct GpuOnlyWait {
+    waits: Vec<GpuWait>,
+    since: Instant,
+    reported: bool,
 }
 
 impl Watch {
@@ -408,6 +418,7 @@ impl Watch {
             failed: false,
             abort_due: None,
             behind_logged: None,
+            gpu_only: None,
             last_full_tick: now - TICK,
         }
     }
@@ -427,6 +438,7 @@ impl Watch {
                 completion.poll(&comm);
                 self.check_abort_due(&comm);
                 self.check_stall(&comm);
+                self.check_gpu_waits(&comm);
                 self.check_status_request(&comm);
                 self.continue_exchange(&comm);
             }
@@ -764,6 +776,47 @@ impl Watch {
         if self.exchange.is_none() && !self.failed && self.stall.report_due(self.stuck, after) {
             self.stall.reported();
             self.start_exchange(comm, false);
+        }
+    }
+
+    /// Kernels this rank's counters do not know of (a CUDA graph's replays) can hang too: when
+    /// no operation is pending but the GPU's wait entries stay the same for the report delay,
+    /// log once what they wait for, from whom (the hang report's clause). Nothing is compared
+    /// with the other ranks (they may not know of the work either), and the communicator does
+    /// not fail.
+    fn check_gpu_waits(&mut self, comm: &Comm) {
+        let Some(after) = self.settings.report_after else {
+            return;
+        };
+        if self.stuck.is_some() || self.failed {
+            self.gpu_only = None;
+            return;
+        }
+        let waits = (self.gpu_waits)();
+        if waits.is_empty() {
+            self.gpu_only = None;
+            return;
+        }
+        let same = self.gpu_only.as_ref().is_some_and(|g| g.waits == waits);
+        if !same {
+            self.gpu_only = Some(GpuOnlyWait {
+                waits,
+                since: Instant::now(),
+                reported: false,
+            });
+            return;
+        }
+        let g = self.gpu_only.as_mut().expect("seen");
+        let waited = g.since.elapsed();
+        if g.reported || waited < after {
+            return;
+        }
+        g.reported = true;
+        if let Some(line) =
+            report::gpu_wait_report(self.name, self.me, &self.idents, waited, &g.waits)
+        {
+            *comm.watch.last_report.lock() = Some(line.clone());
+            crate::warn!("{line}");
         }
     }
 

@@ -236,6 +236,25 @@ pub fn gpu_waits_text(waits: &[GpuWait]) -> Option<String> {
     (!parts.is_empty()).then(|| format!("this rank's GPU: {}", parts.join(", ")))
 }
 
+/// The WARN line of a rank whose GPU has waited `stuck` for the same things in work its
+/// counters do not show (a CUDA graph's replay: graph operations are numbered once, at
+/// capture): what its CTAs wait for, from whom. None when they wait for nothing.
+pub fn gpu_wait_report(
+    name: CommName,
+    me: i32,
+    idents: &[Ident],
+    stuck: Duration,
+    waits: &[GpuWait],
+) -> Option<String> {
+    let text = gpu_waits_text(waits)?;
+    Some(format!(
+        "{name} {}: the GPU has waited {} s in work that no operation this rank has pending \
+         accounts for (a CUDA graph replay?); {text}",
+        who(me, idents),
+        stuck.as_secs()
+    ))
+}
+
 /// The one WARN line of a rank whose operation made no progress.
 pub fn hang_report(f: &Findings<'_>) -> Verdict {
     let note = if f.in_check {

@@ -10,6 +10,7 @@ use crate::abi::ncclDataType_t;
 use crate::bootstrap::{get_unique_id_with, Bootstrap, BootstrapConfig};
 use crate::core::CommConfig;
 use crate::error::Result;
+use crate::sched::device::GpuWait;
 use crate::sched::redop::RedOp;
 use crate::sched::{CollKind, Task};
 
@@ -71,8 +72,22 @@ fn ranks_named(n: i32, s: Settings, without: &[i32], hash: u64) -> Vec<Rank> {
     ranks_each(n, |_| s, without, hash)
 }
 
+/// What a rank's GPU waits for, as its watchdog reads it.
+type GpuWaitsFn = Box<dyn Fn() -> Vec<GpuWait> + Send>;
+
 /// `n` ranks, rank r's watchdog with `settings(r)` (none for the ranks in `without`).
 fn ranks_each(n: i32, settings: impl Fn(i32) -> Settings, without: &[i32], hash: u64) -> Vec<Rank> {
+    ranks_waiting(n, settings, |_| Box::new(Vec::new), without, hash)
+}
+
+/// `ranks_each` with rank r's GPU waits from `waits(r)`.
+fn ranks_waiting(
+    n: i32,
+    settings: impl Fn(i32) -> Settings,
+    waits: impl Fn(i32) -> GpuWaitsFn,
+    without: &[i32],
+    hash: u64,
+) -> Vec<Rank> {
     bootstraps(n)
         .into_iter()
         .enumerate()
@@ -91,7 +106,7 @@ fn ranks_each(n: i32, settings: impl Fn(i32) -> Settings, without: &[i32], hash:
                     },
                     completion: Box::new(|| Box::new(Manual)),
                     stop_kernels: Box::new(move || flag.store(true, Ordering::Release)),
-                    gpu_waits: Box::new(Vec::new),
+                    gpu_waits: waits(r),
                     settings: settings(r),
                 };
                 spawn(&comm, parts);
@@ -310,6 +325,54 @@ fn a_culprit_with_pending_work_of_its_own_says_at_once_that_it_called_otherwise(
     for r in &all {
         assert!(error_of(r).contains(mismatch), "{}", error_of(r));
     }
+    stop_all(&mut all);
+}
+
+/// A wait entry: CTA `cta` waits for LL data from rank `peer` at `step`.
+fn ll_wait(cta: u32, peer: i32, step: u32) -> GpuWait {
+    use crate::sched::device::{decode_wait, WAIT_LL_DATA, WAIT_WHAT_SHIFT};
+    GpuWait {
+        cta,
+        wait: decode_wait(((WAIT_LL_DATA as u64) << WAIT_WHAT_SHIFT) | step as u64).unwrap(),
+        peer: Some(peer),
+    }
+}
+
+#[test]
+fn a_gpu_that_waits_outside_any_pending_operation_is_reported_with_what_it_waits_for() {
+    // Rank 0's GPU waits on rank 1 in work its counters do not show (a graph replay); rank
+    // 1's GPU moves on (its step changes at every look), so only rank 0 reports.
+    let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let waits = move |r: i32| -> GpuWaitsFn {
+        let ticks = ticks.clone();
+        if r == 0 {
+            Box::new(|| vec![ll_wait(0, 1, 3), ll_wait(1, 1, 3)])
+        } else {
+            Box::new(move || vec![ll_wait(0, 0, ticks.fetch_add(1, Ordering::Relaxed))])
+        }
+    };
+    let mut all = ranks_waiting(2, |_| settings(1, true), waits, &[], 0xfeed);
+    warm_up(&all, 2);
+    assert!(eventually(Duration::from_secs(10), || !report_of(&all[0]).is_empty()));
+    let line = report_of(&all[0]);
+    assert!(
+        line.contains("rank 0 (host node0")
+            && line
+                .contains("the GPU has waited 1 s in work that no operation this rank has pending")
+            && line.ends_with("this rank's GPU: CTAs 0-1 wait for LL data from rank 1 (step 3)"),
+        "{line}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        report_of(&all[1]),
+        "",
+        "a GPU that moves on is not reported"
+    );
+    assert_eq!(
+        all[0].comm.async_error(),
+        ncclResult_t::ncclSuccess,
+        "a report, not an error, even under OXCCL_HANG_ERROR"
+    );
     stop_all(&mut all);
 }
 
