@@ -17,7 +17,8 @@
 #           a reference (it refuses shared GPUs: those cases print SKIP)
 #   faults  faults -n 2, then -n 4 if time is left (ffi-tests/gpu/faults.c, ours; issue 13):
 #           a rank that skips collective #4 (report only, then as an error), calls another
-#           collective, another count, or is SIGKILLed mid-collective; the reports and errors
+#           collective, another count, is SIGKILLed mid-collective, or skips a CUDA graph's
+#           replay (graph-skip: the GPU's own report); the reports and errors
 #           must name the right rank and operation and nothing may hang (each case bounded);
 #           after each, the collective-check cases (faults -c check, OXCCL_CHECK_COLLECTIVES=1):
 #           another collective, count or root as #4 (blocking and non-blocking), a mismatch
@@ -328,7 +329,7 @@ sec_faults() {
     [ "$hosts" = - ] && hosts=
     if [ "$cases" = classic ]; then
       name="faults -n $n${hosts:+ $hosts} (ours)"
-      cases=skip-report,skip,collective,count,kill
+      cases=skip-report,skip,collective,count,kill,graph-skip
       nominal=330
     else
       name="faults check -n $n (ours)"

@@ -23,6 +23,9 @@
  *   kill         every rank calls #4; the culprit SIGKILLs itself 1 s later: the others get
  *                ncclRemoteError naming it (rank, pid, "is gone") within 10 s and their
  *                streams go idle (kernels released) before ncclCommAbort
+ *   graph-skip   the all-reduce is a CUDA graph replayed 3 times, and the culprit skips the
+ *                4th replay: the waiting ranks' GPUs report what they wait for, from which
+ *                rank, with no pending operation and no error (graph_main)
  * With the collective check on (OXCCL_CHECK_COLLECTIVES=1, ranks filled with r+1; the three
  * all-reduces out of place and their sums checked):
  *   check-collective, check-count, check-root
@@ -82,7 +85,7 @@
 #define CASE_LIMIT 100.0
 #define EXIT_SKIP 77
 
-static const char *CASES[] = {"skip-report", "skip", "collective", "count", "kill", "check-collective",
+static const char *CASES[] = {"skip-report", "skip", "collective", "count", "kill", "graph-skip", "check-collective",
                               "check-count", "check-root", "check-nonblocking", "check-group", "check-good"};
 #define NCASES (int)(sizeof CASES / sizeof CASES[0])
 
@@ -449,6 +452,84 @@ static int check_main(const char *c, int r, int n, ncclUniqueId id, const char *
   return n_fail > 76 ? 76 : n_fail;
 }
 
+/* graph-skip: every rank captures one all-reduce of COUNT floats in a CUDA graph and replays
+ * it 3 times (checked idle); then every rank but the culprit replays it a 4th time. The host's
+ * counters see no pending operation (graph work is numbered once, at capture), so only the
+ * GPU's wait entries tell: each waiting rank's log must get exactly one "the GPU has waited"
+ * line saying what its CTAs wait for, from which rank (at 2 ranks: the culprit), and no error;
+ * the culprit's log none; ncclCommAbort then releases the waiting ranks' kernels. */
+static int graph_main(int r, int n, ncclUniqueId id, const char *dir, struct shared *sh) {
+  ncclComm_t comm = NULL;
+  ncclResult_t res = ncclCommInitRank(&comm, n, id, r);
+  if (res != ncclSuccess) {
+    printf("  [%s] init refused: %s / %s\n", tag, ncclGetErrorString(res), text_of(ncclGetLastError(NULL)));
+    return res == ncclInvalidUsage ? EXIT_SKIP : 1;
+  }
+  cudaStream_t s;
+  float *buf = NULL;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc((void **)&buf, COUNT * sizeof(float)) != cudaSuccess)
+    return 1;
+  cudaMemset(buf, 0, COUNT * sizeof(float));
+  cudaDeviceSynchronize();
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "begin capture");
+  CHECK(ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, s) == ncclSuccess, "captured all-reduce");
+  CHECK(cudaStreamEndCapture(s, &graph) == cudaSuccess, "end capture");
+  CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "instantiate");
+  for (int i = 0; i < 3; i++) CHECK(cudaGraphLaunch(exec, s) == cudaSuccess, "replay %d", i);
+  CHECK(stream_idle_within(s, 30), "3 good replays not done within 30 s");
+  sh->ready[r] = 1;
+  for (double t0 = now(); now() - t0 < 30;) {
+    int all = 1;
+    for (int q = 0; q < n; q++) all &= sh->ready[q];
+    if (all) break;
+    usleep(10000);
+  }
+  int culprit = n - 1, waits = r != culprit;
+  if (waits) CHECK(cudaGraphLaunch(exec, s) == cudaSuccess, "4th replay");
+  const char *what = "the GPU has waited";
+  int reported = 0;
+  for (double t0 = now(); waits && !reported && now() - t0 < 30; usleep(50000)) {
+    char *log = read_log(dir, r);
+    reported = log && strstr(log, what);
+    free(log);
+  }
+  char *log = read_log(dir, r);
+  if (waits) {
+    CHECK(reported && log && count_of(log, what) == 1, "%d '%s' lines within 30 s, want 1",
+          log ? count_of(log, what) : 0, what);
+    const char *line = log ? strstr(log, what) : NULL;
+    if (line) {
+      const char *eol = strchr(line, '\n');
+      const char *gpu = strstr(line, "this rank's GPU: CTA");
+      if (gpu && eol && gpu > eol) gpu = NULL;
+      CHECK(gpu && strstr(gpu, " from rank "), "no wait naming a rank in: %.400s", line);
+      if (gpu && n == 2) {
+        char want[64];
+        snprintf(want, sizeof want, "from rank %d (step ", culprit);
+        CHECK(strstr(gpu, want), "'%s' not in: %.400s", want, gpu);
+      }
+    }
+    CHECK(async_error(comm) == ncclSuccess, "a report, not an error: %s", ncclGetErrorString(async_error(comm)));
+  } else {
+    CHECK(!log || !strstr(log, what), "the culprit's GPU waits for nothing, yet: %.300s", log ? strstr(log, what) : "");
+  }
+  free(log);
+  sh->done[r] = 1;
+  wait_all_done(sh, n, -1, 45);
+  double ta = now();
+  res = ncclCommAbort(comm);
+  printf("  [%s] ncclCommAbort: %s in %.2f s\n", tag, ncclGetErrorString(res), now() - ta);
+  CHECK(res == ncclSuccess, "abort: %s", ncclGetErrorString(res));
+  CHECK(stream_idle_within(s, 15), "the 4th replay still running 15 s after ncclCommAbort");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  fflush(stdout);
+  return n_fail > 76 ? 76 : n_fail;
+}
+
 static int rank_main(const char *c, int r, int n, const char *hex, const char *dir) {
   snprintf(tag, sizeof tag, "%s rank %d", c, r);
   signal(SIGALRM, on_alarm);
@@ -467,6 +548,7 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
   }
   if (cudaSetDevice(0) != cudaSuccess) return 1;
   if (!strncmp(c, "check-", 6)) return check_main(c, r, n, id, dir, sh);
+  if (!strcmp(c, "graph-skip")) return graph_main(r, n, id, dir, sh);
   ncclComm_t comm = NULL;
   ncclResult_t res = ncclCommInitRank(&comm, n, id, r);
   if (res != ncclSuccess) {
