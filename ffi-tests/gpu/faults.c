@@ -305,6 +305,29 @@ static void wait_ready(struct shared *sh, int n) {
   }
 }
 
+/* ncclCommInitRank for rank r of n: 0, or the rank process's exit status (EXIT_SKIP when
+ * oxccl refuses the setup, as NVIDIA's refuses shared GPUs). */
+static int init_rank(ncclComm_t *comm, int n, ncclUniqueId id, int r) {
+  ncclResult_t res = ncclCommInitRank(comm, n, id, r);
+  if (res == ncclSuccess) return 0;
+  printf("  [%s] init refused: %s / %s\n", tag, ncclGetErrorString(res), text_of(ncclGetLastError(NULL)));
+  return res == ncclInvalidUsage ? EXIT_SKIP : 1;
+}
+
+/* The GPU's clause of the report `line` (up to its end): CTAs waiting on a peer named by rank;
+ * at 2 ranks that peer must be the culprit (at more, a ring's previous rank or, one-shot, any
+ * peer may be named). */
+static void check_gpu_clause(const char *line, int n, int culprit) {
+  const char *gpu = strstr(line, "this rank's GPU: CTA"), *eol = strchr(line, '\n');
+  if (gpu && eol && gpu > eol) gpu = NULL; /* another line's */
+  CHECK(gpu && strstr(gpu, " from rank "), "no GPU wait naming a rank in: %.600s", line);
+  if (gpu && n == 2) {
+    char want[64];
+    snprintf(want, sizeof want, "from rank %d (step ", culprit);
+    CHECK(strstr(gpu, want), "'%s' not in the GPU's clause: %.400s", want, gpu);
+  }
+}
+
 static int check_main(const char *c, int r, int n, ncclUniqueId id, const char *dir, struct shared *sh) {
   int culprit = n - 1, is_culprit = r == culprit;
   int nonblocking = !strcmp(c, "check-nonblocking"), group = !strcmp(c, "check-group");
@@ -460,11 +483,8 @@ static int check_main(const char *c, int r, int n, ncclUniqueId id, const char *
  * the culprit's log none; ncclCommAbort then releases the waiting ranks' kernels. */
 static int graph_main(int r, int n, ncclUniqueId id, const char *dir, struct shared *sh) {
   ncclComm_t comm = NULL;
-  ncclResult_t res = ncclCommInitRank(&comm, n, id, r);
-  if (res != ncclSuccess) {
-    printf("  [%s] init refused: %s / %s\n", tag, ncclGetErrorString(res), text_of(ncclGetLastError(NULL)));
-    return res == ncclInvalidUsage ? EXIT_SKIP : 1;
-  }
+  int refused = init_rank(&comm, n, id, r);
+  if (refused) return refused;
   cudaStream_t s;
   float *buf = NULL;
   cudaGraph_t graph;
@@ -481,12 +501,7 @@ static int graph_main(int r, int n, ncclUniqueId id, const char *dir, struct sha
   for (int i = 0; i < 3; i++) CHECK(cudaGraphLaunch(exec, s) == cudaSuccess, "replay %d", i);
   CHECK(stream_idle_within(s, 30), "3 good replays not done within 30 s");
   sh->ready[r] = 1;
-  for (double t0 = now(); now() - t0 < 30;) {
-    int all = 1;
-    for (int q = 0; q < n; q++) all &= sh->ready[q];
-    if (all) break;
-    usleep(10000);
-  }
+  wait_ready(sh, n);
   int culprit = n - 1, waits = r != culprit;
   if (waits) CHECK(cudaGraphLaunch(exec, s) == cudaSuccess, "4th replay");
   const char *what = "the GPU has waited";
@@ -501,17 +516,7 @@ static int graph_main(int r, int n, ncclUniqueId id, const char *dir, struct sha
     CHECK(reported && log && count_of(log, what) == 1, "%d '%s' lines within 30 s, want 1",
           log ? count_of(log, what) : 0, what);
     const char *line = log ? strstr(log, what) : NULL;
-    if (line) {
-      const char *eol = strchr(line, '\n');
-      const char *gpu = strstr(line, "this rank's GPU: CTA");
-      if (gpu && eol && gpu > eol) gpu = NULL;
-      CHECK(gpu && strstr(gpu, " from rank "), "no wait naming a rank in: %.400s", line);
-      if (gpu && n == 2) {
-        char want[64];
-        snprintf(want, sizeof want, "from rank %d (step ", culprit);
-        CHECK(strstr(gpu, want), "'%s' not in: %.400s", want, gpu);
-      }
-    }
+    if (line) check_gpu_clause(line, n, culprit);
     CHECK(async_error(comm) == ncclSuccess, "a report, not an error: %s", ncclGetErrorString(async_error(comm)));
   } else {
     CHECK(!log || !strstr(log, what), "the culprit's GPU waits for nothing, yet: %.300s", log ? strstr(log, what) : "");
@@ -520,7 +525,7 @@ static int graph_main(int r, int n, ncclUniqueId id, const char *dir, struct sha
   sh->done[r] = 1;
   wait_all_done(sh, n, -1, 45);
   double ta = now();
-  res = ncclCommAbort(comm);
+  ncclResult_t res = ncclCommAbort(comm);
   printf("  [%s] ncclCommAbort: %s in %.2f s\n", tag, ncclGetErrorString(res), now() - ta);
   CHECK(res == ncclSuccess, "abort: %s", ncclGetErrorString(res));
   CHECK(stream_idle_within(s, 15), "the 4th replay still running 15 s after ncclCommAbort");
@@ -550,11 +555,8 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
   if (!strncmp(c, "check-", 6)) return check_main(c, r, n, id, dir, sh);
   if (!strcmp(c, "graph-skip")) return graph_main(r, n, id, dir, sh);
   ncclComm_t comm = NULL;
-  ncclResult_t res = ncclCommInitRank(&comm, n, id, r);
-  if (res != ncclSuccess) {
-    printf("  [%s] init refused: %s / %s\n", tag, ncclGetErrorString(res), text_of(ncclGetLastError(NULL)));
-    return res == ncclInvalidUsage ? EXIT_SKIP : 1;
-  }
+  int refused = init_rank(&comm, n, id, r);
+  if (refused) return refused;
   cudaStream_t s;
   float *buf = NULL, *big = NULL;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
@@ -566,12 +568,7 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
   for (int i = 0; i < 3; i++) ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, s);
   CHECK(stream_idle_within(s, 30), "3 good all-reduces not done within 30 s");
   sh->ready[r] = 1;
-  for (double t0 = now(); now() - t0 < 30;) {
-    int all = 1;
-    for (int q = 0; q < n; q++) all &= sh->ready[q];
-    if (all) break;
-    usleep(10000);
-  }
+  wait_ready(sh, n);
   int culprit = n - 1, is_culprit = r == culprit;
   int kill_case = !strcmp(c, "kill"), report_only = !strcmp(c, "skip-report");
   call_fourth(c, r, n, comm, buf, big, s);
@@ -614,16 +611,7 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
       const char *start = line;
       while (start && start > log && start[-1] != '\n') start--;
       check_named(c, start ? start : "", culprit, sh->pid[culprit]);
-      /* The GPU's own clause: every CTA waits on a peer named by rank (at 2 ranks, the
-       * culprit; at more, the ring's previous rank or, one-shot, any peer). */
-      const char *gpu = strstr(line, "this rank's GPU: CTA"), *eol = strchr(line, '\n');
-      if (gpu && eol && gpu > eol) gpu = NULL; /* another line's */
-      CHECK(gpu && strstr(gpu, " from rank "), "no GPU wait naming a rank in: %.600s", start);
-      if (gpu && n == 2) {
-        char want[64];
-        snprintf(want, sizeof want, "from rank %d (step ", culprit);
-        CHECK(strstr(gpu, want), "'%s' not in the GPU's clause: %.400s", want, gpu);
-      }
+      if (line) check_gpu_clause(line, n, culprit);
       free(log);
     }
   } else if (waits) {
@@ -655,7 +643,7 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
   wait_all_done(sh, n, kill_case || !strcmp(c, "collective") ? culprit : -1, 45);
   double ta = now();
   int aborting = err != ncclSuccess || report_only;
-  res = aborting ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+  ncclResult_t res = aborting ? ncclCommAbort(comm) : ncclCommDestroy(comm);
   printf("  [%s] %s: %s in %.2f s\n", tag, aborting ? "ncclCommAbort" : "ncclCommDestroy", ncclGetErrorString(res),
          now() - ta);
   CHECK(res == ncclSuccess, "teardown: %s", ncclGetErrorString(res));

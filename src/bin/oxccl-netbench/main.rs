@@ -85,24 +85,20 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
         match flag.as_str() {
             "--sizes" => o.sizes = v.split(',').map(parse_size).collect::<Result<_, _>>()?,
             "--total" => o.total = parse_size(v)?,
-            "--inflight" => {
-                o.inflight = v
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| format!("--inflight needs a positive count, not '{v}'"))?
-            }
-            "--reps" => {
-                o.reps = v
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| format!("--reps needs a positive count, not '{v}'"))?
-            }
+            "--inflight" => o.inflight = positive(flag, v)?,
+            "--reps" => o.reps = positive(flag, v)?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
     Ok(o)
+}
+
+/// The positive count `v` of option `flag`.
+fn positive(flag: &str, v: &str) -> Result<usize, String> {
+    v.parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{flag} needs a positive count, not '{v}'"))
 }
 
 /// Wait for a request, calling `test` until it is done.

@@ -181,16 +181,22 @@ impl Table {
                 Table::V8(t) => (req(t.init, "init")?(log), 0),
                 Table::V9(t) => (req(t.init, "init")?(log), 0),
                 Table::V10(t) => (req(t.init, "init")?(log, None), 0),
-                Table::V11(t) => {
-                    let mut ctx = null_mut();
-                    let mut config = default_config();
-                    let rc = req(t.init, "init")?(&mut ctx, 0, &mut config, log, None);
-                    (rc, ctx as usize)
-                }
+                Table::V11(t) => init_v11(req(t.init, "init")?, 0, &mut default_config()),
             }
         };
         Ok(out)
     }
+}
+
+/// A v11 plugin's `init` for communicator `comm_id` with `config`, oxccl's logger and no
+/// profiler: its return code and the context it made.
+fn init_v11(init: InitV11Fn, comm_id: u64, config: &mut ncclNetCommConfig_t) -> (c_int, usize) {
+    let mut ctx = null_mut();
+    // SAFETY: the out-pointer and config are valid for the call (NVIDIA too passes a config
+    // that lives only for the call); the logger has ncclDebugLogger_t's C variadic type; the
+    // profiler callback may be NULL.
+    let rc = unsafe { init(&mut ctx, comm_id, config, super::logger::logger(), None) };
+    (rc, ctx as usize)
 }
 
 /// NCCL's comm config when `ncclConfig_t` leaves it unset.
@@ -339,14 +345,9 @@ impl PluginNet {
         }
         let mut ctx = 0usize;
         if let Calls::V11 { init, .. } = self.plugin.calls {
-            let mut out = null_mut();
-            let log = super::logger::logger();
-            // SAFETY: the out-pointer and config are valid for the call (NVIDIA too passes a
-            // config that lives only for the call); the logger has ncclDebugLogger_t's C
-            // variadic type; the profiler callback may be NULL.
-            let rc = unsafe { init(&mut out, comm_id, &mut config, log, None) };
+            let (rc, made) = init_v11(init, comm_id, &mut config);
             self.check(rc, "init")?;
-            ctx = out as usize;
+            ctx = made;
         }
         Ok(PluginNet::with_context(self.plugin.clone(), ctx, config))
     }
