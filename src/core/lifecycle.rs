@@ -518,7 +518,13 @@ fn log_process_sharing(topo: &Topology, sharing: &[i32]) {
 /// async error naming the peer, stops its kernels and tells the other ranks.
 fn async_error_sink(comm: &Arc<Comm>) -> crate::transport::ErrorSink {
     let reporter = watchdog::FailureReporter::new(comm);
-    Arc::new(move |peer: i32, e: Error| reporter.report(peer, &e.msg))
+    Arc::new(move |peer: i32, e: Error| {
+        reporter.report(
+            peer,
+            e.code == crate::abi::ncclResult_t::ncclRemoteError,
+            &e.msg,
+        )
+    })
 }
 
 /// Abort: every host wait of `comm` gives up, and its kernels stop.

@@ -215,21 +215,9 @@ impl CachedPlan {
     }
 }
 
-/// `ox_kernel`'s input: the items (sorted by CTA, as `plan` emits them), then
-/// `u32 first[grid + 1]`, CTA b's items being `first[b]..first[b + 1]`, so that every CTA
-/// reads only its own items over the bus.
+/// `ox_kernel`'s input for `plan` (`sched::device::with_cta_table`).
 fn arena_bytes(plan: &Plan) -> Vec<u8> {
-    let ctas: Vec<u32> = plan
-        .items
-        .chunks_exact(sched::device::WORK_SIZE)
-        .map(|item| sched::device::OxWork::deserialize(item).cta)
-        .collect();
-    let mut out = plan.items.clone();
-    for b in 0..=plan.grid {
-        let first = ctas.partition_point(|&c| c < b) as u32;
-        out.extend_from_slice(&first.to_le_bytes());
-    }
-    out
+    sched::device::with_cta_table(&plan.items, plan.grid)
 }
 
 #[cfg(test)]
@@ -555,6 +543,9 @@ impl Runtime {
             return Ok(());
         }
         cuda::set_current(self.ctx)?;
+        // The first operation of a shape may come while the user's stream captures a graph:
+        // allocating the connections is then allowed, as NVIDIA's library allows its own.
+        let _relaxed = cuda::RelaxedCapture::enter()?;
         let needed =
             sched::connections_needed(rank, nranks, self.nchannels, self.net.as_ref(), tasks);
         // The one-shot all-reduce's rows get small LL-only buffers; every other row the

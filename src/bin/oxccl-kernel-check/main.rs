@@ -16,7 +16,7 @@
 use nccl::abi::ncclDataType_t::{self, *};
 use nccl::core::redop::{RedOp, Scalar};
 use nccl::cuda::{self, module};
-use nccl::sched::device::deserialize_all;
+use nccl::sched::device::{deserialize_all, with_cta_table};
 use nccl::sched::plan::{conn_channels, connections_needed, plan, Dir, Geometry};
 use nccl::sched::{cost, CollKind, OxConn, Task};
 use std::collections::HashMap;
@@ -366,7 +366,8 @@ impl Loopback {
         for w in &all {
             w.serialize_into(&mut bytes);
         }
-        let items = DevBuf::from(&bytes)?;
+        // ox_kernel reads each CTA's range from the table after the items.
+        let items = DevBuf::from(&with_cta_table(&bytes, offset))?;
         let start = Instant::now();
         module::launch(
             module::MAIN_KERNEL,

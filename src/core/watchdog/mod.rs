@@ -271,13 +271,19 @@ extern "C" fn say_farewells_at_exit() {
     });
 }
 
-/// For transports (the network proxy, for one): `peer` failed, as `what` says. The
-/// communicator gets `ncclRemoteError` naming the peer at once; its watchdog then stops the
-/// kernels and tells the other ranks (within a tick).
-pub fn report_peer_failure(comm: &Comm, peer: i32, what: &str) {
+/// For transports (the network proxy, for one): `peer` failed, as `what` says; `remote`:
+/// the peer's end went away (its connection closed or was reset), so the peer is gone or
+/// unreachable. The communicator gets `ncclRemoteError` naming the peer at once; its watchdog
+/// then stops the kernels and tells the other ranks (within a tick).
+pub fn report_peer_failure(comm: &Comm, peer: i32, remote: bool, what: &str) {
+    let verb = if remote {
+        "is gone or unreachable"
+    } else {
+        "failed"
+    };
     let named = match comm.watch.names.lock().as_ref() {
-        Some((name, idents)) => format!("{name}: {} failed: {what}", report::who(peer, idents)),
-        None => format!("rank {peer} failed: {what}"),
+        Some((name, idents)) => format!("{name}: {} {verb}: {what}", report::who(peer, idents)),
+        None => format!("rank {peer} {verb}: {what}"),
     };
     comm.set_async_error(&Error::remote(named));
     comm.watch.reports.lock().push((peer, what.to_string()));
@@ -296,9 +302,9 @@ impl FailureReporter {
         FailureReporter(Arc::downgrade(comm))
     }
 
-    pub fn report(&self, peer: i32, what: &str) {
+    pub fn report(&self, peer: i32, remote: bool, what: &str) {
         if let Some(comm) = self.0.upgrade() {
-            report_peer_failure(&comm, peer, what);
+            report_peer_failure(&comm, peer, remote, what);
         }
     }
 }

@@ -516,10 +516,10 @@ fn an_abort_after_completed_work_is_no_error_for_ranks_that_completed_it_too() {
 #[test]
 fn a_transport_report_names_the_peer_here_and_reaches_every_rank() {
     let mut all = ranks(3, settings(60, false));
-    report_peer_failure(&all[0].comm, 2, "net: connection reset by peer");
+    report_peer_failure(&all[0].comm, 2, true, "net: connection reset by peer");
     assert_eq!(all[0].comm.async_error(), ncclResult_t::ncclRemoteError);
     assert!(
-        error_of(&all[0]).contains("rank 2 (host node2, pid 1002, cudaDev 2, busId 0000:12:00.0) failed: net: connection reset by peer"),
+        error_of(&all[0]).contains("rank 2 (host node2, pid 1002, cudaDev 2, busId 0000:12:00.0) is gone or unreachable: net: connection reset by peer"),
         "{}",
         error_of(&all[0])
     );

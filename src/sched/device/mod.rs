@@ -257,6 +257,21 @@ pub fn inline_param(nitems: u32, items: &[u8]) -> Vec<u8> {
     blob
 }
 
+/// `ox_kernel`'s input: `items` (serialised, sorted by CTA), then `u32 first[grid + 1]`, CTA
+/// b's items being `first[b]..first[b + 1]`, so that every CTA reads only its own items.
+pub fn with_cta_table(items: &[u8], grid: u32) -> Vec<u8> {
+    let ctas: Vec<u32> = items
+        .chunks_exact(WORK_SIZE)
+        .map(|item| OxWork::deserialize(item).cta)
+        .collect();
+    let mut out = items.to_vec();
+    for b in 0..=grid {
+        let first = ctas.partition_point(|&c| c < b) as u32;
+        out.extend_from_slice(&first.to_le_bytes());
+    }
+    out
+}
+
 /// Decode a whole item array (as `Plan::items`).
 pub fn deserialize_all(items: &[u8]) -> Vec<OxWork> {
     items

@@ -491,7 +491,7 @@ fn report_stall(rank: i32, sides: &[Driven], quiet: Duration) {
 /// A side failed: the communicator's error names the peer; the kernels are released.
 fn fail(rank: i32, shared: &Shared, d: &Driven, e: Error) {
     let msg = format!(
-        "rank {rank}: network connection {} failed: {}",
+        "rank {rank}'s network connection {} failed: {}",
         d.what(),
         e.msg
     );
