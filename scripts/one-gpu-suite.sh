@@ -24,7 +24,10 @@
 #           another collective, count or root as #4 (blocking and non-blocking), a mismatch
 #           on one of two communicators in one group, and agreeing ranks with right results;
 #           between the two rank counts, the classic cases with every rank claiming a host of
-#           its own (faults -n 2 -H: the ranks meet over the network transport)
+#           its own (faults -n 2 -H: the ranks meet over the network transport), then every
+#           case with the ranks as threads of one process (faults -n 2 -t: one communicator
+#           per thread, one log; kill has no thread form and is a SKIP line); last, if time
+#           is left, faults -n 4 -t
 #   matrix  oxccl-bench correctness matrix, ours, NCCL_MULTI_RANK_GPU_ENABLE=1, ranks on GPU
 #           0: one process of 1, 2, 4, 8 ranks (--devices 0,..,0) and one process per rank for
 #           2 and 4 (-p R --ranks-per-gpu R); every collective, type and op, in and out of
@@ -68,7 +71,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="${2:-}"; shift ;;
     --budget) BUDGET="${2:-}"; shift ;;
-    -h | --help) sed -n '2,49p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
     [0-9]*) BUDGET="$1" ;;
     *) echo "one-gpu-suite: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -322,24 +325,35 @@ sec_faults() {
     return 0
   fi
   # Per rank count: the fault cases, then the collective-check cases (OXCCL_CHECK_COLLECTIVES=1);
-  # LEAVE keeps time for the steps after each.
-  local step n cases name nominal leave hosts
-  for step in "2 classic 240 -" "2 check 180 -" "2 classic 120 -H" "4 classic 60 -" "4 check 0 -"; do
-    read -r n cases leave hosts <<<"$step"
-    [ "$hosts" = - ] && hosts=
-    if [ "$cases" = classic ]; then
-      name="faults -n $n${hosts:+ $hosts} (ours)"
-      cases=skip-report,skip,collective,count,kill,graph-skip
-      nominal=330
-    else
-      name="faults check -n $n (ours)"
-      nominal=200
-    fi
+  # at 2 ranks then the classic cases with a host per rank (-H) and every case with the ranks
+  # as threads of one process (-t; its kill case is a SKIP line); -n 4 -t last, if time is
+  # left. LEAVE keeps time for the steps after each.
+  local step n cases name nominal leave mode
+  for step in "2 classic 330 -" "2 check 270 -" "2 classic 210 -H" "2 all 120 -t" "4 classic 60 -" \
+    "4 check 0 -" "4 all 0 -t"; do
+    read -r n cases leave mode <<<"$step"
+    [ "$mode" = - ] && mode=
+    case $cases in
+      classic)
+        name="faults -n $n${mode:+ $mode} (ours)"
+        cases=skip-report,skip,collective,count,kill,graph-skip
+        nominal=330
+        ;;
+      check)
+        name="faults check -n $n (ours)"
+        nominal=200
+        ;;
+      all)
+        name="faults -n $n${mode:+ $mode} (ours)"
+        cases=skip-report,skip,collective,count,kill,graph-skip,check
+        nominal=480
+        ;;
+    esac
     # faults' own -T stops it starting cases it has no time for (reported as not run).
     if plan faults "$name" "$nominal" "$leave"; then
       local lim=$LIMIT
       LEAVE=$leave test_step faults "$name" "$lim" 0 env LD_LIBRARY_PATH="$DEV/lib" \
-        "$DEV/bin/faults" -n "$n" $hosts -c "$cases" -T $((lim - 12))
+        "$DEV/bin/faults" -n "$n" ${mode:+"$mode"} -c "$cases" -T $((lim - 12))
     fi
   done
 }

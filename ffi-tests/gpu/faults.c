@@ -1,9 +1,10 @@
-/* Faults among ranks sharing GPU 0, one process per rank (issue 13): the hang report, the
- * mismatch report and the dead-rank error must name the right rank and operation, and nothing
- * may hang. Every case runs NRANKS rank processes (this binary re-executed with --rank), each
- * with NCCL_MULTI_RANK_GPU_ENABLE=1 on device 0, OXCCL_HANG_REPORT_S=3 and its log in
- * NCCL_DEBUG_FILE (a temporary folder, printed afterwards). Every rank runs 3 all-reduces of
- * 4096 floats (checked idle), then the last rank ("the culprit") misbehaves in collective #4:
+/* Faults among ranks sharing GPU 0, one process per rank or (-t) one thread per rank (issue
+ * 13): the hang report, the mismatch report and the dead-rank error must name the right rank
+ * and operation, and nothing may hang. Every case runs NRANKS rank processes (this binary
+ * re-executed with --rank; -t: threads, below), each with NCCL_MULTI_RANK_GPU_ENABLE=1 on
+ * device 0, OXCCL_HANG_REPORT_S=3 and its log in NCCL_DEBUG_FILE (a temporary folder, printed
+ * afterwards). Every rank runs 3 all-reduces of 4096 floats (checked idle), then the last rank
+ * ("the culprit") misbehaves in collective #4:
  *
  *   skip-report  the culprit never calls #4; OXCCL_HANG_ERROR unset: each waiting rank's log
  *                has exactly one "has made no progress" line for ncclAllReduce #4 (4096 ×
@@ -51,23 +52,47 @@
  * After each case every rank tears down (ncclCommAbort after an error, else ncclCommDestroy);
  * a rank process has an 80 s alarm and the case a 100 s limit, after which it is killed.
  *
+ * Ranks as threads (-t): every case's ranks are threads of ONE process instead, the binary
+ * re-executed with --threads (forked and bounded by the case limit as a rank process is, so a
+ * hang or a crash ends the case, not the driver): one pthread per rank, each with its own
+ * ncclComm_t on device 0 from ncclCommInitRank with one ncclUniqueId the process makes, the
+ * environment above set before the first NCCL call, one NCCL_DEBUG_FILE (DIR/threads.log).
+ * The same cases and checks (the culprit is the last rank's thread; the others wait for it
+ * through the same 'ready' flags), except:
+ *   - kill is skipped (SKIP, counted as skipped): SIGKILL cannot end one rank thread alone;
+ *     -H is refused (NCCL_HOSTID is per process)
+ *   - a rank's log is the lines of the one file whose head, "comm 0x.. commHash 0x.. rank R
+ *     (host ..", names it (head_rank: the watchdog's lines and errors begin so; the host:pid:tid
+ *     prefix cannot tell ranks apart, the watchdog's own thread writes most lines): every
+ *     per-rank count is of those; check-good wants no check or hang line in the whole file
+ *   - "pid P" in a report names the one process, not the rank: the rank number does
+ *   - ncclGetLastError(NULL) is per thread (src/error.rs): as in the process mode it must hold
+ *     this rank's error, which its head must name (every rank's names the same mismatch), and
+ *     the skipping culprit's must hold none of the others' errors
+ *   - rank threads still running 75 s after the start are named and the process ends (exit 3)
+ * Both modes wait for their first buffer on their own stream, never with
+ * cudaDeviceSynchronize (which, in one process, waits for the other ranks' kernels).
+ *
  * Prints one line per case and 'N passed, M failed, K skipped, J not run'; exit 0 iff nothing
  * failed and nothing was left out.
  *
- * usage: faults [-n NRANKS] [-H] [-c LIST] [-T SECONDS] [-l] | --rank CASE R N HEX DIR
+ * usage: faults [-n NRANKS] [-t] [-H] [-c LIST] [-T SECONDS] [-l]
+ *        | --rank CASE R N HEX DIR | --threads CASE N DIR     (the last two: the driver's)
  *   -n NRANKS   ranks per case, 2..8 (default 2)
+ *   -t          every case's ranks as threads of one process (above)
  *   -H          every rank claims a host of its own (NCCL_HOSTID=oxccl-faults-host-R, and
  *               NCCL_SOCKET_IFNAME=lo unless set): the ranks reach each other over the
  *               network transport (loopback sockets), as ranks on separate machines
  *   -c LIST     only these cases (comma list of names or prefixes)
  *   -T SECONDS  time budget (default 600): a case gets at most what is left less 5 s (and
  *               100 s); with under 25 s left it is not started
- *   -l          list the cases */
+ *   -l          list the cases (with -t, kill with why it is skipped) */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -84,14 +109,18 @@
 #define COUNT 4096
 #define CASE_LIMIT 100.0
 #define EXIT_SKIP 77
+#define JOIN_LIMIT 75 /* s: a rank thread still running then hangs (-t) */
 
 static const char *CASES[] = {"skip-report", "skip", "collective", "count", "kill", "graph-skip", "check-collective",
                               "check-count", "check-root", "check-nonblocking", "check-group", "check-good"};
 #define NCASES (int)(sizeof CASES / sizeof CASES[0])
 
 static char self_exe[4096];
-static int n_fail, n_checks;
-static char tag[64] = "main";
+/* Per thread: a rank's counts and its tag (a rank is a thread under -t). */
+static _Thread_local int n_fail, n_checks;
+static _Thread_local char tag[64] = "main";
+/* -t, and in the process a -t case runs in (--threads): every rank a thread of one process. */
+static int threads_mode;
 
 static double now(void) {
   struct timespec ts;
@@ -99,23 +128,29 @@ static double now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* One FAIL line per failed check, whole even when rank threads print at once. */
 #define CHECK(cond, ...)                                 \
   do {                                                   \
     if (cond) {                                          \
       n_checks++;                                        \
     } else {                                             \
       n_fail++;                                          \
+      flockfile(stdout);                                 \
       printf("  [%s] FAIL (line %d) ", tag, __LINE__);   \
       printf(__VA_ARGS__);                               \
       printf("\n");                                      \
       fflush(stdout);                                    \
+      funlockfile(stdout);                               \
     }                                                    \
   } while (0)
 
 static void on_alarm(int sig) {
   (void)sig;
   static const char msg[] = "  FAIL rank process: 80 s alarm (a wait never ended)\n";
-  if (write(1, msg, sizeof msg - 1) < 0) _exit(3);
+  static const char threads_msg[] = "  FAIL the rank threads' process: 80 s alarm (a wait never ended)\n";
+  const char *m = threads_mode ? threads_msg : msg;
+  size_t len = threads_mode ? sizeof threads_msg - 1 : sizeof msg - 1;
+  if (write(1, m, len) < 0) _exit(3);
   _exit(3);
 }
 
@@ -140,10 +175,8 @@ static struct shared *map_shared(const char *dir, int create) {
   return p == MAP_FAILED ? NULL : (struct shared *)p;
 }
 
-/* The whole of a rank's log (malloc'ed, NUL-terminated; empty if none). */
-static char *read_log(const char *dir, int r) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/rank%d.log", dir, r);
+/* The whole of a file (malloc'ed, NUL-terminated; empty if none). */
+static char *read_file(const char *path) {
   FILE *f = fopen(path, "r");
   size_t cap = 1 << 16, len = 0;
   char *buf = malloc(cap);
@@ -164,6 +197,66 @@ static char *read_log(const char *dir, int r) {
   return buf;
 }
 
+/* NCCL_DEBUG_FILE of rank r: its own file, or under -t the one file of every rank thread. */
+static void log_path(char *path, size_t cap, const char *dir, int r) {
+  if (threads_mode) snprintf(path, cap, "%s/threads.log", dir);
+  else snprintf(path, cap, "%s/rank%d.log", dir, r);
+}
+
+/* Rank r's log file as it is: under -t every rank's lines (check-good wants none of them). */
+static char *whole_log(const char *dir, int r) {
+  char path[4200];
+  log_path(path, sizeof path, dir, r);
+  return read_file(path);
+}
+
+/* The rank a log line or error message speaks for, -1 if none: the R of the head that the
+ * watchdog's lines (the hang report, the culprit's answer, the GPU's wait, the collective
+ * check) and its errors begin with, "comm 0x.. commHash 0x.. rank R (host ..", after the
+ * "host:pid:tid [dev] NCCL WARN " of src/debug.rs and an API entry's "ncclXxx: ". The pid is
+ * every rank's under -t and the tid no use (the watchdog's thread writes most lines). A lost
+ * peer's line ("commHash 0x..: rank P (host ..) is gone", no case under -t) names the peer,
+ * not the writer: -1. Of the few lines without a communicator's name, "rank R: .." (a
+ * watchdog that cannot start or track completion) is R's, "watchdog: .." no rank's. */
+static int head_rank(const char *text) {
+  const char *p = strstr(text, " NCCL WARN ");
+  const char *eol = strchr(text, '\n');
+  p = p && (!eol || p < eol) ? p + strlen(" NCCL WARN ") : text;
+  if (!strncmp(p, "nccl", 4)) {
+    const char *colon = strstr(p, ": "), *space = strchr(p, ' ');
+    if (colon && (!space || colon < space)) p = colon + 2;
+  }
+  int rank = -1, end = 0;
+  if (sscanf(p, "comm %*[0-9a-fx] commHash %*[0-9a-fx] rank %d%n", &rank, &end) == 1 && end > 0 &&
+      (!strncmp(p + end, " (host ", 7) || p[end] == ':')) /* ':' where the idents are unknown */
+    return rank;
+  end = 0;
+  if (sscanf(p, "rank %d%n", &rank, &end) == 1 && end > 0 && p[end] == ':') return rank;
+  return -1;
+}
+
+/* Rank r's own log lines (malloc'ed): its file, or under -t the lines of the one file whose
+ * head names r (head_rank). Lines that name no rank are in no rank's text under -t. */
+static char *rank_log(const char *dir, int r) {
+  char *log = whole_log(dir, r);
+  if (!log || !threads_mode) return log;
+  char *out = log;
+  for (char *line = log; *line;) {
+    char *eol = strchr(line, '\n');
+    size_t len = eol ? (size_t)(eol - line) + 1 : strlen(line);
+    if (eol) *eol = 0; /* head_rank reads one line */
+    int keep = head_rank(line) == r;
+    if (eol) *eol = '\n';
+    if (keep) {
+      memmove(out, line, len);
+      out += len;
+    }
+    line += len;
+  }
+  *out = 0;
+  return log;
+}
+
 static int count_of(const char *text, const char *what) {
   int n = 0;
   for (const char *p = text; (p = strstr(p, what)); p += strlen(what)) n++;
@@ -182,6 +275,12 @@ static int stream_idle_within(cudaStream_t s, double secs) {
     if (now() - t0 > secs) return 0;
     usleep(2000);
   }
+}
+
+/* Zero COUNT floats at `buf` on `s` and wait for it there. Not cudaDeviceSynchronize: under
+ * -t it would also wait for the other rank threads' kernels, which may wait for this rank. */
+static int zero_on(float *buf, cudaStream_t s) {
+  return cudaMemsetAsync(buf, 0, COUNT * sizeof(float), s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess;
 }
 
 static ncclResult_t async_error(ncclComm_t comm) {
@@ -401,7 +500,8 @@ static int check_main(const char *c, int r, int n, ncclUniqueId id, const char *
     printf("  [%s] 9 collectives and a send/receive ring checked and right in %.2f s\n", tag, now() - t0);
     sh->done[r] = 1;
     wait_all_done(sh, n, -1, 45);
-    char *log = read_log(dir, r);
+    /* Under -t the one log of every rank: a line of any rank fails each. */
+    char *log = whole_log(dir, r);
     CHECK(log && !strstr(log, "collective check") && !strstr(log, "has made no progress"),
           "a check or hang line in a healthy run: %s", log ? log : "(no log)");
     free(log);
@@ -449,6 +549,10 @@ static int check_main(const char *c, int r, int n, ncclUniqueId id, const char *
   snprintf(also, sizeof also, "rank %d (host ", r);
   CHECK(strstr(msg, also) != NULL, "'%s' (this rank) not in: %s", also, msg);
   CHECK(strstr(thread_msg, want) != NULL, "'%s' not in ncclGetLastError(NULL): %s", want, thread_msg);
+  /* ncclGetLastError(NULL) is the calling thread's (src/error.rs): every rank's names the same
+   * mismatch, so under -t only its head (this rank) tells it is not another thread's. */
+  CHECK(head_rank(thread_msg) == r, "ncclGetLastError(NULL) speaks for rank %d, not this rank: %s",
+        head_rank(thread_msg), thread_msg);
   CHECK(async_error(failing) == ncclInvalidUsage, "async error %s, want ncclInvalidUsage",
         ncclGetErrorString(async_error(failing)));
   CHECK(stream_idle_within(s, 5), "the stream is busy 5 s after the failed check (was something launched?)");
@@ -490,10 +594,8 @@ static int graph_main(int r, int n, ncclUniqueId id, const char *dir, struct sha
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaMalloc((void **)&buf, COUNT * sizeof(float)) != cudaSuccess)
+      cudaMalloc((void **)&buf, COUNT * sizeof(float)) != cudaSuccess || !zero_on(buf, s))
     return 1;
-  cudaMemset(buf, 0, COUNT * sizeof(float));
-  cudaDeviceSynchronize();
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "begin capture");
   CHECK(ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, s) == ncclSuccess, "captured all-reduce");
   CHECK(cudaStreamEndCapture(s, &graph) == cudaSuccess, "end capture");
@@ -508,11 +610,11 @@ static int graph_main(int r, int n, ncclUniqueId id, const char *dir, struct sha
   const char *what = "the GPU has waited";
   int reported = 0;
   for (double t0 = now(); waits && !reported && now() - t0 < 30; usleep(50000)) {
-    char *log = read_log(dir, r);
+    char *log = rank_log(dir, r);
     reported = log && strstr(log, what);
     free(log);
   }
-  char *log = read_log(dir, r);
+  char *log = rank_log(dir, r);
   if (waits) {
     CHECK(reported && log && count_of(log, what) == 1, "%d '%s' lines within 30 s, want 1",
           log ? count_of(log, what) : 0, what);
@@ -536,25 +638,9 @@ static int graph_main(int r, int n, ncclUniqueId id, const char *dir, struct sha
   return n_fail > 76 ? 76 : n_fail;
 }
 
-static int rank_main(const char *c, int r, int n, const char *hex, const char *dir) {
-  snprintf(tag, sizeof tag, "%s rank %d", c, r);
-  signal(SIGALRM, on_alarm);
-  alarm(80);
-  struct shared *sh = map_shared(dir, 0);
-  if (!sh) {
-    printf("  [%s] FAIL cannot map %s/shared\n", tag, dir);
-    return 1;
-  }
-  sh->pid[r] = getpid();
-  ncclUniqueId id;
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-    unsigned v = 0;
-    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 1;
-    id.internal[i] = (char)v;
-  }
-  if (cudaSetDevice(0) != cudaSuccess) return 1;
-  if (!strncmp(c, "check-", 6)) return check_main(c, r, n, id, dir, sh);
-  if (!strcmp(c, "graph-skip")) return graph_main(r, n, id, dir, sh);
+/* The classic cases (skip-report, skip, collective, count, kill) as rank r: a rank process or
+ * a rank thread. */
+static int classic_main(const char *c, int r, int n, ncclUniqueId id, const char *dir, struct shared *sh) {
   ncclComm_t comm = NULL;
   int refused = init_rank(&comm, n, id, r);
   if (refused) return refused;
@@ -562,10 +648,8 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
   float *buf = NULL, *big = NULL;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
       cudaMalloc((void **)&buf, COUNT * sizeof(float)) != cudaSuccess ||
-      cudaMalloc((void **)&big, 1024 * MAXR * sizeof(float)) != cudaSuccess)
+      cudaMalloc((void **)&big, 1024 * MAXR * sizeof(float)) != cudaSuccess || !zero_on(buf, s))
     return 1;
-  cudaMemset(buf, 0, COUNT * sizeof(float));
-  cudaDeviceSynchronize();
   for (int i = 0; i < 3; i++) ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, s);
   CHECK(stream_idle_within(s, 30), "3 good all-reduces not done within 30 s");
   sh->ready[r] = 1;
@@ -590,7 +674,7 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
     }
     cudaGetLastError();
     if (report_only) {
-      char *log = read_log(dir, r);
+      char *log = rank_log(dir, r);
       reported = log && strstr(log, "has made no progress");
       free(log);
       if (reported) break;
@@ -605,7 +689,7 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
          err != ncclSuccess ? msg : (idle ? "(stream idle)" : reported ? "(report logged)" : "(still waiting)"));
   if (report_only && waits) {
     CHECK(reported && err == ncclSuccess, "no report line within 30 s, or an error (%s)", ncclGetErrorString(err));
-    char *log = read_log(dir, r);
+    char *log = rank_log(dir, r);
     if (log) {
       CHECK(count_of(log, "has made no progress") == 1, "%d report lines, want 1", count_of(log, "has made no progress"));
       const char *line = strstr(log, "has made no progress");
@@ -619,6 +703,10 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
     CHECK(err == ncclRemoteError, "async error %s, want ncclRemoteError", ncclGetErrorString(err));
     if (kill_case) CHECK(seen < 10, "the dead rank's error took %.1f s (limit 10)", seen);
     check_named(c, msg, culprit, sh->pid[culprit]);
+    /* The communicator's own error speaks for this rank (under -t the others' name theirs);
+     * a lost peer's names the peer. */
+    if (!kill_case)
+      CHECK(head_rank(msg) == r, "ncclGetLastError(comm) speaks for rank %d: %s", head_rank(msg), msg);
     const char *thread_msg = text_of(ncclGetLastError(NULL));
     CHECK(strstr(thread_msg, msg) != NULL, "ncclGetLastError(NULL) after the async error: %s", thread_msg);
     if (err != ncclSuccess)
@@ -627,7 +715,7 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
   if (is_culprit) {
     /* The culprit answers the others and says, once, why they wait on it. */
     wait_all_done(sh, n, r, 45);
-    char *log = read_log(dir, r);
+    char *log = rank_log(dir, r);
     char want[128];
     if (!strncmp(c, "skip", 4))
       snprintf(want, sizeof want, "in ncclAllReduce #4 (4096 × float), which rank %d has not called", r);
@@ -637,6 +725,11 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
       snprintf(want, sizeof want, "rank %d called ncclAllReduce #4 (2048 × float) where ", r);
     CHECK(log && count_of(log, want) == 1, "culprit's log: %d lines with '%s'", log ? count_of(log, want) : 0, want);
     free(log);
+    /* The others' errors are theirs: ncclGetLastError(NULL) is per thread (src/error.rs), so
+     * under -t too the culprit's, which failed nothing, holds none of them. */
+    const char *thread_msg = text_of(ncclGetLastError(NULL));
+    if (!strncmp(c, "skip", 4))
+      CHECK(!strstr(thread_msg, "has made no progress"), "the culprit's ncclGetLastError(NULL): %s", thread_msg);
   }
   sh->done[r] = 1;
   /* A killed culprit never finishes; one whose different collective needs new connections
@@ -653,63 +746,196 @@ static int rank_main(const char *c, int r, int n, const char *hex, const char *d
   return n_fail > 76 ? 76 : n_fail;
 }
 
-/* Print a rank's log lines that matter (the watchdog's WARN lines). */
-static void print_log(const char *dir, int r) {
-  char *log = read_log(dir, r);
-  if (!log) return;
-  for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
-    if (strstr(line, " WARN ")) printf("    rank %d log: %.1200s\n", r, line);
-  free(log);
+/* Rank r of case c, in its process or its thread (device 0 current): 0 passed, EXIT_SKIP
+ * refused, else failed. */
+static int run_rank(const char *c, int r, int n, ncclUniqueId id, const char *dir, struct shared *sh) {
+  if (!strncmp(c, "check-", 6)) return check_main(c, r, n, id, dir, sh);
+  if (!strcmp(c, "graph-skip")) return graph_main(r, n, id, dir, sh);
+  return classic_main(c, r, n, id, dir, sh);
+}
+
+/* Make device 0 this thread's (a rank process's or a rank thread's), or say why not. */
+static int set_device0(void) {
+  cudaError_t e = cudaSetDevice(0);
+  if (e == cudaSuccess) return 1;
+  printf("  [%s] cudaSetDevice(0): %s\n", tag, cudaGetErrorString(e));
+  return 0;
+}
+
+/* --rank: rank r as a process of its own. */
+static int rank_main(const char *c, int r, int n, const char *hex, const char *dir) {
+  snprintf(tag, sizeof tag, "%s rank %d", c, r);
+  signal(SIGALRM, on_alarm);
+  alarm(80);
+  struct shared *sh = map_shared(dir, 0);
+  if (!sh) {
+    printf("  [%s] FAIL cannot map %s/shared\n", tag, dir);
+    return 1;
+  }
+  sh->pid[r] = getpid();
+  ncclUniqueId id;
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
+    unsigned v = 0;
+    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 1;
+    id.internal[i] = (char)v;
+  }
+  if (!set_device0()) return 1;
+  return run_rank(c, r, n, id, dir, sh);
+}
+
+/* ---- Ranks as threads (-t). ---- */
+
+/* A rank thread: what it runs and, once joined, its status (as a rank process's). */
+struct rank_thread {
+  pthread_t thread;
+  const char *c, *dir;
+  int r, n, status;
+  ncclUniqueId id;
+  struct shared *sh;
+};
+
+static void *rank_thread_main(void *arg) {
+  struct rank_thread *t = arg;
+  snprintf(tag, sizeof tag, "%s rank %d thread", t->c, t->r);
+  t->sh->pid[t->r] = getpid();
+  t->status = set_device0() ? run_rank(t->c, t->r, t->n, t->id, t->dir, t->sh) : 1;
+  fflush(stdout);
+  return NULL;
+}
+
+/* --threads: case c with its n ranks as threads of this process, each with its own
+ * communicator on device 0 from one ncclUniqueId made here; the environment (the driver's,
+ * case_env) is in place before the first NCCL call. The status is a rank process's: 0,
+ * EXIT_SKIP when the setup is refused, else failed. A thread still running JOIN_LIMIT s after
+ * the start is named, and the process ends at once (_exit: a thread stuck in the library is
+ * not taken back, and the exit handlers could wait for it). */
+static int threads_main(const char *c, int n, const char *dir) {
+  static struct rank_thread threads[MAXR];
+  snprintf(tag, sizeof tag, "%s threads", c);
+  signal(SIGALRM, on_alarm);
+  alarm(80);
+  struct timespec deadline; /* pthread_timedjoin_np's clock */
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += JOIN_LIMIT;
+  if (n < 2 || n > MAXR || !strcmp(c, "kill")) { /* the driver asks for neither */
+    printf("  [%s] FAIL no such thread case (%d ranks)\n", tag, n);
+    return 1;
+  }
+  struct shared *sh = map_shared(dir, 0);
+  if (!sh) {
+    printf("  [%s] FAIL cannot map %s/shared\n", tag, dir);
+    return 1;
+  }
+  ncclUniqueId id;
+  ncclResult_t res = ncclGetUniqueId(&id);
+  if (res != ncclSuccess) {
+    printf("  [%s] FAIL ncclGetUniqueId: %s / %s\n", tag, ncclGetErrorString(res), text_of(ncclGetLastError(NULL)));
+    return 1;
+  }
+  int started = 0;
+  for (int r = 0; r < n; r++) {
+    threads[r] = (struct rank_thread){.c = c, .dir = dir, .r = r, .n = n, .status = 1, .id = id, .sh = sh};
+    if (pthread_create(&threads[r].thread, NULL, rank_thread_main, &threads[r]) != 0) {
+      printf("  [%s] FAIL cannot start rank thread %d\n", tag, r);
+      break;
+    }
+    started++;
+  }
+  int hung = 0, bad = started < n, skips = 0;
+  for (int r = 0; r < started; r++) {
+    if (pthread_timedjoin_np(threads[r].thread, NULL, &deadline) != 0) {
+      printf("  FAIL rank thread %d still running after %d s (a hang)\n", r, JOIN_LIMIT);
+      hung++;
+    } else if (threads[r].status == EXIT_SKIP) {
+      skips++;
+    } else if (threads[r].status != 0) {
+      printf("  rank thread %d: status %d\n", r, threads[r].status);
+      bad++;
+    }
+  }
+  fflush(stdout);
+  if (hung) _exit(3);
+  return bad ? 1 : skips ? EXIT_SKIP : 0;
+}
+
+/* ---- The driver. ---- */
+
+/* Print the logs' lines that matter (the watchdog's WARN lines), each under the rank that
+ * wrote it: its file's, or under -t the rank its head names (head_rank; "no rank" if none). */
+static void print_logs(const char *dir, int n) {
+  for (int r = 0; r < (threads_mode ? 1 : n); r++) {
+    char *log = whole_log(dir, r);
+    if (!log) continue;
+    for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+      if (!strstr(line, " WARN ")) continue;
+      int who = threads_mode ? head_rank(line) : r;
+      if (who >= 0) printf("    rank %d log: %.1200s\n", who, line);
+      else printf("    log (no rank): %.1200s\n", line);
+    }
+    free(log);
+  }
 }
 
 /* -H: each rank process claims a host of its own. */
 static int hostid_per_rank;
 
-/* One case: its rank processes, bounded; 0 ok, 1 failed, 2 skipped. */
+/* The environment of a case's process, set before it makes any NCCL call: rank r's, or under
+ * -t (r = -1) that of the one process of every rank thread. */
+static void case_env(const char *c, const char *dir, int r) {
+  char logpath[4200];
+  log_path(logpath, sizeof logpath, dir, r);
+  setenv("NCCL_DEBUG_FILE", logpath, 1);
+  setenv("NCCL_DEBUG", "WARN", 1);
+  setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+  setenv("OXCCL_HANG_REPORT_S", "3", 1);
+  if (strcmp(c, "skip-report")) setenv("OXCCL_HANG_ERROR", "1", 1);
+  else unsetenv("OXCCL_HANG_ERROR");
+  if (!strncmp(c, "check-", 6)) setenv("OXCCL_CHECK_COLLECTIVES", "1", 1);
+  else unsetenv("OXCCL_CHECK_COLLECTIVES");
+  if (hostid_per_rank && r >= 0) {
+    char host[64];
+    snprintf(host, sizeof host, "oxccl-faults-host-%d", r);
+    setenv("NCCL_HOSTID", host, 1);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  }
+}
+
+/* One case: its rank processes, or under -t its one process of rank threads, bounded; 0 ok,
+ * 1 failed, 2 skipped. */
 static int run_case(const char *c, int n, double limit) {
   char dir[] = "/tmp/oxccl-faults.XXXXXX";
   if (!mkdtemp(dir)) return 1;
   struct shared *sh = map_shared(dir, 1);
-  ncclUniqueId id;
-  if (!sh || ncclGetUniqueId(&id) != ncclSuccess) return 1;
-  char hex[2 * NCCL_UNIQUE_ID_BYTES + 1], nstr[8], rstr[MAXR][8];
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)id.internal[i]);
+  if (!sh) return 1;
+  char hex[2 * NCCL_UNIQUE_ID_BYTES + 1] = "", nstr[8], rstr[MAXR][8];
+  if (!threads_mode) { /* under -t the process makes its own */
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
+    for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)id.internal[i]);
+  }
   snprintf(nstr, sizeof nstr, "%d", n);
+  int procs = threads_mode ? 1 : n;
   pid_t pids[MAXR];
   int status[MAXR] = {0}, done[MAXR] = {0};
   fflush(stdout);
   double t0 = now();
-  for (int r = 0; r < n; r++) {
+  for (int r = 0; r < procs; r++) {
     snprintf(rstr[r], sizeof rstr[r], "%d", r);
     pid_t parent = getpid();
     pids[r] = fork();
     if (pids[r] == 0) {
-      char logpath[4200];
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(127);
-      snprintf(logpath, sizeof logpath, "%s/rank%d.log", dir, r);
-      setenv("NCCL_DEBUG_FILE", logpath, 1);
-      setenv("NCCL_DEBUG", "WARN", 1);
-      setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
-      setenv("OXCCL_HANG_REPORT_S", "3", 1);
-      if (strcmp(c, "skip-report")) setenv("OXCCL_HANG_ERROR", "1", 1);
-      else unsetenv("OXCCL_HANG_ERROR");
-      if (!strncmp(c, "check-", 6)) setenv("OXCCL_CHECK_COLLECTIVES", "1", 1);
-      else unsetenv("OXCCL_CHECK_COLLECTIVES");
-      if (hostid_per_rank) {
-        char host[64];
-        snprintf(host, sizeof host, "oxccl-faults-host-%d", r);
-        setenv("NCCL_HOSTID", host, 1);
-        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-      }
-      char *argv[] = {self_exe, "--rank", (char *)c, rstr[r], nstr, hex, dir, NULL};
-      execv(self_exe, argv);
+      case_env(c, dir, threads_mode ? -1 : r);
+      char *rank_argv[] = {self_exe, "--rank", (char *)c, rstr[r], nstr, hex, dir, NULL};
+      char *threads_argv[] = {self_exe, "--threads", (char *)c, nstr, dir, NULL};
+      execv(self_exe, threads_mode ? threads_argv : rank_argv);
       _exit(127);
     }
   }
-  for (int left = n; left > 0 && now() - t0 < limit;) {
+  for (int left = procs; left > 0 && now() - t0 < limit;) {
     left = 0;
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < procs; r++) {
       if (done[r] || pids[r] <= 0) continue;
       if (waitpid(pids[r], &status[r], WNOHANG) == pids[r]) done[r] = 1;
       else left++;
@@ -717,7 +943,10 @@ static int run_case(const char *c, int n, double limit) {
     usleep(20000);
   }
   int bad = 0, skips = 0;
-  for (int r = 0; r < n; r++) {
+  for (int r = 0; r < procs; r++) {
+    char who[64];
+    if (threads_mode) snprintf(who, sizeof who, "the rank threads' process");
+    else snprintf(who, sizeof who, "rank process %d", r);
     if (pids[r] <= 0) {
       bad++;
       continue;
@@ -725,12 +954,12 @@ static int run_case(const char *c, int n, double limit) {
     if (!done[r]) {
       kill(pids[r], SIGKILL);
       waitpid(pids[r], &status[r], 0);
-      printf("  FAIL rank process %d still running after %.0f s: killed (a hang)\n", r, limit);
+      printf("  FAIL %s still running after %.0f s: killed (a hang)\n", who, limit);
       bad++;
       continue;
     }
     int st = status[r];
-    int expect_kill = !strcmp(c, "kill") && r == n - 1;
+    int expect_kill = !threads_mode && !strcmp(c, "kill") && r == n - 1;
     if (expect_kill) {
       if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
         printf("  FAIL the culprit was meant to die by SIGKILL\n");
@@ -739,14 +968,14 @@ static int run_case(const char *c, int n, double limit) {
     } else if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_SKIP) {
       skips++;
     } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      printf("  rank process %d: %s %d\n", r, WIFEXITED(st) ? "exit status" : "signal",
+      printf("  %s: %s %d\n", who, WIFEXITED(st) ? "exit status" : "signal",
              WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
       bad++;
     }
   }
-  for (int r = 0; r < n; r++) print_log(dir, r);
+  print_logs(dir, n);
   printf("%s %s (%d ranks on GPU 0%s) in %.1f s\n", bad ? "FAIL" : skips ? "SKIP" : "PASS", c, n,
-         hostid_per_rank ? ", each its own host" : "", now() - t0);
+         threads_mode ? ", threads of one process" : hostid_per_rank ? ", each its own host" : "", now() - t0);
   fflush(stdout);
   munmap(sh, sizeof *sh);
   return bad ? 1 : skips ? 2 : 0;
@@ -761,24 +990,51 @@ static int selected(const char *c, const char *list) {
   return 0;
 }
 
+/* Why -t skips `kill`. */
+static const char KILL_UNDER_THREADS[] =
+    "no thread equivalent: a signal cannot kill one rank thread alone (SIGKILL ends the "
+    "process, every rank with it); run it without -t";
+
+static void usage(void) {
+  fprintf(stderr, "usage: faults [-n NRANKS] [-t] [-H] [-c LIST] [-T SECONDS] [-l]\n");
+}
+
 int main(int argc, char **argv) {
   ssize_t len = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
   if (len <= 0) return 2;
   self_exe[len] = 0;
   if (argc == 7 && !strcmp(argv[1], "--rank")) return rank_main(argv[2], atoi(argv[3]), atoi(argv[4]), argv[5], argv[6]);
-  int n = 2, budget = 600, opt;
+  if (argc == 5 && !strcmp(argv[1], "--threads")) {
+    threads_mode = 1;
+    return threads_main(argv[2], atoi(argv[3]), argv[4]);
+  }
+  int n = 2, budget = 600, opt, list_only = 0;
   const char *list = NULL;
-  while ((opt = getopt(argc, argv, "n:Hc:T:l")) != -1) {
+  while ((opt = getopt(argc, argv, "n:tHc:T:l")) != -1) {
     switch (opt) {
     case 'n': n = atoi(optarg); break;
+    case 't': threads_mode = 1; break;
     case 'H': hostid_per_rank = 1; break;
     case 'c': list = optarg; break;
     case 'T': budget = atoi(optarg); break;
-    case 'l':
-      for (int i = 0; i < NCASES; i++) printf("%s\n", CASES[i]);
-      return 0;
-    default: fprintf(stderr, "usage: faults [-n NRANKS] [-H] [-c LIST] [-T SECONDS] [-l]\n"); return 2;
+    case 'l': list_only = 1; break;
+    default: usage(); return 2;
     }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "faults: unexpected argument '%s'\n", argv[optind]);
+    usage();
+    return 2;
+  }
+  if (threads_mode && hostid_per_rank) {
+    fprintf(stderr, "faults: -H needs a process per rank (NCCL_HOSTID is per process), not -t\n");
+    return 2;
+  }
+  if (list_only) {
+    for (int i = 0; i < NCASES; i++)
+      if (threads_mode && !strcmp(CASES[i], "kill")) printf("%s\tskipped under -t: %s\n", CASES[i], KILL_UNDER_THREADS);
+      else printf("%s\n", CASES[i]);
+    return 0;
   }
   if (n < 2 || n > MAXR) {
     fprintf(stderr, "faults: -n must be 2..%d\n", MAXR);
@@ -788,6 +1044,11 @@ int main(int argc, char **argv) {
   int passed = 0, failed = 0, skipped = 0, not_run = 0;
   for (int i = 0; i < NCASES; i++) {
     if (!selected(CASES[i], list)) continue;
+    if (threads_mode && !strcmp(CASES[i], "kill")) {
+      printf("SKIP kill (%d ranks as threads): %s\n", n, KILL_UNDER_THREADS);
+      skipped++;
+      continue;
+    }
     double left = budget - (now() - t0);
     if (left < 25) {
       printf("NOT RUN %s (time budget)\n", CASES[i]);
