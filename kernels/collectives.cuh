@@ -15,10 +15,15 @@
 
 // One LL step (OX_FLAG_LL items): the same positions as a Simple step, data in the slots' LL
 // regions. The wait is only for a free send slot; the data words carry their own validity.
+// On a receive peer that may park (FLAG_PARK_RECV, a network connection) it also waits for
+// the receive tail, which the proxy advances after it has put the LL words in place: so it
+// parks, if it must, before it moves anything, and a later kernel can do the step again.
+template <bool Y>
 __device__ bool ox_ll_step(OxShared& s, uint32_t what, const char* in, char* out, uint64_t nelem) {
   const int nsend = (what & OX_S_SEND) ? 1 : 0, nrecv = (what & OX_S_RECV) ? 1 : 0;
+  const int wait_tail = (Y && nrecv && (s.w.flags & OX_FLAG_PARK_RECV)) ? 1 : 0;
   // Also the barrier after which every thread sees the positions of the previous step.
-  if (!ox_wait(s, nsend, 0)) return false;
+  if (!ox_wait<Y>(s, nsend, wait_tail)) return false;
   const OxWork& w = s.w;
   const bool ops = w.flags & OX_FLAG_OPS;
   char* send_ll = nsend ? ox_slot(s.send[0]) + ox_simple_bytes(s.send[0].slot_bytes) : nullptr;
@@ -29,16 +34,23 @@ __device__ bool ox_ll_step(OxShared& s, uint32_t what, const char* in, char* out
   ox_ll_move((what & OX_S_IN) ? in : nullptr, (what & OX_S_OUT) ? out : nullptr, send_ll, recv_ll,
              nbytes, (uint32_t)(s.send[0].step + 1), (uint32_t)(s.recv[0].step + 1), pre, post,
              w.dtype, w.op, w.flags, w.scalar, w.nranks, w.abort_flag, &s.aborted);
-  return ox_post(s, nsend, nrecv, nbytes, true);
+  return ox_post<Y>(s, nsend, nrecv, nbytes, true);
 }
 
 // One step with the item's one send and one receive peer: `in`/`out` already point at the
 // step's elements; nelem may be 0 (the slot still moves, so both sides count the same
 // slots). Returns false on abort.
+template <bool Y>
 __device__ bool ox_step(OxShared& s, uint32_t what, const char* in, char* out, uint64_t nelem) {
-  if (s.w.flags & OX_FLAG_LL) return ox_ll_step(s, what, in, out, nelem);
+  if constexpr (Y) {
+    if (s.skip) {
+      ox_skip_step(s);
+      return true;
+    }
+  }
+  if (s.w.flags & OX_FLAG_LL) return ox_ll_step<Y>(s, what, in, out, nelem);
   const int nsend = (what & OX_S_SEND) ? 1 : 0, nrecv = (what & OX_S_RECV) ? 1 : 0;
-  if (!ox_wait(s, nsend, nrecv)) return false;
+  if (!ox_wait<Y>(s, nsend, nrecv)) return false;
   const OxWork& w = s.w;
   const bool ops = w.flags & OX_FLAG_OPS;
   char* send_slot = nsend ? ox_slot(s.send[0]) : nullptr;
@@ -63,13 +75,14 @@ __device__ bool ox_step(OxShared& s, uint32_t what, const char* in, char* out, u
     a.dst1 = nullptr;
   }
   ox_reduce_copy(a, w.dtype, w.op, w.flags, w.scalar, w.nranks);
-  return ox_post(s, nsend, nrecv, nelem * ox_esize(w.dtype), false);
+  return ox_post<Y>(s, nsend, nrecv, nelem * ox_esize(w.dtype), false);
 }
 
 __device__ __forceinline__ int ox_mod(int a, int n) { return ((a % n) + n) % n; }
 __device__ __forceinline__ uint64_t ox_min(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 // Ring AllReduce over elements [offset, offset+count): rounds of n pieces of <= chunk.
+template <bool Y>
 __device__ bool ox_ring_allreduce(OxShared& s) {
   const OxWork& w = s.w;
   const int n = w.nranks, r = w.rank;
@@ -87,21 +100,21 @@ __device__ bool ox_ring_allreduce(OxShared& s) {
       return o >= rem ? (uint64_t)0 : ox_min(piece, rem - o);
     };
     int p = ox_mod(r - 1, n);
-    if (!ox_step(s, OX_S_SEND | OX_S_IN, in + off(p) * es, nullptr, len(p))) return false;
+    if (!ox_step<Y>(s, OX_S_SEND | OX_S_IN, in + off(p) * es, nullptr, len(p))) return false;
     for (int st = 1; st < n - 1; st++) {
       p = ox_mod(r - 1 - st, n);
-      if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_IN, in + off(p) * es, nullptr, len(p))) return false;
+      if (!ox_step<Y>(s, OX_S_SEND | OX_S_RECV | OX_S_IN, in + off(p) * es, nullptr, len(p))) return false;
     }
     p = r;
-    if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_IN | OX_S_OUT | OX_S_POST, in + off(p) * es,
+    if (!ox_step<Y>(s, OX_S_SEND | OX_S_RECV | OX_S_IN | OX_S_OUT | OX_S_POST, in + off(p) * es,
                  out + off(p) * es, len(p)))
       return false;
     for (int t = 1; t < n - 1; t++) {
       p = ox_mod(r - t, n);
-      if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_OUT, nullptr, out + off(p) * es, len(p))) return false;
+      if (!ox_step<Y>(s, OX_S_SEND | OX_S_RECV | OX_S_OUT, nullptr, out + off(p) * es, len(p))) return false;
     }
     p = ox_mod(r + 1, n);
-    if (!ox_step(s, OX_S_RECV | OX_S_OUT, nullptr, out + off(p) * es, len(p))) return false;
+    if (!ox_step<Y>(s, OX_S_RECV | OX_S_OUT, nullptr, out + off(p) * es, len(p))) return false;
   }
   return true;
 }
@@ -110,6 +123,7 @@ __device__ bool ox_ring_allreduce(OxShared& s) {
 // [offset, offset+count) of each block. This rank's own block is written by the first step
 // only with OX_FLAG_OWN_BLOCK; otherwise it is in place already, or the host's copy-engine
 // copy puts it there beside the kernel.
+template <bool Y>
 __device__ bool ox_ring_allgather(OxShared& s) {
   const OxWork& w = s.w;
   const int n = w.nranks, r = w.rank;
@@ -121,17 +135,18 @@ __device__ bool ox_ring_allgather(OxShared& s) {
   for (uint64_t base = 0; base < w.count; base += w.chunk) {
     const uint64_t len = ox_min(w.chunk, w.count - base);
     const uint64_t o = base * es;
-    if (!ox_step(s, own, in + o, out + r * bstride + o, len)) return false;
+    if (!ox_step<Y>(s, own, in + o, out + r * bstride + o, len)) return false;
     for (int t = 1; t < n - 1; t++) {
-      if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_OUT, nullptr, out + ox_mod(r - t, n) * bstride + o, len))
+      if (!ox_step<Y>(s, OX_S_SEND | OX_S_RECV | OX_S_OUT, nullptr, out + ox_mod(r - t, n) * bstride + o, len))
         return false;
     }
-    if (!ox_step(s, OX_S_RECV | OX_S_OUT, nullptr, out + ox_mod(r + 1, n) * bstride + o, len)) return false;
+    if (!ox_step<Y>(s, OX_S_RECV | OX_S_OUT, nullptr, out + ox_mod(r + 1, n) * bstride + o, len)) return false;
   }
   return true;
 }
 
 // Ring ReduceScatter: input block b at in + b*block, the result for this rank's block at out.
+template <bool Y>
 __device__ bool ox_ring_reducescatter(OxShared& s) {
   const OxWork& w = s.w;
   const int n = w.nranks, r = w.rank;
@@ -142,18 +157,19 @@ __device__ bool ox_ring_reducescatter(OxShared& s) {
   for (uint64_t base = 0; base < w.count; base += w.chunk) {
     const uint64_t len = ox_min(w.chunk, w.count - base);
     const uint64_t o = base * es;
-    if (!ox_step(s, OX_S_SEND | OX_S_IN, in + ox_mod(r - 1, n) * bstride + o, nullptr, len)) return false;
+    if (!ox_step<Y>(s, OX_S_SEND | OX_S_IN, in + ox_mod(r - 1, n) * bstride + o, nullptr, len)) return false;
     for (int st = 1; st < n - 1; st++) {
-      if (!ox_step(s, OX_S_SEND | OX_S_RECV | OX_S_IN, in + ox_mod(r - 1 - st, n) * bstride + o, nullptr, len))
+      if (!ox_step<Y>(s, OX_S_SEND | OX_S_RECV | OX_S_IN, in + ox_mod(r - 1 - st, n) * bstride + o, nullptr, len))
         return false;
     }
-    if (!ox_step(s, OX_S_RECV | OX_S_IN | OX_S_OUT | OX_S_POST, in + r * bstride + o, out + o, len))
+    if (!ox_step<Y>(s, OX_S_RECV | OX_S_IN | OX_S_OUT | OX_S_POST, in + r * bstride + o, out + o, len))
       return false;
   }
   return true;
 }
 
 // Chain Broadcast root -> root+1 -> ... -> root-1.
+template <bool Y>
 __device__ bool ox_ring_broadcast(OxShared& s) {
   const OxWork& w = s.w;
   const int n = w.nranks;
@@ -166,12 +182,13 @@ __device__ bool ox_ring_broadcast(OxShared& s) {
                                        : (OX_S_SEND | OX_S_RECV | OX_S_OUT);
   for (uint64_t base = 0; base < w.count; base += w.chunk) {
     const uint64_t len = ox_min(w.chunk, w.count - base);
-    if (!ox_step(s, what, in + base * es, out + base * es, len)) return false;
+    if (!ox_step<Y>(s, what, in + base * es, out + base * es, len)) return false;
   }
   return true;
 }
 
 // Chain Reduce root+1 -> root+2 -> ... -> root.
+template <bool Y>
 __device__ bool ox_ring_reduce(OxShared& s) {
   const OxWork& w = s.w;
   const int n = w.nranks;
@@ -184,12 +201,13 @@ __device__ bool ox_ring_reduce(OxShared& s) {
                                        : (OX_S_SEND | OX_S_RECV | OX_S_IN);
   for (uint64_t base = 0; base < w.count; base += w.chunk) {
     const uint64_t len = ox_min(w.chunk, w.count - base);
-    if (!ox_step(s, what, in + base * es, out + base * es, len)) return false;
+    if (!ox_step<Y>(s, what, in + base * es, out + base * es, len)) return false;
   }
   return true;
 }
 
 // Direct Send / Recv of `count` bytes, one slot (its Simple or LL region) at a time.
+template <bool Y>
 __device__ bool ox_p2p(OxShared& s, bool send) {
   const OxWork& w = s.w;
   const uint32_t slot = send ? s.send[0].slot_bytes : s.recv[0].slot_bytes;
@@ -197,9 +215,9 @@ __device__ bool ox_p2p(OxShared& s, bool send) {
   for (uint64_t base = 0; base < w.count; base += chunk) {
     const uint64_t len = ox_min(chunk, w.count - base);
     if (send) {
-      if (!ox_step(s, OX_S_SEND | OX_S_IN, (const char*)w.src + base, nullptr, len)) return false;
+      if (!ox_step<Y>(s, OX_S_SEND | OX_S_IN, (const char*)w.src + base, nullptr, len)) return false;
     } else {
-      if (!ox_step(s, OX_S_RECV | OX_S_OUT, nullptr, (char*)w.dst + base, len)) return false;
+      if (!ox_step<Y>(s, OX_S_RECV | OX_S_OUT, nullptr, (char*)w.dst + base, len)) return false;
     }
   }
   return true;
@@ -269,6 +287,7 @@ __device__ __noinline__ void ox_direct_move_t(OxShared& s, const char* in, char*
 // The whole one-shot item, in LL steps of at most one LL step's payload each: wait for a free
 // slot towards every peer, move, post every peer (the primitives of every other algorithm,
 // with the item's fan).
+template <bool Y>
 __device__ bool ox_direct_allreduce(OxShared& s) {
   const OxWork& w = s.w;
   const int np = s.nfan;
@@ -282,9 +301,9 @@ __device__ bool ox_direct_allreduce(OxShared& s) {
   char* out = (char*)w.dst + w.offset * es;
   for (uint64_t base = 0; base < total; base += step_bytes) {
     const uint64_t nb = ox_min(step_bytes, total - base);
-    if (!ox_wait(s, np, 0)) return false;
+    if (!ox_wait<Y>(s, np, 0)) return false;
     OX_FOR_TYPE(w.dtype, OX_FOR_OP(w.op, (ox_direct_move_t<T, OP>(s, in + base, out + base, nb, pre, post))));
-    if (!ox_post(s, np, np, nb, true)) return false;
+    if (!ox_post<Y>(s, np, np, nb, true)) return false;
   }
   return true;
 }

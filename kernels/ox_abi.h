@@ -34,6 +34,16 @@
 // out-of-place all-gathers, whose own block is not worth a copy-engine copy).
 #define OX_FLAG_OWN_BLOCK 8
 
+// Ring and P2P items of a yielding launch (`YIELD_KERNEL`): a wait on the item's send peer
+// may park the CTA (the peer is another process on this GPU, reached over the network, whose
+// proxy rings the bell). 32 (16 is taken by the ring order of branch h4).
+#define OX_FLAG_PARK_SEND 32
+
+// As `FLAG_PARK_SEND`, for a wait on the item's receive peer. An LL step on such a
+// connection waits for the receive `tail` (which the proxy advances once the LL words are in
+// place) before its data, so that it can park before it moves anything.
+#define OX_FLAG_PARK_RECV 64
+
 // Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
 // same connection never see each other's bytes: Simple data in the first
 // `slot_bytes - slot_bytes / LL_REGION_DIV` bytes, LL lines in the last
@@ -104,14 +114,46 @@
 // `WAIT_LL_DATA`, never 0).
 #define OX_PROGRESS_OFFSET 64
 
+// The status page's *bell*: a u32 at this offset that a yielding launch's stream waits on
+// (non-zero) between its kernels. A CTA that parks stores 0 (then, system-wide fenced,
+// checks its wait once more: if it is now satisfied it stores 1 again and does not park);
+// the proxy stores 1 once a parked CTA's wait is met (`PARK_OFFSET`); an abort stores 1.
+#define OX_BELL_OFFSET 8
+
+// `ox_kernel_yield`'s `mode`: the first kernel of a yielding launch (every CTA starts at its
+// first item; the resume records are written, not read).
+#define OX_YIELD_FRESH 0
+
+// A later kernel: every CTA goes on where its resume record says (or exits, done).
+#define OX_YIELD_RESUME 1
+
+// The last kernel: as `YIELD_RESUME`, but no wait parks (it spins to the end).
+#define OX_YIELD_LAST 2
+
+// A resume record (one u64 per CTA after the items' CTA table, 8-aligned): bits 0..32 the
+// item the CTA parked in, bits 32..64 the steps of that item it had completed; bits 0..32
+// `RESUME_DONE_ITEM`: the CTA has finished its items.
+#define OX_RESUME_DONE_ITEM 4294967295
+
 // CTAs with a wait entry on the status page (the planner's most CTAs a launch may have).
 #define OX_PROGRESS_CTAS 64
 
 // Bytes of one CTA's wait entry: the wait word, then the address waited on.
 #define OX_WAIT_ENTRY_BYTES 16
 
+// The status page's *park entries*, after the wait entries: CTA b's (b < `PROGRESS_CTAS`)
+// at `PARK_OFFSET + PARK_ENTRY_BYTES * b`, two u64s: the device address of the counter a
+// parked CTA waits on (a `head` or a `tail`; 0: none) and the value it waits for it to reach
+// (`>=`). A CTA of a yielding launch writes its entry when it parks (the value first) and
+// clears it when its next kernel starts; while the bell is 0 the proxy rings it as soon as
+// one entry's counter has reached its value. Only CTAs with an entry park.
+#define OX_PARK_OFFSET (OX_PROGRESS_OFFSET + (OX_WAIT_ENTRY_BYTES * OX_PROGRESS_CTAS))
+
+// Bytes of one CTA's park entry.
+#define OX_PARK_ENTRY_BYTES 16
+
 // Bytes of the status page.
-#define OX_STATUS_PAGE_BYTES (OX_PROGRESS_OFFSET + (OX_WAIT_ENTRY_BYTES * OX_PROGRESS_CTAS))
+#define OX_STATUS_PAGE_BYTES (OX_PARK_OFFSET + (OX_PARK_ENTRY_BYTES * OX_PROGRESS_CTAS))
 
 // Shift of the item index in a wait word.
 #define OX_WAIT_ITEM_SHIFT 32

@@ -250,6 +250,15 @@ struct OxShared {
   int aborted;
   // The index of the item in the launch's item list (set by ox_run_item), for wait words.
   uint32_t item;
+  // Yielding launches (ox_kernel_yield; all 0 otherwise): a parkable wait that lasts
+  // park_ns parks the CTA (parked = 1, like an abort that keeps the positions); skip: steps
+  // of the item already done by an earlier kernel of the launch, passed over; done_steps: the
+  // item's steps done so far (skipped ones included), for the resume record. Written by
+  // thread 0 only, read by every thread after a barrier.
+  uint32_t park_ns;
+  int parked;
+  uint32_t skip;
+  uint32_t done_steps;
 };
 
 // Set by a thread of the CTA that wrote its wait word (OX_PROGRESS_OFFSET); the kernel entry
@@ -292,12 +301,59 @@ __device__ __forceinline__ void ox_wait_clear(const OxShared& s) {
 // *aborted set, if the abort flag rose first. At each such poll it also publishes
 // describe() (an OxWaitDesc, ox_wait_desc) as this CTA's wait entry on the status page: only
 // a wait that lasts computes or stores anything.
-template <typename Ready, typename Describe>
+//
+// Parking (yielding launches): with park_ns != 0, a wait that has lasted park_ns (on the GPU's
+// global timer) parks instead: it stores 0 in the status page's
+// bell, fences at system scope and asks ready() once more; if the wait is now satisfied it
+// stores 1 again (it may have erased a ring meant for another CTA) and returns true, else it
+// sets *parked and returns false. The proxy rings the bell once the entry's counter reaches
+// its value, so the launch's next kernel runs.
+__device__ __forceinline__ uint64_t ox_globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// What a parking wait waits for: the counter at `at` reaching `value` (its park entry).
+struct OxParkAt {
+  const uint64_t* at;
+  uint64_t value;
+};
+struct OxNoPark {
+  __device__ OxParkAt operator()() const { return {nullptr, 0}; }
+};
+
+// This CTA's park entry (OX_PARK_OFFSET) on the status page at abort_addr.
+__device__ __forceinline__ uint64_t* ox_park_slot(uint64_t abort_addr) {
+  return (uint64_t*)(abort_addr + OX_PARK_OFFSET + (uint64_t)OX_PARK_ENTRY_BYTES * blockIdx.x);
+}
+
+template <typename Ready, typename Describe, typename ParkAt = OxNoPark>
 __device__ __forceinline__ bool ox_spin(Ready ready, Describe describe, uint64_t abort_addr,
-                                        int* aborted) {
+                                        int* aborted, uint32_t park_ns = 0, int* parked = nullptr,
+                                        ParkAt park_at = OxNoPark()) {
   const volatile uint32_t* abort_flag = (const volatile uint32_t*)abort_addr;
   uint32_t spins = 0;
+  // Only CTAs with a park entry park. A poll of host-mapped counters takes about a
+  // microsecond: the park deadline is checked at every spin (the timer is cheap).
+  if (blockIdx.x >= OX_PROGRESS_CTAS || !abort_flag) park_ns = 0;
+  const uint64_t deadline = park_ns ? ox_globaltimer() + park_ns : 0;
   while (!ready()) {
+    if (park_ns && ox_globaltimer() >= deadline) {
+      const OxParkAt pa = park_at();
+      uint64_t* entry = ox_park_slot(abort_addr);
+      ox_st_relaxed(entry + 1, pa.value);
+      ox_st_relaxed(entry, (uint64_t)pa.at);
+      uint32_t* bell = (uint32_t*)(abort_addr + OX_BELL_OFFSET);
+      asm volatile("st.relaxed.sys.global.u32 [%0], %1;" :: "l"(bell), "r"(0u) : "memory");
+      asm volatile("fence.sc.sys;" ::: "memory");
+      if (ready()) {
+        asm volatile("st.relaxed.sys.global.u32 [%0], %1;" :: "l"(bell), "r"(1u) : "memory");
+        return true;
+      }
+      *(volatile int*)parked = 1;
+      return false;
+    }
     if (++spins == OX_ABORT_POLL) {
       spins = 0;
       if (abort_flag && *abort_flag) {
@@ -380,12 +436,16 @@ __device__ __forceinline__ void ox_step_word(const OxPeer& p, uint64_t nbytes, b
 // Before a step: thread k waits until send peer k (k < nsend) has a free slot and receive
 // peer k (k < nrecv) a full one (an LL step waits for no receive slot: its words carry their
 // own validity, so it passes nrecv = 0). Returns false on every thread on abort.
+// Y (a yielding launch's kernel): waits on peers flagged FLAG_PARK_* may park (ox_spin).
+template <bool Y>
 __device__ bool ox_wait(OxShared& s, int nsend, int nrecv) {
   const int k = threadIdx.x;
   if (k < nsend || k < nrecv) {
     const OxPeer& sp = s.send[k];
     const OxPeer& rp = s.recv[k];
     const bool send = k < nsend, recv = k < nrecv;
+    const bool parkable =
+        Y && ((send && (s.w.flags & OX_FLAG_PARK_SEND)) || (recv && (s.w.flags & OX_FLAG_PARK_RECV)));
     ox_spin([&] {
       return (!send || ox_ld_relaxed(sp.head) + sp.nslots > sp.step) &&
              (!recv || ox_ld_relaxed(rp.tail) > rp.step);
@@ -393,9 +453,14 @@ __device__ bool ox_wait(OxShared& s, int nsend, int nrecv) {
       const bool on_send = send && !(ox_ld_relaxed(sp.head) + sp.nslots > sp.step);
       return on_send ? ox_wait_desc(OX_WAIT_SEND_SLOT, k, s.item, sp.step, sp.head)
                      : ox_wait_desc(OX_WAIT_RECV_SLOT, k, s.item, rp.step, rp.tail);
-    }, s.w.abort_flag, &s.aborted);
+    }, s.w.abort_flag, &s.aborted, parkable ? s.park_ns : 0u, &s.parked, [&] {
+      // head + nslots > step  <=>  head >= step + 1 - nslots;  tail > step  <=>  tail >= step + 1.
+      const bool on_send = send && !(ox_ld_relaxed(sp.head) + sp.nslots > sp.step);
+      return on_send ? OxParkAt{sp.head, sp.step + 1 - sp.nslots} : OxParkAt{rp.tail, rp.step + 1};
+    });
   }
   __syncthreads();
+  if constexpr (Y) return !s.aborted && !s.parked;
   return !s.aborted;
 }
 
@@ -405,6 +470,7 @@ __device__ bool ox_wait(OxShared& s, int nsend, int nrecv) {
 // does; for an LL step it also ends every read of the receive words. Then thread k publishes
 // send peer k's filled slot (step word, and tail for Simple) and receive peer k's consumed
 // slot (head), and advances both positions. False on every thread on abort.
+template <bool Y>
 __device__ bool ox_post(OxShared& s, int nsend, int nrecv, uint64_t nbytes, bool ll) {
   __syncthreads();
   if (s.aborted) return false;
@@ -420,7 +486,20 @@ __device__ bool ox_post(OxShared& s, int nsend, int nrecv, uint64_t nbytes, bool
     p.step++;
     ox_st_relaxed(p.head, p.step);
   }
+  if (Y && k == 0) s.done_steps++;
   return true;
+}
+
+// A step an earlier kernel of this yielding launch already did (s.skip > 0): counted, and
+// nothing else; positions were saved when that kernel parked. Every thread calls it (the
+// barriers keep s.skip the same for all threads).
+__device__ __forceinline__ void ox_skip_step(OxShared& s) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    s.skip--;
+    s.done_steps++;
+  }
+  __syncthreads();
 }
 
 // ---- the low-latency protocol (LL) -----------------------------------------------------------

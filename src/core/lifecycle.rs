@@ -253,6 +253,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         nvlinks: topo::nvml::nvlink_count(&bus_id),
         bus_id,
         host: crate::debug::hostname(),
+        gpu_uuid: cuda::device_uuid(comm.cuda_dev)?,
     };
     let peers = bootstrap
         .allgather(&me.to_bytes())?

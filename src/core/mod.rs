@@ -9,6 +9,7 @@ pub mod progress;
 pub mod registry;
 pub mod runtime;
 pub mod watchdog;
+pub mod yielding;
 
 /// Reduction operators live with the scheduler (which must import nothing above it).
 pub use crate::sched::redop;

@@ -3,6 +3,7 @@
 //! written to, and the ordering of its launches. `run_group` executes one group's tasks for
 //! one communicator as a single kernel launch.
 
+use super::yielding;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
@@ -175,6 +176,9 @@ pub struct Runtime {
     comm_net: CommNet,
     /// The network as the planner sees it, when some rank uses it (agreed at init).
     net: Option<sched::NetView>,
+    /// `OXCCL_YIELD*`, and `[peer]`: waits on the peer may park (`Geometry::park`).
+    yielding: yielding::Settings,
+    park: Vec<bool>,
 }
 
 /// What decides the connections a task needs: its kind, type, count and root (or peer).
@@ -200,10 +204,12 @@ struct CachedPlan {
 
 impl CachedPlan {
     fn new(plan: Plan) -> CachedPlan {
-        let inline = (plan.nitems as usize <= sched::device::INLINE_ITEMS)
+        let inline = (plan.nitems as usize <= sched::device::INLINE_ITEMS && !plan.yields)
             .then(|| sched::device::inline_param(plan.nitems, &plan.items));
         let arena = if inline.is_some() {
             Vec::new()
+        } else if plan.yields {
+            sched::device::yield_input(&plan.items, plan.grid)
         } else {
             arena_bytes(&plan)
         };
@@ -241,6 +247,7 @@ mod tests {
             nitems: 6,
             items: items.clone(),
             copies: Vec::new(),
+            yields: false,
         };
         let bytes = arena_bytes(&plan);
         assert_eq!(&bytes[..items.len()], &items[..]);
@@ -279,10 +286,16 @@ mod tests {
 pub struct DeviceAbort(Arc<HostMapped>);
 
 impl DeviceAbort {
-    /// Ask running kernels to stop.
+    /// Ask running kernels to stop, and let a yielding launch's stream past its waits for the
+    /// bell (its later kernels then see the flag and end at once).
     pub fn signal(&self) {
-        // SAFETY: the flag is a live (kept by this handle), aligned u32 in pinned host memory.
-        unsafe { std::ptr::write_volatile(self.0.host() as *mut u32, 1) };
+        // SAFETY: the flag and the bell are live (kept by this handle), aligned u32s in pinned
+        // host memory (the status page).
+        unsafe {
+            std::ptr::write_volatile(self.0.host() as *mut u32, 1);
+            let bell = self.0.host().add(sched::device::BELL_OFFSET as usize) as *mut u32;
+            std::ptr::write_volatile(bell, 1);
+        }
     }
 }
 
@@ -391,6 +404,8 @@ impl Runtime {
             sink,
             comm_net: CommNet::new(None, comm_hash, crate::abi::NCCL_CONFIG_UNDEF_INT),
             net: None,
+            yielding: yielding::Settings::from_env(),
+            park: Vec::new(),
         })
     }
 
@@ -408,9 +423,43 @@ impl Runtime {
             link,
             remote: self.topo.paths.iter().map(|&p| p == Path::Net).collect(),
         });
+        self.park = self.parking_peers();
         self.geometry = None;
         self.plans.clear();
         self.connected_shapes.clear();
+    }
+
+    /// `[peer]`: the peer is another process on this GPU that this rank reaches over the
+    /// network (its proxy rings the bell), so waits on it may park (`core::yielding`); empty
+    /// when there is none or `OXCCL_YIELD=0`.
+    fn parking_peers(&self) -> Vec<bool> {
+        let Some(net) = self.net.as_ref().filter(|_| self.yielding.enabled) else {
+            return Vec::new();
+        };
+        let park: Vec<bool> = self
+            .topo
+            .time_sliced_peers()
+            .iter()
+            .zip(&net.remote)
+            .map(|(&sliced, &remote)| sliced && remote)
+            .collect();
+        if !park.contains(&true) {
+            return Vec::new();
+        }
+        let ranks: Vec<String> = (0..park.len())
+            .filter(|&r| park[r])
+            .map(|r| r.to_string())
+            .collect();
+        crate::info!(
+            INIT,
+            "commHash {:#x} rank {}: ranks {} are other processes on this GPU, reached over the \
+             network: kernels waiting for them yield the GPU after {} us (OXCCL_YIELD=0: spin)",
+            self.comm_hash,
+            self.topo.my_rank,
+            ranks.join(","),
+            self.yielding.park_ns / 1000
+        );
+        park
     }
 
     /// The network link this communicator plans with, when it uses the network.
@@ -669,15 +718,28 @@ impl Runtime {
                 let (slot, items) = self.arena.write_eager(&cached.arena, abort)?;
                 (Done::Slot(slot), items)
             };
-            cuda::module::launch(
-                plan.kernel,
-                plan.grid,
-                plan.block,
-                plan.smem,
-                stream,
-                items,
-                plan.nitems,
-            )?;
+            if plan.yields {
+                yielding::launch(
+                    plan.grid,
+                    plan.block,
+                    stream,
+                    items,
+                    plan.nitems,
+                    self.device_abort.dev() + sched::device::BELL_OFFSET as u64,
+                    self.yielding.park_ns,
+                    self.yielding.resumes(nranks),
+                )?;
+            } else {
+                cuda::module::launch(
+                    plan.kernel,
+                    plan.grid,
+                    plan.block,
+                    plan.smem,
+                    stream,
+                    items,
+                    plan.nitems,
+                )?;
+            }
             if let Done::Slot(slot) = done {
                 self.arena.recorded[slot] = true;
             }
@@ -767,6 +829,7 @@ impl Runtime {
             abort_flag: self.device_abort.dev(),
             threads: self.threads,
             net: self.net.clone(),
+            park: self.park.clone(),
         }
     }
 }

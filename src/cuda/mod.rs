@@ -157,6 +157,17 @@ pub fn pci_bus_id(dev: i32) -> Result<String> {
         .to_ascii_lowercase())
 }
 
+/// The UUID of device `dev`.
+pub fn device_uuid(dev: i32) -> Result<[u8; 16]> {
+    let mut uuid = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: writes one CUuuid.
+    check(
+        unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) },
+        "cuDeviceGetUuid",
+    )?;
+    Ok(uuid.bytes.map(|b| b as u8))
+}
+
 /// Device memory from `cuMemAlloc` in the current context.
 pub fn mem_alloc(bytes: usize) -> Result<CUdeviceptr> {
     let mut p: CUdeviceptr = 0;
@@ -221,6 +232,25 @@ pub fn stream_synchronize(stream: CUstream) -> Result<()> {
     check(
         unsafe { sys::cuStreamSynchronize(stream) },
         "cuStreamSynchronize",
+    )
+}
+
+/// Make `stream`'s later work wait until the u32 at device address `addr` has bit 0 set
+/// (`cuStreamWaitValue32`, AND): the stream waits on the GPU, without a kernel, so the GPU
+/// may run other contexts meanwhile. Captured as a graph node under stream capture.
+pub fn wait_bit0(stream: CUstream, addr: CUdeviceptr) -> Result<()> {
+    // SAFETY: addr is a device-visible u32 that outlives the wait (the caller's contract:
+    // a communicator's status page); no memory is written.
+    check(
+        unsafe {
+            sys::cuStreamWaitValue32_v2(
+                stream,
+                addr,
+                1,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_AND as u32,
+            )
+        },
+        "cuStreamWaitValue32",
     )
 }
 

@@ -12,7 +12,7 @@ use std::ffi::{c_void, CString};
 /// The fatbin of every kernel in `kernels/` (SASS for the built architectures plus PTX).
 pub static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_kernels.fatbin"));
 
-pub use crate::sched::device::{INLINE_KERNEL, MAIN_KERNEL};
+pub use crate::sched::device::{INLINE_KERNEL, MAIN_KERNEL, YIELD_KERNEL};
 
 /// Loaded modules and looked-up functions, keyed by context (handles kept as integers so the
 /// maps are `Send`; primary contexts live until the process exits).
@@ -78,8 +78,8 @@ pub fn function(name: &'static str) -> Result<CUfunction> {
     Ok(func)
 }
 
-/// How many CTAs of `block` threads of the plan kernels (`ox_kernel` and `ox_kernel_inline`,
-/// the lower of the two) device `dev` can hold resident at once: occupancy per SM × SMs. The
+/// How many CTAs of `block` threads of the plan kernels (`ox_kernel`, `ox_kernel_inline` and
+/// `ox_kernel_yield`, the lowest of them) device `dev` can hold resident at once: occupancy per SM × SMs. The
 /// current context must be `dev`'s.
 pub fn resident_ctas(dev: i32, block: u32) -> Result<u32> {
     let sms = super::device_attribute(
@@ -87,7 +87,7 @@ pub fn resident_ctas(dev: i32, block: u32) -> Result<u32> {
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )?;
     let mut per_sm = i32::MAX;
-    for name in [MAIN_KERNEL, INLINE_KERNEL] {
+    for name in [MAIN_KERNEL, INLINE_KERNEL, YIELD_KERNEL] {
         let func = function(name)?;
         let mut n = 0;
         // SAFETY: func is a kernel of our module in the current context; writes one int.

@@ -107,6 +107,7 @@ fn geometry(rank: i32, nranks: i32, nchannels: u32, slot_bytes: u32, threads: u3
         abort_flag: 0xAB0,
         threads,
         net: None,
+        park: Vec::new(),
     }
 }
 

@@ -28,7 +28,7 @@
 //! items to CTAs and resolves their connections.
 
 use super::cost::{self, NetLink, BLOCK_THREADS, MAX_CTAS};
-use super::device::{OxConn, OxWork, WorkKind};
+use super::device::{OxConn, OxWork, WorkKind, FLAG_PARK_RECV, FLAG_PARK_SEND};
 use super::lower::{decompose, Group, Piece};
 use super::proto::Proto;
 use super::Task;
@@ -54,6 +54,19 @@ pub struct Geometry {
     pub threads: u32,
     /// The network, when the communicator uses it (`decompose`'s `net`).
     pub net: Option<NetView>,
+    /// `[peer]` (empty: none): waits on this peer's connections may park the CTA
+    /// (`FLAG_PARK_SEND` / `FLAG_PARK_RECV`; the peer is another process on this GPU, reached
+    /// over the network), and a plan with such items is a yielding launch (`Plan::yields`).
+    pub park: Vec<bool>,
+}
+
+impl Geometry {
+    fn parks(&self, peer: i32) -> bool {
+        usize::try_from(peer)
+            .ok()
+            .and_then(|p| self.park.get(p).copied())
+            .unwrap_or(false)
+    }
 }
 
 /// The network as the planner sees it, when a communicator uses it: plain data, the same on
@@ -108,6 +121,9 @@ pub struct Plan {
     /// Copies that run concurrently with the kernel (after the stream's earlier work, before
     /// its later work); with no kernel, simply on the stream.
     pub copies: Vec<LocalCopy>,
+    /// Some item may park (`Geometry::park`): the runtime launches `YIELD_KERNEL` with
+    /// resumes instead of `kernel`.
+    pub yields: bool,
 }
 
 /// Rows of `Geometry::send`/`recv`: ring channels, then as many P2P channels, then the
@@ -250,9 +266,15 @@ fn resolve(geom: &Geometry, p: &Piece) -> Result<OxWork> {
     w.abort_flag = geom.abort_flag;
     if let Some((ch, peer)) = p.send {
         w.send = conn_of(geom, Dir::Send, ch, peer)?;
+        if geom.parks(peer) {
+            w.flags |= FLAG_PARK_SEND;
+        }
     }
     if let Some((ch, peer)) = p.recv {
         w.recv = conn_of(geom, Dir::Recv, ch, peer)?;
+        if geom.parks(peer) {
+            w.flags |= FLAG_PARK_RECV;
+        }
     }
     if has_steps(w.kind) {
         if w.send.slot_bytes != w.recv.slot_bytes {
@@ -288,6 +310,9 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
     }
     works.sort_by_key(|&(cta, key, index, _)| (cta, key, index));
     let grid = works.iter().map(|w| w.0 + 1).max().unwrap_or(0);
+    let yields = works
+        .iter()
+        .any(|(_, _, _, w)| w.flags & (FLAG_PARK_SEND | FLAG_PARK_RECV) != 0);
     let mut items = Vec::with_capacity(works.len() * super::device::WORK_SIZE);
     for (_, _, _, w) in &works {
         w.serialize_into(&mut items);
@@ -304,5 +329,6 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
         nitems: works.len() as u32,
         items,
         copies,
+        yields,
     })
 }

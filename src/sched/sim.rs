@@ -13,7 +13,7 @@ use super::device::{
     deserialize_all, ll_step_bytes, op, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL,
     FLAG_OPS, FLAG_OWN_BLOCK,
 };
-use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry, NetView};
+use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry, NetView, Plan};
 use super::redop::{RedOp, Scalar};
 use super::ring;
 use super::{CollKind, Task};
@@ -616,6 +616,7 @@ fn geometries_net(
             abort_flag: 0xAB00,
             threads: 0,
             net: net_of(rank),
+            park: Vec::new(),
         })
         .collect();
     // Connection (ch, src -> dst): buf/tail/head ids shared, step ids per side.
@@ -1712,4 +1713,64 @@ fn over_a_slow_network_plans_differ_from_nvlink() {
         parts(WorkKind::Recv),
         parts(WorkKind::Send)
     );
+}
+
+#[test]
+fn items_on_parking_peers_are_flagged_and_make_a_yielding_plan() {
+    // Ranks 0,1 on one host and 2,3 on the next (all on one GPU): only waits on peers of the
+    // other host may park, so only the ring items that cross the host boundary are flagged.
+    use super::device::{FLAG_PARK_RECV, FLAG_PARK_SEND};
+    let link = super::cost::NetLink::from_properties(10_000, 0.0);
+    let nranks = 4;
+    let tasks: Vec<Vec<Task>> = (0..nranks)
+        .map(|_| {
+            vec![Task {
+                kind: CollKind::AllReduce,
+                dtype: ncclDataType_t::ncclFloat32,
+                op: RedOp::Sum,
+                count: 1 << 16,
+                sendbuff: 0x1000,
+                recvbuff: 0x1000_0000,
+                root: 0,
+            }]
+        })
+        .collect();
+    let mut geoms = geometries_net(nranks, 4, 1 << 16, 4, &tasks, &two_per_host(nranks, link));
+    let unflagged: Vec<Plan> = geoms
+        .iter()
+        .zip(&tasks)
+        .map(|(g, t)| plan(g, t).unwrap())
+        .collect();
+    for (g, p) in geoms.iter_mut().zip(&unflagged) {
+        assert!(!p.yields);
+        g.park = (0..nranks).map(|peer| peer / 2 != g.rank / 2).collect();
+    }
+    for ((g, t), before) in geoms.iter().zip(&tasks).zip(&unflagged) {
+        let p = plan(g, t).unwrap();
+        assert!(p.yields, "rank {}", g.rank);
+        let (next, prev) = ((g.rank + 1) % nranks, (g.rank + nranks - 1) % nranks);
+        for (w, b) in deserialize_all(&p.items)
+            .iter()
+            .zip(deserialize_all(&before.items))
+        {
+            let park_send = g.park[next as usize];
+            let park_recv = g.park[prev as usize];
+            assert_eq!(
+                w.flags & FLAG_PARK_SEND != 0,
+                park_send,
+                "rank {} item {w:?}",
+                g.rank
+            );
+            assert_eq!(
+                w.flags & FLAG_PARK_RECV != 0,
+                park_recv,
+                "rank {} item {w:?}",
+                g.rank
+            );
+            // Nothing else changes.
+            let mut w = *w;
+            w.flags &= !(FLAG_PARK_SEND | FLAG_PARK_RECV);
+            assert_eq!(w, b);
+        }
+    }
 }

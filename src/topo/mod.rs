@@ -28,12 +28,15 @@ pub struct PeerInfo {
     pub nvlinks: u32,
     /// The host's name (for messages that name a rank), at most `HOST_BYTES` bytes.
     pub host: String,
+    /// The GPU's UUID (all zero when unknown): the same physical GPU whatever the host id
+    /// says.
+    pub gpu_uuid: [u8; 16],
 }
 
 const BUS_ID_BYTES: usize = 32;
 const HOST_BYTES: usize = 64;
 /// Size of a serialised `PeerInfo`.
-pub const PEER_INFO_BYTES: usize = 4 + 8 + 4 + 4 + 4 + BUS_ID_BYTES + HOST_BYTES;
+pub const PEER_INFO_BYTES: usize = 4 + 8 + 4 + 4 + 4 + BUS_ID_BYTES + HOST_BYTES + 16;
 
 /// `text` in a NUL-padded field of `N` bytes (cut at a character boundary).
 fn padded<const N: usize>(text: &str) -> [u8; N] {
@@ -62,6 +65,7 @@ impl PeerInfo {
         v.extend_from_slice(&self.nvlinks.to_le_bytes());
         v.extend_from_slice(&padded::<BUS_ID_BYTES>(&self.bus_id));
         v.extend_from_slice(&padded::<HOST_BYTES>(&self.host));
+        v.extend_from_slice(&self.gpu_uuid);
         v
     }
 
@@ -83,6 +87,7 @@ impl PeerInfo {
             nvlinks: u32_at(20),
             bus_id: unpadded(&b[24..host_at]),
             host: unpadded(&b[host_at..host_at + HOST_BYTES]),
+            gpu_uuid: b[host_at + HOST_BYTES..].try_into().unwrap(),
         })
     }
 }
@@ -370,6 +375,16 @@ impl Topology {
         self.peers.iter().any(|p| p.host_hash != me) || self.paths.contains(&Path::Net)
     }
 
+    /// `[peer]`: the peer is another process on this rank's GPU (the same GPU UUID, another
+    /// pid), so the GPU runs its kernels and this rank's in turns (time slices).
+    pub fn time_sliced_peers(&self) -> Vec<bool> {
+        let me = &self.peers[self.my_rank as usize];
+        self.peers
+            .iter()
+            .map(|p| p.gpu_uuid != [0; 16] && p.gpu_uuid == me.gpu_uuid && p.pid != me.pid)
+            .collect()
+    }
+
     /// Whether `peer` runs in this process.
     pub fn same_process(&self, peer: i32) -> bool {
         let me = &self.peers[self.my_rank as usize];
@@ -418,6 +433,7 @@ mod tests {
             bus_id: format!("0000:{:02x}:00.0", dev + 1),
             nvlinks: links,
             host: format!("host{host}"),
+            gpu_uuid: [0; 16],
         }
     }
 

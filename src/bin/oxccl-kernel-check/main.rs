@@ -11,12 +11,15 @@
 //!    reference. A watchdog turns a hang into a clear failure.
 //!
 //! Prints a table and `N passed, M failed`; exits non-zero on any failure.
-//! Usage: oxccl-kernel-check [device] [--quick]
+//! Usage: oxccl-kernel-check [device] [--quick | --yielding-only]
 
 use nccl::abi::ncclDataType_t::{self, *};
 use nccl::core::redop::{RedOp, Scalar};
 use nccl::cuda::{self, module};
-use nccl::sched::device::{deserialize_all, with_cta_table};
+use nccl::sched::device::{
+    deserialize_all, with_cta_table, yield_input, OxWork, FLAG_LL, FLAG_PARK_RECV,
+    RESUME_DONE_ITEM, STATUS_PAGE_BYTES, YIELD_FRESH, YIELD_LAST, YIELD_RESUME,
+};
 use nccl::sched::plan::{conn_channels, connections_needed, plan, Dir, Geometry};
 use nccl::sched::{cost, CollKind, OxConn, Task};
 use std::collections::HashMap;
@@ -282,6 +285,9 @@ struct Loopback {
     abort: DevBuf,
     slot_bytes: u32,
     nslots: u32,
+    /// Run plans as yielding launches (`ox_kernel_yield`) whose every wait parks almost at
+    /// once, relaunched until every CTA is done: the park and resume path on every step.
+    yielding: bool,
 }
 
 impl Loopback {
@@ -291,9 +297,11 @@ impl Loopback {
             nchannels,
             conns: HashMap::new(),
             _mem: Vec::new(),
-            abort: DevBuf::new(8)?,
+            // The whole status page: a parking CTA stores the bell at BELL_OFFSET.
+            abort: DevBuf::new(STATUS_PAGE_BYTES as usize)?,
             slot_bytes,
             nslots,
+            yielding: false,
         })
     }
 
@@ -331,6 +339,7 @@ impl Loopback {
             abort_flag: self.abort.ptr,
             threads: 0,
             net: None,
+            park: vec![self.yielding; self.nranks as usize],
         };
         for (ch, peer, dir) in connections_needed(rank, self.nranks, self.nchannels, None, tasks) {
             let (src, dst) = match dir {
@@ -356,6 +365,12 @@ impl Loopback {
             let g = self.geometry(rank as i32, tasks)?;
             let p = plan(&g, tasks).map_err(err)?;
             block = p.block;
+            // The copy-engine copies beside the kernel (an all-gather's own block), done
+            // first: they touch no connection.
+            for c in &p.copies {
+                cuda::memcpy_dtod_async(c.dst, c.src, c.bytes as usize, std::ptr::null_mut())
+                    .map_err(err)?;
+            }
             for mut w in deserialize_all(&p.items) {
                 w.cta += offset;
                 all.push(w);
@@ -367,6 +382,9 @@ impl Loopback {
             w.serialize_into(&mut bytes);
         }
         // ox_kernel reads each CTA's range from the table after the items.
+        if self.yielding {
+            return self.run_yielding(&all, offset, block, what);
+        }
         let items = DevBuf::from(&with_cta_table(&bytes, offset))?;
         let start = Instant::now();
         module::launch(
@@ -382,6 +400,69 @@ impl Loopback {
         sync_or_die(what, Duration::from_secs(30))?;
         Ok(start.elapsed().as_secs_f64())
     }
+}
+
+impl Loopback {
+    /// Run `all` (every rank's items, CTAs offset) as one yielding launch of `grid` CTAs:
+    /// the first kernel, then resumes until every CTA's record says done (the last allowed
+    /// one never parks). Only the LL receive waits do not park: they wait for the receive
+    /// `tail`, which only a network proxy advances for LL steps.
+    fn run_yielding(&mut self, all: &[OxWork], grid: u32, block: u32, what: &str) -> Res<f64> {
+        const MAX_KERNELS: u32 = 20_000;
+        let mut bytes = Vec::new();
+        for w in all {
+            let mut w = *w;
+            if w.flags & FLAG_LL != 0 {
+                w.flags &= !FLAG_PARK_RECV;
+            }
+            w.serialize_into(&mut bytes);
+        }
+        let input = yield_input(&bytes, grid);
+        let records_at = input.len() - 8 * grid as usize;
+        let items = DevBuf::from(&input)?;
+        let start = Instant::now();
+        let mut parks = 0u64;
+        for k in 0..MAX_KERNELS {
+            let mode = match k {
+                0 => YIELD_FRESH,
+                k if k + 1 == MAX_KERNELS => YIELD_LAST,
+                _ => YIELD_RESUME,
+            };
+            module::launch_args(
+                module::YIELD_KERNEL,
+                grid,
+                block,
+                0,
+                std::ptr::null_mut(),
+                &[
+                    module::KernelArg::U64(items.ptr),
+                    module::KernelArg::U32(all.len() as u32),
+                    module::KernelArg::U32(mode),
+                    module::KernelArg::U32(1),
+                ],
+            )
+            .map_err(err)?;
+            sync_or_die(what, Duration::from_secs(30))?;
+            let records = items.read()?;
+            let parked = records[records_at..]
+                .chunks_exact(8)
+                .filter(|r| u32::from_le_bytes(r[..4].try_into().unwrap()) != RESUME_DONE_ITEM)
+                .count();
+            if parked == 0 {
+                PARKS.with(|p| p.set(p.get() + parks));
+                return Ok(start.elapsed().as_secs_f64());
+            }
+            parks += parked as u64;
+        }
+        Err(format!(
+            "{what}: CTAs still parked after {MAX_KERNELS} kernels"
+        ))
+    }
+}
+
+thread_local! {
+    /// CTAs parked in yielding loopback runs (how much the resume path was exercised).
+    static PARKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// One loopback collective, checked against a host reference (float values are small
@@ -494,8 +575,14 @@ fn check_collective(
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
+    let yielding_only = args.iter().any(|a| a == "--yielding-only");
     let dev: i32 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(0);
-    match run_all(dev, quick) {
+    let result = if yielding_only {
+        yielding_only_run(dev)
+    } else {
+        run_all(dev, quick)
+    };
+    match result {
         Ok((pass, fail)) => {
             println!("{pass} passed, {fail} failed");
             std::process::exit(if fail == 0 { 0 } else { 1 });
@@ -505,6 +592,59 @@ fn main() {
             std::process::exit(2);
         }
     }
+}
+
+/// The yielding loopback: every collective's steps park and resume (`Loopback::yielding`);
+/// (name, ok, note) per case.
+fn check_yielding() -> Res<Vec<(String, bool, String)>> {
+    let mut out = Vec::new();
+    println!("-- loopback, yielding: every wait parks at once, resumed until every CTA is done");
+    let kinds = [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+    ];
+    for nranks in [2, 3] {
+        let mut lb = Loopback::new(nranks, 2, cost::SLOT_BYTES, 4)?;
+        lb.yielding = true;
+        for kind in kinds {
+            for count in [1usize, 1001, 1 << 18] {
+                for in_place in [false, true] {
+                    let before = PARKS.with(|p| p.get());
+                    let ok =
+                        check_collective(&mut lb, kind, ncclFloat32, RedOp::Sum, count, in_place)?;
+                    let parks = PARKS.with(|p| p.get()) - before;
+                    out.push((
+                        format!(
+                            "{kind:?} n={nranks} float Sum count={count}{} yielding",
+                            if in_place { " in-place" } else { "" }
+                        ),
+                        ok,
+                        format!("{parks} parks"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `--yielding-only`: the yielding loopback alone.
+fn yielding_only_run(dev: i32) -> Res<(usize, usize)> {
+    cuda::use_device(dev).map_err(err)?;
+    module::module().map_err(err)?;
+    let (mut pass, mut fail) = (0usize, 0usize);
+    for (name, ok, note) in check_yielding()? {
+        println!("{}  {name:<44} {note}", if ok { "ok  " } else { "FAIL" });
+        if ok {
+            pass += 1
+        } else {
+            fail += 1
+        }
+    }
+    Ok((pass, fail))
 }
 
 fn run_all(dev: i32, quick: bool) -> Res<(usize, usize)> {
@@ -602,6 +742,10 @@ fn run_all(dev: i32, quick: bool) -> Res<(usize, usize)> {
     for op in [RedOp::Avg, RedOp::PreMulSum(two)] {
         let ok = check_collective(&mut lb, CollKind::AllReduce, ncclFloat32, op, 4097, false)?;
         tally(format!("AllReduce n=2 float {op:?}"), ok, String::new());
+    }
+
+    for (name, ok, note) in check_yielding()? {
+        tally(name, ok, note);
     }
 
     println!("-- loopback bandwidth (informational: 2 ranks share ONE GPU's HBM and SMs)");

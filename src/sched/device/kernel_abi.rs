@@ -84,6 +84,14 @@ pub const FLAG_LL: u32 = 4;
 /// RingAllGather: the first step also writes this rank's own block to the output (small
 /// out-of-place all-gathers, whose own block is not worth a copy-engine copy).
 pub const FLAG_OWN_BLOCK: u32 = 8;
+/// Ring and P2P items of a yielding launch (`YIELD_KERNEL`): a wait on the item's send peer
+/// may park the CTA (the peer is another process on this GPU, reached over the network, whose
+/// proxy rings the bell). 32 (16 is taken by the ring order of branch h4).
+pub const FLAG_PARK_SEND: u32 = 32;
+/// As `FLAG_PARK_SEND`, for a wait on the item's receive peer. An LL step on such a
+/// connection waits for the receive `tail` (which the proxy advances once the LL words are in
+/// place) before its data, so that it can park before it moves anything.
+pub const FLAG_PARK_RECV: u32 = 64;
 
 /// Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
 /// same connection never see each other's bytes: Simple data in the first
@@ -242,12 +250,37 @@ pub const MAX_THREADS: u32 = 512;
 /// `WAIT_WHAT_SHIFT..+8` what is waited for (`WAIT_SEND_SLOT`, `WAIT_RECV_SLOT`,
 /// `WAIT_LL_DATA`, never 0).
 pub const PROGRESS_OFFSET: u32 = 64;
+/// The status page's *bell*: a u32 at this offset that a yielding launch's stream waits on
+/// (non-zero) between its kernels. A CTA that parks stores 0 (then, system-wide fenced,
+/// checks its wait once more: if it is now satisfied it stores 1 again and does not park);
+/// the proxy stores 1 once a parked CTA's wait is met (`PARK_OFFSET`); an abort stores 1.
+pub const BELL_OFFSET: u32 = 8;
+/// `ox_kernel_yield`'s `mode`: the first kernel of a yielding launch (every CTA starts at its
+/// first item; the resume records are written, not read).
+pub const YIELD_FRESH: u32 = 0;
+/// A later kernel: every CTA goes on where its resume record says (or exits, done).
+pub const YIELD_RESUME: u32 = 1;
+/// The last kernel: as `YIELD_RESUME`, but no wait parks (it spins to the end).
+pub const YIELD_LAST: u32 = 2;
+/// A resume record (one u64 per CTA after the items' CTA table, 8-aligned): bits 0..32 the
+/// item the CTA parked in, bits 32..64 the steps of that item it had completed; bits 0..32
+/// `RESUME_DONE_ITEM`: the CTA has finished its items.
+pub const RESUME_DONE_ITEM: u32 = 0xFFFF_FFFF;
 /// CTAs with a wait entry on the status page (the planner's most CTAs a launch may have).
 pub const PROGRESS_CTAS: u32 = 64;
 /// Bytes of one CTA's wait entry: the wait word, then the address waited on.
 pub const WAIT_ENTRY_BYTES: u32 = 16;
+/// The status page's *park entries*, after the wait entries: CTA b's (b < `PROGRESS_CTAS`)
+/// at `PARK_OFFSET + PARK_ENTRY_BYTES * b`, two u64s: the device address of the counter a
+/// parked CTA waits on (a `head` or a `tail`; 0: none) and the value it waits for it to reach
+/// (`>=`). A CTA of a yielding launch writes its entry when it parks (the value first) and
+/// clears it when its next kernel starts; while the bell is 0 the proxy rings it as soon as
+/// one entry's counter has reached its value. Only CTAs with an entry park.
+pub const PARK_OFFSET: u32 = PROGRESS_OFFSET + WAIT_ENTRY_BYTES * PROGRESS_CTAS;
+/// Bytes of one CTA's park entry.
+pub const PARK_ENTRY_BYTES: u32 = 16;
 /// Bytes of the status page.
-pub const STATUS_PAGE_BYTES: u32 = PROGRESS_OFFSET + WAIT_ENTRY_BYTES * PROGRESS_CTAS;
+pub const STATUS_PAGE_BYTES: u32 = PARK_OFFSET + PARK_ENTRY_BYTES * PROGRESS_CTAS;
 /// Shift of the item index in a wait word.
 pub const WAIT_ITEM_SHIFT: u32 = 32;
 /// Shift of the fan index in a wait word.

@@ -13,6 +13,9 @@ pub use kernel_abi::*;
 pub const MAIN_KERNEL: &str = "ox_kernel";
 /// The same kernel taking up to `INLINE_ITEMS` items by value (`OxInline`).
 pub const INLINE_KERNEL: &str = "ox_kernel_inline";
+/// The kernel of a yielding launch: `ox_kernel_yield(const OxWork* items, uint32_t nitems,
+/// uint32_t mode, uint32_t park_ns)`, its input as `yield_input` lays it out (`YIELD_*`).
+pub const YIELD_KERNEL: &str = "ox_kernel_yield";
 
 use crate::abi::ncclDataType_t;
 use crate::sched::redop::{RedOp, Scalar};
@@ -269,6 +272,14 @@ pub fn with_cta_table(items: &[u8], grid: u32) -> Vec<u8> {
         let first = ctas.partition_point(|&c| c < b) as u32;
         out.extend_from_slice(&first.to_le_bytes());
     }
+    out
+}
+
+/// `ox_kernel_yield`'s input: `with_cta_table(items, grid)`, zeros to the next multiple of
+/// 8 bytes, then one u64 resume record per CTA (written by the launch's first kernel).
+pub fn yield_input(items: &[u8], grid: u32) -> Vec<u8> {
+    let mut out = with_cta_table(items, grid);
+    out.resize(out.len().next_multiple_of(8) + 8 * grid as usize, 0);
     out
 }
 

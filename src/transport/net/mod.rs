@@ -310,6 +310,8 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         peer,
         channel: ch,
         block,
+        dev_head: mem.dev() + HEAD_PAGE,
+        dev_tail: mem.dev() + TAIL_PAGE,
         nslots,
         slot_bytes,
     });

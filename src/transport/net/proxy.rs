@@ -15,7 +15,9 @@
 
 use super::api::{Comm, MemHandle, Net, Request};
 use crate::error::{Error, Result};
-use crate::sched::device::{LL_REGION_DIV, STEP_LL};
+use crate::sched::device::{
+    BELL_OFFSET, LL_REGION_DIV, PARK_ENTRY_BYTES, PARK_OFFSET, PROGRESS_CTAS, STEP_LL,
+};
 use crate::sched::Dir;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -67,6 +69,9 @@ pub struct NetSide {
     pub peer: i32,
     pub channel: u32,
     pub block: HostBlock,
+    /// The device addresses of `block.head` and `block.tail` (a parked CTA's entry names one).
+    pub dev_head: u64,
+    pub dev_tail: u64,
     pub nslots: u32,
     pub slot_bytes: u32,
 }
@@ -342,9 +347,82 @@ struct Shared {
     incoming: Mutex<Vec<NetSide>>,
     has_incoming: AtomicBool,
     sink: ErrorSink,
-    /// Host address of the device abort flag (a u32), 0 for none.
+    /// Host address of the communicator's status page (`sched::device`): its abort flag (a
+    /// u32 at 0) and its bell (a u32 at `BELL_OFFSET`); 0 for none.
     device_abort: usize,
 }
+
+impl Shared {
+    /// The bell, when there is a status page.
+    fn bell(&self) -> Option<*mut u32> {
+        (self.device_abort != 0).then(|| (self.device_abort + BELL_OFFSET as usize) as *mut u32)
+    }
+
+    /// Let a yielding launch's next kernel run (its stream waits for the bell): once a parked
+    /// CTA's wait is met (its park entry), or on abort. The fence orders the counter's store
+    /// before the bell's, against a parking CTA's store of 0, fence and load of the counter:
+    /// either the CTA sees the counter, or this store comes after its 0.
+    fn ring_bell(&self) {
+        if let Some(bell) = self.bell() {
+            fence(Ordering::SeqCst);
+            // SAFETY: the status page outlives the proxy (Proxy::start's contract); the bell
+            // is an aligned u32 in it, written by the GPU concurrently, hence volatile.
+            unsafe { std::ptr::write_volatile(bell, 1) };
+        }
+    }
+
+    /// Whether the bell is silent (a yielding launch's stream waits, or will).
+    fn bell_silent(&self) -> bool {
+        // SAFETY: as in ring_bell.
+        self.bell()
+            .is_some_and(|bell| unsafe { std::ptr::read_volatile(bell) } == 0)
+    }
+
+    /// The park entries on the status page (`PARK_OFFSET`): (counter's device address, value
+    /// waited for) of every CTA parked now.
+    fn parked_waits(&self) -> Vec<(u64, u64)> {
+        if self.device_abort == 0 {
+            return Vec::new();
+        }
+        (0..PROGRESS_CTAS)
+            .filter_map(|cta| {
+                let at = self.device_abort + (PARK_OFFSET + PARK_ENTRY_BYTES * cta) as usize;
+                // SAFETY: the entry is two aligned u64s within the status page (which outlives
+                // the proxy), written by the GPU concurrently, hence volatile.
+                let (addr, value) = unsafe {
+                    (
+                        std::ptr::read_volatile(at as *const u64),
+                        std::ptr::read_volatile((at + 8) as *const u64),
+                    )
+                };
+                (addr != 0).then_some((addr, value))
+            })
+            .collect()
+    }
+}
+
+/// Whether one of `waits` (`Shared::parked_waits`) is met by a counter of `sides`.
+fn parked_wait_met(sides: &[Driven], waits: &[(u64, u64)]) -> bool {
+    waits.iter().any(|&(addr, value)| {
+        sides.iter().any(|d| {
+            let s = &d.side;
+            let counter = if addr == s.dev_head {
+                s.block.head
+            } else if addr == s.dev_tail {
+                s.block.tail
+            } else {
+                return false;
+            };
+            load(counter) >= value
+        })
+    })
+}
+
+/// How long the bell may stay silent before the proxy rings it anyway (a parked CTA waits on
+/// a counter this proxy does not drive, or its entry was not yet visible): a missed ring
+/// costs this much, never a hang (the woken kernel parks again if its wait is still unmet;
+/// the launch's last kernel spins).
+const BELL_SAFETY: Duration = Duration::from_millis(2);
 
 /// The proxy thread of one communicator; stopped and joined on drop.
 pub struct Proxy {
@@ -353,8 +431,8 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Start the thread. `device_abort` is the host address of the u32 kernels poll (0: none);
-    /// it must outlive the proxy.
+    /// Start the thread. `device_abort` is the host address of the communicator's status page
+    /// (the u32 abort flag kernels poll, then the bell; 0: none); it must outlive the proxy.
     pub fn start(
         rank: i32,
         abort: Arc<AtomicBool>,
@@ -427,6 +505,7 @@ fn run(rank: i32, shared: &Shared) {
     let mut last_moved = Instant::now();
     let mut failed = false;
     let mut stall_reported = false;
+    let mut silent_since: Option<Instant> = None;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.has_incoming.swap(false, Ordering::AcqRel) {
             sides.extend(shared.incoming.lock().drain(..).map(|side| Driven {
@@ -439,13 +518,25 @@ fn run(rank: i32, shared: &Shared) {
         if !failed && !shared.abort.load(Ordering::Acquire) {
             for d in &mut sides {
                 match d.progress() {
-                    Ok(m) => moved |= m,
+                    Ok(m) => {
+                        moved |= m;
+                    }
                     Err(e) => {
                         fail(rank, shared, d, e);
                         failed = true;
                         break;
                     }
                 }
+            }
+            if shared.bell_silent() {
+                let since = *silent_since.get_or_insert_with(Instant::now);
+                let waits = shared.parked_waits();
+                if parked_wait_met(&sides, &waits) || since.elapsed() > BELL_SAFETY {
+                    shared.ring_bell();
+                    silent_since = None;
+                }
+            } else {
+                silent_since = None;
             }
         }
         if shared.drain.load(Ordering::Acquire) && (failed || sides.iter().all(Driven::drained)) {
@@ -501,5 +592,6 @@ fn fail(rank: i32, shared: &Shared, d: &Driven, e: Error) {
         // SAFETY: the device abort flag is a live, aligned u32 that outlives the proxy
         // (Proxy::start's contract).
         unsafe { std::ptr::write_volatile(shared.device_abort as *mut u32, 1) };
+        shared.ring_bell();
     }
 }

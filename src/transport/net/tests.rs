@@ -394,6 +394,8 @@ fn side(net: &Arc<dyn Net>, comm: Comm, dir: Dir, peer: i32, block: &Block) -> N
         peer,
         channel: 0,
         block: b,
+        dev_head: 0,
+        dev_tail: 0,
         nslots: NSLOTS,
         slot_bytes: SLOT,
     }
