@@ -95,6 +95,7 @@ pub use cost::NetLink;
 pub use cost::{NCHANNELS, NSLOTS, SLOT_BYTES};
 pub use device::OxConn;
 pub use plan::{connections_needed, plan, Dir, Geometry, NetView, Plan};
+pub use ring::RingOrder;
 
 /// Estimated time in µs of a group of `(nranks, network link, task)`
 /// (`ncclGroupSimulateEnd`; the link of a communicator that uses the network, see `NetView`),

@@ -1,18 +1,118 @@
-//! Ring arithmetic shared by the planner and the simulator: the neighbours of a rank, how a
-//! range of elements is cut into pieces, and the step schedule of every ring collective —
-//! which block a rank sends, receives, reduces or writes at step `s`. The kernels
-//! (`kernels/collectives.cuh`) follow the same schedule; the simulator runs it against them.
+//! Ring arithmetic shared by the planner and the simulator: the order of the ranks around
+//! the ring (`RingOrder`), the neighbours of a position, how a range of elements is cut into
+//! pieces, and the step schedule of every ring collective — which block a position sends,
+//! receives, reduces or writes at step `s`. The kernels (`kernels/collectives.cuh`) follow the
+//! same schedule; the simulator runs it against them.
+//!
+//! The schedule works on ring *positions* (an item's `rank` field): position p sends to
+//! position p + 1. `RingOrder` says which rank stands at each position; it is rank order
+//! (position = rank) unless the ranks of a host are not contiguous, when it groups them so
+//! that a ring channel crosses each host boundary once.
 
 use super::CollKind;
+use std::collections::HashMap;
 
-/// The rank this rank sends to on a ring channel.
-pub fn next(rank: i32, nranks: i32) -> i32 {
-    (rank + 1) % nranks
+/// The order of the ranks around every ring channel: the rank at each position, and the
+/// position of each rank. A communicator computes it once (`by_host`, from the allgathered
+/// topology, so every rank computes the same order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingOrder {
+    /// `ranks[p]`: the rank at position p.
+    ranks: Vec<i32>,
+    /// `positions[r]`: the position of rank r.
+    positions: Vec<i32>,
+    /// Whether position p is rank p for every p.
+    identity: bool,
 }
 
-/// The rank this rank receives from on a ring channel.
-pub fn prev(rank: i32, nranks: i32) -> i32 {
-    (rank + nranks - 1) % nranks
+impl RingOrder {
+    /// Rank order: position p is rank p.
+    pub fn identity(nranks: i32) -> RingOrder {
+        let ranks: Vec<i32> = (0..nranks.max(0)).collect();
+        RingOrder {
+            positions: ranks.clone(),
+            ranks,
+            identity: true,
+        }
+    }
+
+    /// The ring order of `ranks` (the rank at each position), or None when it is not a
+    /// permutation of `0..ranks.len()`.
+    pub fn new(ranks: Vec<i32>) -> Option<RingOrder> {
+        let n = ranks.len();
+        let mut positions = vec![-1; n];
+        for (p, &r) in ranks.iter().enumerate() {
+            let slot = positions.get_mut(usize::try_from(r).ok()?)?;
+            if *slot != -1 {
+                return None;
+            }
+            *slot = p as i32;
+        }
+        let identity = ranks.iter().enumerate().all(|(p, &r)| p as i32 == r);
+        Some(RingOrder {
+            ranks,
+            positions,
+            identity,
+        })
+    }
+
+    /// The order of a communicator whose rank r runs on host `host_of[r]`: the ranks of each
+    /// host consecutive, in rank order, and the hosts in the order of their lowest rank (as
+    /// NVIDIA's library connects its rings across nodes). Rank order exactly when every
+    /// host's ranks are contiguous (one host included).
+    pub fn by_host(host_of: &[u64]) -> RingOrder {
+        let mut first: HashMap<u64, usize> = HashMap::new();
+        for (r, &h) in host_of.iter().enumerate() {
+            first.entry(h).or_insert(r);
+        }
+        let mut ranks: Vec<i32> = (0..host_of.len() as i32).collect();
+        ranks.sort_by_key(|&r| (first[&host_of[r as usize]], r));
+        RingOrder::new(ranks).expect("a sorted permutation")
+    }
+
+    pub fn nranks(&self) -> i32 {
+        self.ranks.len() as i32
+    }
+
+    /// Whether this is rank order (position = rank).
+    pub fn is_identity(&self) -> bool {
+        self.identity
+    }
+
+    /// The rank at every position.
+    pub fn ranks(&self) -> &[i32] {
+        &self.ranks
+    }
+
+    /// The rank at position `pos` (taken modulo the ring's length).
+    pub fn rank_at(&self, pos: i32) -> i32 {
+        self.ranks[pos.rem_euclid(self.nranks()) as usize]
+    }
+
+    /// The position of `rank`.
+    pub fn position_of(&self, rank: i32) -> i32 {
+        self.positions[rank as usize]
+    }
+
+    /// The rank `rank` sends to on a ring channel.
+    pub fn next_of(&self, rank: i32) -> i32 {
+        self.rank_at(next(self.position_of(rank), self.nranks()))
+    }
+
+    /// The rank `rank` receives from on a ring channel.
+    pub fn prev_of(&self, rank: i32) -> i32 {
+        self.rank_at(prev(self.position_of(rank), self.nranks()))
+    }
+}
+
+/// The position after `pos` on a ring of `nranks` positions.
+pub fn next(pos: i32, nranks: i32) -> i32 {
+    (pos + 1) % nranks
+}
+
+/// The position before `pos` on a ring of `nranks` positions.
+pub fn prev(pos: i32, nranks: i32) -> i32 {
+    (pos + nranks - 1) % nranks
 }
 
 /// Elements of one 16-byte unit, the granularity ring ranges are cut at.
@@ -26,16 +126,17 @@ pub fn part_len(total: u64, parts: u64, gran: u64) -> u64 {
     total.div_ceil(parts).div_ceil(gran) * gran
 }
 
-/// What a rank does at one step of a ring collective.
+/// What a position does at one step of a ring collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingStep {
-    /// Index of the rank block (all-reduce: of the piece) the step works on.
+    /// Index of the block the step works on: all-reduce, of the piece; all-gather and
+    /// reduce-scatter, the position whose rank's block it is (`RingOrder::rank_at`).
     pub block: u64,
     /// Reads the user's input (combined with what it receives, if it receives).
     pub input: bool,
-    /// Receives the previous rank's data.
+    /// Receives the previous position's data.
     pub recv: bool,
-    /// Sends the step's result to the next rank.
+    /// Sends the step's result to the next position.
     pub send: bool,
     /// Writes the step's result to the user's output.
     pub output: bool,
@@ -47,9 +148,9 @@ fn modn(a: i64, n: i64) -> u64 {
     a.rem_euclid(n) as u64
 }
 
-/// Ring all-reduce on `nranks` ranks, 2(n-1) + 1 steps: reduce-scatter of the blocks
-/// `rank-1, rank-2, ...` (the last one, the rank's own block, is complete and written out),
-/// then all-gather of the completed blocks `rank-1-s` coming round.
+/// Ring all-reduce at position `rank` of `nranks`, 2(n-1) + 1 steps: reduce-scatter of the
+/// pieces `rank-1, rank-2, ...` (the last one, the position's own piece, is complete and
+/// written out), then all-gather of the completed pieces `rank-1-s` coming round.
 pub fn all_reduce_steps(rank: i32, nranks: i32) -> Vec<RingStep> {
     let n = nranks as i64;
     let last = 2 * n - 2;
@@ -65,8 +166,8 @@ pub fn all_reduce_steps(rank: i32, nranks: i32) -> Vec<RingStep> {
         .collect()
 }
 
-/// Ring reduce-scatter: n steps over blocks `rank-1, rank-2, ...`, ending at the rank's own
-/// block, which is written out.
+/// Ring reduce-scatter at position `rank`: n steps over the blocks of positions `rank-1,
+/// rank-2, ...`, ending at its own, which is written out.
 pub fn reduce_scatter_steps(rank: i32, nranks: i32) -> Vec<RingStep> {
     let n = nranks as i64;
     (0..n)
@@ -81,8 +182,9 @@ pub fn reduce_scatter_steps(rank: i32, nranks: i32) -> Vec<RingStep> {
         .collect()
 }
 
-/// Ring all-gather: n steps over blocks `rank, rank-1, ...`; the first sends the rank's own
-/// block from the input (and writes it to the output when `own_block` says so).
+/// Ring all-gather at position `rank`: n steps over the blocks of positions `rank, rank-1,
+/// ...`; the first sends its own block from the input (and writes it to the output when
+/// `own_block` says so).
 pub fn all_gather_steps(rank: i32, nranks: i32, own_block: bool) -> Vec<RingStep> {
     let n = nranks as i64;
     (0..n)
@@ -97,15 +199,15 @@ pub fn all_gather_steps(rank: i32, nranks: i32, own_block: bool) -> Vec<RingStep
         .collect()
 }
 
-/// Position of `rank` on the chain of a Broadcast (0 = the root) or a Reduce (the root
-/// last) rooted at `root`: the chain runs along the ring, rank -> rank + 1.
+/// Place of ring position `rank` on the chain of a Broadcast (0 = the root) or a Reduce (the
+/// root last) rooted at position `root`: the chain runs along the ring, position p -> p + 1.
 pub fn chain_position(kind: CollKind, rank: i32, root: i32, nranks: i32) -> u64 {
     let shift = if kind == CollKind::Broadcast { 0 } else { 1 };
     modn(rank as i64 - root as i64 - shift, nranks as i64)
 }
 
-/// What a rank does at every step of a Broadcast or Reduce chain rooted at `root` (every
-/// step of the item alike; `block` is 0).
+/// What ring position `rank` does at every step of a Broadcast or Reduce chain rooted at
+/// position `root` (every step of the item alike; `block` is 0).
 pub fn chain_step(kind: CollKind, rank: i32, root: i32, nranks: i32) -> RingStep {
     let pos = chain_position(kind, rank, root, nranks);
     let first = pos == 0;
@@ -154,5 +256,96 @@ mod tests {
                 assert_eq!(prev(next(root, n), n), root);
             }
         }
+    }
+
+    /// How many times one ring channel of `order` passes from one host to another.
+    fn host_crossings(order: &RingOrder, host_of: &[u64]) -> usize {
+        let n = order.nranks();
+        (0..n)
+            .filter(|&p| {
+                host_of[order.rank_at(p) as usize] != host_of[order.rank_at(p + 1) as usize]
+            })
+            .count()
+    }
+
+    #[test]
+    fn ring_order_is_rank_order_when_hosts_are_contiguous() {
+        for n in 1..=9usize {
+            assert!(
+                RingOrder::by_host(&vec![7; n]).is_identity(),
+                "one host, {n} ranks"
+            );
+            for per_host in 1..=n {
+                let hosts: Vec<u64> = (0..n).map(|r| 100 + (r / per_host) as u64).collect();
+                let order = RingOrder::by_host(&hosts);
+                assert_eq!(order, RingOrder::identity(n as i32), "{hosts:?}");
+            }
+        }
+        // Host ids need not grow with the ranks: contiguity is what counts.
+        assert!(RingOrder::by_host(&[9, 9, 3, 3, 5]).is_identity());
+        assert!(RingOrder::identity(0).is_identity());
+    }
+
+    #[test]
+    fn interleaved_hosts_get_each_host_in_one_run() {
+        // Rank r on host r % 2 (4 ranks), r % 3 and r % 2 (6 ranks).
+        assert_eq!(RingOrder::by_host(&[0, 1, 0, 1]).ranks(), &[0, 2, 1, 3]);
+        assert_eq!(
+            RingOrder::by_host(&[0, 1, 2, 0, 1, 2]).ranks(),
+            &[0, 3, 1, 4, 2, 5]
+        );
+        assert_eq!(
+            RingOrder::by_host(&[0, 1, 0, 1, 0, 1]).ranks(),
+            &[0, 2, 4, 1, 3, 5]
+        );
+        // Hosts in the order of their lowest rank, whatever their ids; uneven hosts.
+        assert_eq!(
+            RingOrder::by_host(&[5, 7, 7, 5, 2]).ranks(),
+            &[0, 3, 1, 2, 4]
+        );
+        assert_eq!(
+            RingOrder::by_host(&[1, 0, 0, 2, 1, 0]).ranks(),
+            &[0, 4, 1, 2, 5, 3]
+        );
+        for hosts in [
+            vec![0u64, 1, 0, 1],
+            vec![0, 1, 2, 0, 1, 2],
+            vec![5, 7, 7, 5, 2],
+            vec![1, 0, 0, 2, 1, 0, 2, 2],
+        ] {
+            let order = RingOrder::by_host(&hosts);
+            let nhosts = {
+                let mut h = hosts.clone();
+                h.sort();
+                h.dedup();
+                h.len()
+            };
+            // Rank order crosses at every hop here; the grouped ring once per host.
+            assert_eq!(host_crossings(&order, &hosts), nhosts, "{hosts:?}");
+            assert!(host_crossings(&RingOrder::identity(hosts.len() as i32), &hosts) > nhosts);
+            // Position 0 is rank 0, and next/prev walk the order both ways.
+            assert_eq!(order.rank_at(0), 0);
+            for r in 0..order.nranks() {
+                assert_eq!(order.rank_at(order.position_of(r)), r);
+                assert_eq!(order.prev_of(order.next_of(r)), r);
+                assert_eq!(
+                    order.position_of(order.next_of(r)),
+                    next(order.position_of(r), order.nranks())
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ring_orders_are_permutations() {
+        assert!(RingOrder::new(vec![0, 2, 1, 3]).is_some());
+        assert!(RingOrder::new(vec![0, 2, 2, 3]).is_none());
+        assert!(RingOrder::new(vec![0, 4, 1, 3]).is_none());
+        assert!(RingOrder::new(vec![0, -1]).is_none());
+        assert_eq!(RingOrder::new(vec![]), Some(RingOrder::identity(0)));
+        let o = RingOrder::new(vec![2, 0, 1]).unwrap();
+        assert!(!o.is_identity());
+        assert_eq!((o.rank_at(-1), o.rank_at(3)), (1, 2));
+        assert_eq!((o.next_of(1), o.prev_of(2)), (2, 1));
     }
 }
