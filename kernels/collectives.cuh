@@ -119,56 +119,76 @@ __device__ bool ox_ring_allreduce(OxShared& s) {
   return true;
 }
 
+// The rank whose block stands at ring position `pos`: on a ring not in rank order
+// (OX_FLAG_RING_ORDER) the ring table's entry (the table at `offset`), else `pos` itself.
+__device__ __forceinline__ int ox_block_rank(const OxWork& w, int pos) {
+  return (w.flags & OX_FLAG_RING_ORDER) ? __ldg((const int*)w.offset + pos) : pos;
+}
+
+// Element offset of the item's range in `src` and `dst`: already added in when `offset`
+// holds the ring table (OX_FLAG_RING_ORDER).
+__device__ __forceinline__ uint64_t ox_range_offset(const OxWork& w) {
+  return (w.flags & OX_FLAG_RING_ORDER) ? 0 : w.offset;
+}
+
 // Ring AllGather: every rank's block b lands at out + b*block; this item covers
 // [offset, offset+count) of each block. This rank's own block is written by the first step
 // only with OX_FLAG_OWN_BLOCK; otherwise it is in place already, or the host's copy-engine
-// copy puts it there beside the kernel.
+// copy puts it there beside the kernel. `rank` is this rank's ring position; the block at
+// position p is rank ox_block_rank(p)'s (p itself on a ring in rank order).
 template <bool Y>
 __device__ bool ox_ring_allgather(OxShared& s) {
   const OxWork& w = s.w;
   const int n = w.nranks, r = w.rank;
   const uint64_t es = ox_esize(w.dtype);
-  const char* in = (const char*)w.src + w.offset * es;
-  char* out = (char*)w.dst + w.offset * es;
+  const char* in = (const char*)w.src + ox_range_offset(w) * es;
+  char* out = (char*)w.dst + ox_range_offset(w) * es;
   const uint64_t bstride = w.block * es;
   const uint32_t own = OX_S_SEND | OX_S_IN | ((w.flags & OX_FLAG_OWN_BLOCK) ? OX_S_OUT : 0u);
   for (uint64_t base = 0; base < w.count; base += w.chunk) {
     const uint64_t len = ox_min(w.chunk, w.count - base);
     const uint64_t o = base * es;
-    if (!ox_step<Y>(s, own, in + o, out + r * bstride + o, len)) return false;
+    if (!ox_step<Y>(s, own, in + o, out + ox_block_rank(w, r) * bstride + o, len)) return false;
     for (int t = 1; t < n - 1; t++) {
-      if (!ox_step<Y>(s, OX_S_SEND | OX_S_RECV | OX_S_OUT, nullptr, out + ox_mod(r - t, n) * bstride + o, len))
+      if (!ox_step<Y>(s, OX_S_SEND | OX_S_RECV | OX_S_OUT, nullptr,
+                   out + ox_block_rank(w, ox_mod(r - t, n)) * bstride + o, len))
         return false;
     }
-    if (!ox_step<Y>(s, OX_S_RECV | OX_S_OUT, nullptr, out + ox_mod(r + 1, n) * bstride + o, len)) return false;
-  }
-  return true;
-}
-
-// Ring ReduceScatter: input block b at in + b*block, the result for this rank's block at out.
-template <bool Y>
-__device__ bool ox_ring_reducescatter(OxShared& s) {
-  const OxWork& w = s.w;
-  const int n = w.nranks, r = w.rank;
-  const uint64_t es = ox_esize(w.dtype);
-  const char* in = (const char*)w.src + w.offset * es;
-  char* out = (char*)w.dst + w.offset * es;
-  const uint64_t bstride = w.block * es;
-  for (uint64_t base = 0; base < w.count; base += w.chunk) {
-    const uint64_t len = ox_min(w.chunk, w.count - base);
-    const uint64_t o = base * es;
-    if (!ox_step<Y>(s, OX_S_SEND | OX_S_IN, in + ox_mod(r - 1, n) * bstride + o, nullptr, len)) return false;
-    for (int st = 1; st < n - 1; st++) {
-      if (!ox_step<Y>(s, OX_S_SEND | OX_S_RECV | OX_S_IN, in + ox_mod(r - 1 - st, n) * bstride + o, nullptr, len))
-        return false;
-    }
-    if (!ox_step<Y>(s, OX_S_RECV | OX_S_IN | OX_S_OUT | OX_S_POST, in + r * bstride + o, out + o, len))
+    if (!ox_step<Y>(s, OX_S_RECV | OX_S_OUT, nullptr, out + ox_block_rank(w, ox_mod(r + 1, n)) * bstride + o, len))
       return false;
   }
   return true;
 }
 
-// Chain Broadcast root -> root+1 -> ... -> root-1.
+// Ring ReduceScatter: input block b at in + b*block, the result for this rank's block at out
+// (blocks of ring positions as in the AllGather).
+template <bool Y>
+__device__ bool ox_ring_reducescatter(OxShared& s) {
+  const OxWork& w = s.w;
+  const int n = w.nranks, r = w.rank;
+  const uint64_t es = ox_esize(w.dtype);
+  const char* in = (const char*)w.src + ox_range_offset(w) * es;
+  char* out = (char*)w.dst + ox_range_offset(w) * es;
+  const uint64_t bstride = w.block * es;
+  for (uint64_t base = 0; base < w.count; base += w.chunk) {
+    const uint64_t len = ox_min(w.chunk, w.count - base);
+    const uint64_t o = base * es;
+    if (!ox_step<Y>(s, OX_S_SEND | OX_S_IN, in + ox_block_rank(w, ox_mod(r - 1, n)) * bstride + o, nullptr, len))
+      return false;
+    for (int st = 1; st < n - 1; st++) {
+      if (!ox_step<Y>(s, OX_S_SEND | OX_S_RECV | OX_S_IN, in + ox_block_rank(w, ox_mod(r - 1 - st, n)) * bstride + o,
+                   nullptr, len))
+        return false;
+    }
+    if (!ox_step<Y>(s, OX_S_RECV | OX_S_IN | OX_S_OUT | OX_S_POST, in + ox_block_rank(w, r) * bstride + o, out + o,
+                 len))
+      return false;
+  }
+  return true;
+}
+
+// Chain Broadcast along the ring from the root: positions root -> root+1 -> ... -> root-1
+// (`rank` and `root` are ring positions).
 template <bool Y>
 __device__ bool ox_ring_broadcast(OxShared& s) {
   const OxWork& w = s.w;
@@ -187,7 +207,7 @@ __device__ bool ox_ring_broadcast(OxShared& s) {
   return true;
 }
 
-// Chain Reduce root+1 -> root+2 -> ... -> root.
+// Chain Reduce along the ring to the root: positions root+1 -> root+2 -> ... -> root.
 template <bool Y>
 __device__ bool ox_ring_reduce(OxShared& s) {
   const OxWork& w = s.w;

@@ -36,13 +36,21 @@
 
 // Ring and P2P items of a yielding launch (`YIELD_KERNEL`): a wait on the item's send peer
 // may park the CTA (the peer is another process on this GPU, reached over the network, whose
-// proxy rings the bell). 32 (16 is taken by the ring order of branch h4).
+// proxy rings the bell).
 #define OX_FLAG_PARK_SEND 32
 
 // As `FLAG_PARK_SEND`, for a wait on the item's receive peer. An LL step on such a
 // connection waits for the receive `tail` (which the proxy advances once the LL words are in
 // place) before its data, so that it can park before it moves anything.
 #define OX_FLAG_PARK_RECV 64
+
+// RingAllGather / RingReduceScatter on a ring whose order is not rank order (the ranks of a
+// host are not contiguous): the blocks of the item's steps are those of the ranks at its
+// ring positions, read from the communicator's *ring table*, `i32[nranks]` in device memory
+// holding the rank at each position (little endian, written once at init); `offset` holds the
+// table's address, and `src` / `dst` already point at the item's range (its element offset
+// is added in). Never set on a ring in rank order, whose items are as without it.
+#define OX_FLAG_RING_ORDER 16
 
 // Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
 // same connection never see each other's bytes: Simple data in the first
@@ -283,14 +291,16 @@ struct OxConn {
 // One unit of work for one CTA. Every CTA runs, in array order, the items whose `cta` is its
 // blockIdx.x. Ring items: `src`/`dst` are the task's user buffers, the item covers elements
 // [offset, offset+count) of the buffer (AllReduce, Broadcast, Reduce) or of every rank's
-// block of `block` elements (AllGather, ReduceScatter). Copy/Send/Recv: `src`/`dst` already
+// block of `block` elements (AllGather, ReduceScatter; with `FLAG_RING_ORDER`, `src`/`dst`
+// point at the range and `offset` at the ring table). Copy/Send/Recv: `src`/`dst` already
 // point at the item's part; Send/Recv count bytes.
 struct OxWork {
   uint64_t src;
   uint64_t dst;
   // Elements (bytes for Send/Recv).
   uint64_t count;
-  // Element offset of this item's range (ring items).
+  // Element offset of this item's range (ring items); with `FLAG_RING_ORDER` the device
+  // address of the ring table instead.
   uint64_t offset;
   // Elements per rank block (AllGather / ReduceScatter).
   uint64_t block;
@@ -312,10 +322,11 @@ struct OxWork {
   uint32_t op;
   // `FLAG_*` bits.
   uint32_t flags;
-  // Position in the ring (= rank for ring order r -> r+1).
+  // Ring items: this rank's position on the ring (position p sends to p + 1; the rank
+  // itself when the ring is in rank order). Other items: the rank.
   int32_t rank;
   int32_t nranks;
-  // Root rank (Broadcast, Reduce).
+  // Broadcast, Reduce: the root's ring position. Send, Recv: the peer (not read).
   int32_t root;
   // The CTA (blockIdx.x) that runs this item.
   uint32_t cta;

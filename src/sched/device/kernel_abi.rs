@@ -86,12 +86,19 @@ pub const FLAG_LL: u32 = 4;
 pub const FLAG_OWN_BLOCK: u32 = 8;
 /// Ring and P2P items of a yielding launch (`YIELD_KERNEL`): a wait on the item's send peer
 /// may park the CTA (the peer is another process on this GPU, reached over the network, whose
-/// proxy rings the bell). 32 (16 is taken by the ring order of branch h4).
+/// proxy rings the bell).
 pub const FLAG_PARK_SEND: u32 = 32;
 /// As `FLAG_PARK_SEND`, for a wait on the item's receive peer. An LL step on such a
 /// connection waits for the receive `tail` (which the proxy advances once the LL words are in
 /// place) before its data, so that it can park before it moves anything.
 pub const FLAG_PARK_RECV: u32 = 64;
+/// RingAllGather / RingReduceScatter on a ring whose order is not rank order (the ranks of a
+/// host are not contiguous): the blocks of the item's steps are those of the ranks at its
+/// ring positions, read from the communicator's *ring table*, `i32[nranks]` in device memory
+/// holding the rank at each position (little endian, written once at init); `offset` holds the
+/// table's address, and `src` / `dst` already point at the item's range (its element offset
+/// is added in). Never set on a ring in rank order, whose items are as without it.
+pub const FLAG_RING_ORDER: u32 = 16;
 
 /// Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
 /// same connection never see each other's bytes: Simple data in the first
@@ -161,7 +168,8 @@ pub mod dtype {
 /// One unit of work for one CTA. Every CTA runs, in array order, the items whose `cta` is its
 /// blockIdx.x. Ring items: `src`/`dst` are the task's user buffers, the item covers elements
 /// [offset, offset+count) of the buffer (AllReduce, Broadcast, Reduce) or of every rank's
-/// block of `block` elements (AllGather, ReduceScatter). Copy/Send/Recv: `src`/`dst` already
+/// block of `block` elements (AllGather, ReduceScatter; with `FLAG_RING_ORDER`, `src`/`dst`
+/// point at the range and `offset` at the ring table). Copy/Send/Recv: `src`/`dst` already
 /// point at the item's part; Send/Recv count bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +178,8 @@ pub struct OxWork {
     pub dst: u64,
     /// Elements (bytes for Send/Recv).
     pub count: u64,
-    /// Element offset of this item's range (ring items).
+    /// Element offset of this item's range (ring items); with `FLAG_RING_ORDER` the device
+    /// address of the ring table instead.
     pub offset: u64,
     /// Elements per rank block (AllGather / ReduceScatter).
     pub block: u64,
@@ -192,10 +201,11 @@ pub struct OxWork {
     pub op: u32,
     /// `FLAG_*` bits.
     pub flags: u32,
-    /// Position in the ring (= rank for ring order r -> r+1).
+    /// Ring items: this rank's position on the ring (position p sends to p + 1; the rank
+    /// itself when the ring is in rank order). Other items: the rank.
     pub rank: i32,
     pub nranks: i32,
-    /// Root rank (Broadcast, Reduce).
+    /// Broadcast, Reduce: the root's ring position. Send, Recv: the peer (not read).
     pub root: i32,
     /// The CTA (blockIdx.x) that runs this item.
     pub cta: u32,

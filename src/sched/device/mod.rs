@@ -35,6 +35,10 @@ const _: () = assert!(PROGRESS_CTAS == super::cost::MAX_CTAS);
 const _: () = assert!(PROGRESS_OFFSET >= 4 && PROGRESS_OFFSET.is_multiple_of(8));
 const _: () = assert!(MAX_ITEMS < WAIT_ITEM_UNKNOWN as usize);
 const _: () = assert!(MAX_FAN < 256);
+const _: () = assert!(
+    (FLAG_SCALAR_DEVICE | FLAG_OPS | FLAG_LL | FLAG_OWN_BLOCK | FLAG_RING_ORDER).count_ones() == 5,
+    "every flag its own bit"
+);
 
 /// Bytes of `c`'s fields; equal to `size_of::<OxConn>()` exactly when it has no padding. The
 /// exhaustive pattern stops compiling when a field is added without being counted here.
@@ -281,6 +285,12 @@ pub fn yield_input(items: &[u8], grid: u32) -> Vec<u8> {
     let mut out = with_cta_table(items, grid);
     out.resize(out.len().next_multiple_of(8) + 8 * grid as usize, 0);
     out
+}
+
+/// The bytes of a ring table (`FLAG_RING_ORDER`): the rank at each ring position, as
+/// little-endian `i32`s.
+pub fn ring_table_bytes(ranks: &[i32]) -> Vec<u8> {
+    ranks.iter().flat_map(|r| r.to_le_bytes()).collect()
 }
 
 /// Decode a whole item array (as `Plan::items`).
