@@ -176,6 +176,10 @@ pub struct Runtime {
     comm_net: CommNet,
     /// The network as the planner sees it, when some rank uses it (agreed at init).
     net: Option<sched::NetView>,
+    /// The order of the ranks around the ring channels (`ring_order`), and its table in
+    /// device memory when it is not rank order (`FLAG_RING_ORDER`).
+    ring: sched::RingOrder,
+    ring_table: Option<cuda::DeviceBuffer>,
     /// `OXCCL_YIELD*`, and `[peer]`: waits on the peer may park (`Geometry::park`).
     yielding: yielding::Settings,
     park: Vec<bool>,
@@ -257,6 +261,71 @@ mod tests {
             .collect();
         // CTA 2 has no items (an empty range); the last entry is nitems.
         assert_eq!(first, vec![0, 2, 3, 3, 6]);
+    }
+
+    fn peer(rank: i32, host: &str) -> crate::topo::PeerInfo {
+        crate::topo::PeerInfo {
+            rank,
+            host_hash: crate::topo::fnv1a(host.as_bytes()),
+            pid: 100 + rank as u32,
+            cuda_dev: 0,
+            bus_id: "0000:19:00.0".into(),
+            nvlinks: 0,
+            host: host.into(),
+            gpu_uuid: [0; 16],
+        }
+    }
+
+    /// The topology rank `me` builds from the allgathered `peers`.
+    fn topology(peers: &[crate::topo::PeerInfo], me: i32) -> Topology {
+        let policy = crate::topo::Policy {
+            multi_rank_gpu: true,
+            allowed: crate::topo::Allowed {
+                p2p: true,
+                p2p_level: None,
+                shm: true,
+            },
+        };
+        Topology::with_policy(peers.to_vec(), me, |_| Some(0), |_, _| true, policy).unwrap()
+    }
+
+    #[test]
+    fn every_rank_computes_the_same_ring_order() {
+        // NCCL_HOSTID per process, rank r on host r % 2: every rank groups the hosts alike.
+        let hosts = ["oxccl-bench-host-0", "oxccl-bench-host-1"];
+        let peers: Vec<_> = (0..6).map(|r| peer(r, hosts[r as usize % 2])).collect();
+        for me in 0..6 {
+            let order = ring_order(&topology(&peers, me));
+            assert_eq!(order.ranks(), &[0, 2, 4, 1, 3, 5], "rank {me}");
+        }
+        // Hosts of contiguous ranks, or one host: rank order.
+        let peers: Vec<_> = (0..6).map(|r| peer(r, hosts[r as usize / 3])).collect();
+        for me in 0..6 {
+            assert!(ring_order(&topology(&peers, me)).is_identity());
+        }
+        let peers: Vec<_> = (0..3).map(|r| peer(r, "gpu07")).collect();
+        assert!(ring_order(&topology(&peers, 1)).is_identity());
+    }
+
+    #[test]
+    fn ring_lines_in_nvidias_format() {
+        let order = sched::RingOrder::by_host(&[0, 1, 0, 1]);
+        assert_eq!(
+            ring_lines(&order, 2),
+            vec![
+                "Channel 00/02 :   0   2   1   3".to_string(),
+                "Channel 01/02 :   0   2   1   3".to_string(),
+            ]
+        );
+        // A ring not starting at rank 0 is printed from rank 0; long rings are cut as
+        // NVIDIA's 128-byte line cuts them.
+        let order = sched::RingOrder::new(vec![2, 0, 1]).unwrap();
+        assert_eq!(ring_lines(&order, 1), vec!["Channel 00/01 :   0   1   2"]);
+        let hosts: Vec<u64> = (0..64).map(|r| r % 2).collect();
+        let lines = ring_lines(&sched::RingOrder::by_host(&hosts), 64);
+        assert_eq!(lines.len(), 64);
+        assert_eq!(lines[63].len(), 127);
+        assert!(lines[63].starts_with("Channel 63/64 :   0   2   4"));
     }
 
     #[test]
@@ -373,6 +442,20 @@ impl Runtime {
         abort: Arc<AtomicBool>,
         sink: ErrorSink,
     ) -> Result<Runtime> {
+        let ring = ring_order(&topo);
+        let ring_table = if ring.is_identity() {
+            None
+        } else {
+            let bytes = sched::device::ring_table_bytes(ring.ranks());
+            let table = cuda::DeviceBuffer::zeroed(bytes.len())?;
+            cuda::copy_to_device(table.ptr(), &bytes)?;
+            if topo.my_rank == 0 {
+                for line in ring_lines(&ring, nchannels) {
+                    crate::info!(INIT, "{line}");
+                }
+            }
+            Some(table)
+        };
         Ok(Runtime {
             ctx,
             bootstrap,
@@ -404,6 +487,8 @@ impl Runtime {
             sink,
             comm_net: CommNet::new(None, comm_hash, crate::abi::NCCL_CONFIG_UNDEF_INT),
             net: None,
+            ring,
+            ring_table,
             yielding: yielding::Settings::from_env(),
             park: Vec::new(),
         })
@@ -577,9 +662,16 @@ impl Runtime {
         if nranks == 1 || self.connected_shapes.contains(&shapes(tasks)) {
             return false;
         }
-        sched::connections_needed(rank, nranks, self.nchannels, self.net.as_ref(), tasks)
-            .iter()
-            .any(|&(ch, peer, dir)| !self.conns.has(ch, peer, dir))
+        sched::connections_needed(
+            rank,
+            nranks,
+            self.nchannels,
+            self.net.as_ref(),
+            &self.ring,
+            tasks,
+        )
+        .iter()
+        .any(|&(ch, peer, dir)| !self.conns.has(ch, peer, dir))
     }
 
     /// Set up the connections `tasks` need (a no-op once they exist).
@@ -595,8 +687,14 @@ impl Runtime {
         // The first operation of a shape may come while the user's stream captures a graph:
         // allocating the connections is then allowed, as NVIDIA's library allows its own.
         let _relaxed = cuda::RelaxedCapture::enter()?;
-        let needed =
-            sched::connections_needed(rank, nranks, self.nchannels, self.net.as_ref(), tasks);
+        let needed = sched::connections_needed(
+            rank,
+            nranks,
+            self.nchannels,
+            self.net.as_ref(),
+            &self.ring,
+            tasks,
+        );
         // The one-shot all-reduce's rows get small LL-only buffers; every other row the
         // configured ones. Both ends split alike (the row decides).
         let (direct, regular): (Vec<_>, Vec<_>) = needed
@@ -829,9 +927,38 @@ impl Runtime {
             abort_flag: self.device_abort.dev(),
             threads: self.threads,
             net: self.net.clone(),
+            ring: self.ring.clone(),
+            ring_table: self.ring_table.as_ref().map_or(0, |t| t.ptr()),
             park: self.park.clone(),
         }
     }
+}
+
+/// The order of the ranks around the ring channels of a communicator with topology `topo`:
+/// each host's ranks consecutive, hosts in the order of their lowest rank
+/// (`RingOrder::by_host`). A function of the allgathered peers alone, so every rank computes
+/// the same order; rank order whenever every host's ranks are contiguous.
+pub fn ring_order(topo: &Topology) -> sched::RingOrder {
+    let hosts: Vec<u64> = topo.peers.iter().map(|p| p.host_hash).collect();
+    sched::RingOrder::by_host(&hosts)
+}
+
+/// NVIDIA's INFO lines for the rings (`Channel 00/02 :   0   2   1   3`, rank 0 logs one per
+/// channel, subsystem INIT), each ring from rank 0 on: each line its prefix, then every rank
+/// as " %3d", at most 127 characters.
+pub fn ring_lines(ring: &sched::RingOrder, nchannels: u32) -> Vec<String> {
+    let start = ring.position_of(0);
+    let mut ranks = String::new();
+    for i in 0..ring.nranks() {
+        ranks.push_str(&format!(" {:3}", ring.rank_at(start + i)));
+    }
+    (0..nchannels)
+        .map(|c| {
+            let mut line = format!("Channel {c:02}/{nchannels:02} :{ranks}");
+            line.truncate(127);
+            line
+        })
+        .collect()
 }
 
 /// Threads per CTA of this library's kernels: `NCCL_NTHREADS`, else the planner's default.

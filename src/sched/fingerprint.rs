@@ -13,6 +13,7 @@ use super::cost::{self, Algorithms, Protocols};
 use super::device::OxConn;
 use super::plan::{conn_channels, connections_needed, is_direct_row, plan, Dir, Geometry};
 use super::redop::{RedOp, Scalar};
+use super::ring::RingOrder;
 use super::{CollKind, Task};
 use crate::abi::ncclDataType_t;
 use std::fmt::Write as _;
@@ -107,6 +108,8 @@ fn geometry(rank: i32, nranks: i32, nchannels: u32, slot_bytes: u32, threads: u3
         abort_flag: 0xAB0,
         threads,
         net: None,
+        ring: RingOrder::identity(nranks),
+        ring_table: 0,
         park: Vec::new(),
     }
 }
@@ -127,7 +130,9 @@ fn hash_case(h: &mut Fnv, s: &Setup, tasks_of: &dyn Fn(i32) -> Vec<Task>) {
     cost::TEST_ALGORITHMS.with(|t| t.set(Some(s.algorithms)));
     for rank in 0..s.nranks {
         let tasks = tasks_of(rank);
-        for (ch, peer, dir) in connections_needed(rank, s.nranks, s.nchannels, None, &tasks) {
+        let ring = RingOrder::identity(s.nranks);
+        for (ch, peer, dir) in connections_needed(rank, s.nranks, s.nchannels, None, &ring, &tasks)
+        {
             h.word(((ch as u64) << 40) | ((peer as u64) << 8) | (dir == Dir::Recv) as u64);
         }
         match plan(&s.geoms[rank as usize], &tasks) {
@@ -280,7 +285,8 @@ fn invalid_hash(h: &mut Fnv, s: &Setup) {
             nchannels,
             ..geom
         };
-        h.word(connections_needed(rank, nranks, nchannels, None, &[t]).len() as u64);
+        let ring = RingOrder::identity(nranks);
+        h.word(connections_needed(rank, nranks, nchannels, None, &ring, &[t]).len() as u64);
         match plan(&geom, &[t]) {
             Ok(p) => h.bytes(&p.items),
             Err(e) => h.bytes(e.msg.as_bytes()),

@@ -2,7 +2,8 @@
 //! ONE `ox_kernel` launch, and says which connections they need.
 //!
 //! Connections are indexed `[channel][peer]`. Channels `0..nchannels` are ring channels
-//! (collectives: this rank -> rank+1 and rank-1 -> this rank); channels
+//! (collectives: this rank -> the next rank of the ring order and the previous one -> this
+//! rank; `Geometry::ring`, rank order unless a host's ranks are not contiguous); channels
 //! `nchannels..2*nchannels` are P2P channels (`nchannels + j` carries part j of a P2P
 //! operation). So `Geometry::send`/`recv` have `conn_channels(nchannels)` rows.
 //!
@@ -31,6 +32,7 @@ use super::cost::{self, NetLink, BLOCK_THREADS, MAX_CTAS};
 use super::device::{OxConn, OxWork, WorkKind, FLAG_PARK_RECV, FLAG_PARK_SEND};
 use super::lower::{decompose, Group, Piece};
 use super::proto::Proto;
+use super::ring::RingOrder;
 use super::Task;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -54,6 +56,11 @@ pub struct Geometry {
     pub threads: u32,
     /// The network, when the communicator uses it (`decompose`'s `net`).
     pub net: Option<NetView>,
+    /// The order of the ranks around every ring channel, the same on every rank.
+    pub ring: RingOrder,
+    /// Device address of the ring table (`FLAG_RING_ORDER`: `ring`'s ranks as `i32`s), when
+    /// `ring` is not rank order; 0 otherwise.
+    pub ring_table: u64,
     /// `[peer]` (empty: none): waits on this peer's connections may park the CTA
     /// (`FLAG_PARK_SEND` / `FLAG_PARK_RECV`; the peer is another process on this GPU, reached
     /// over the network), and a plan with such items is a yielding launch (`Plan::yields`).
@@ -161,15 +168,17 @@ pub fn split(total: u64, parts: u32, gran: u64) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Which connections `tasks` need: `(channel, peer, direction)`, sorted, without repeats.
+/// Which connections `tasks` need: `(channel, peer, direction)`, sorted, without repeats
+/// (ring channels to the neighbours of `rank` in `ring`).
 pub fn connections_needed(
     rank: i32,
     nranks: i32,
     nchannels: u32,
     net: Option<&NetView>,
+    ring: &RingOrder,
     tasks: &[Task],
 ) -> Vec<(u32, i32, Dir)> {
-    let Ok((pieces, _)) = decompose(rank, nranks, nchannels, net, tasks) else {
+    let Ok((pieces, _)) = decompose(rank, nranks, nchannels, net, ring, 0, tasks) else {
         return Vec::new();
     };
     let mut out: Vec<(u32, i32, Dir)> = pieces
@@ -294,11 +303,18 @@ fn resolve(geom: &Geometry, p: &Piece) -> Result<OxWork> {
 
 /// Everything of one launch on one communicator for all `tasks` of a group.
 pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
+    if !geom.ring.is_identity() && geom.ring_table == 0 {
+        return Err(Error::internal(
+            "plan: a ring order other than rank order without its device table",
+        ));
+    }
     let (pieces, copies) = decompose(
         geom.rank,
         geom.nranks,
         geom.nchannels,
         geom.net.as_ref(),
+        &geom.ring,
+        geom.ring_table,
         tasks,
     )?;
     let cta_of = assign_ctas(&pieces, geom.nchannels);

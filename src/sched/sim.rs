@@ -10,12 +10,12 @@
 //! deadlocks.
 
 use super::device::{
-    deserialize_all, ll_step_bytes, op, simple_step_bytes, OxConn, OxWork, WorkKind, FLAG_LL,
-    FLAG_OPS, FLAG_OWN_BLOCK,
+    deserialize_all, ll_step_bytes, op, ring_table_bytes, simple_step_bytes, OxConn, OxWork,
+    WorkKind, FLAG_LL, FLAG_OPS, FLAG_OWN_BLOCK, FLAG_RING_ORDER,
 };
 use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry, NetView, Plan};
 use super::redop::{RedOp, Scalar};
-use super::ring;
+use super::ring::{self, RingOrder};
 use super::{CollKind, Task};
 use crate::abi::ncclDataType_t;
 use std::collections::{HashMap, VecDeque};
@@ -68,8 +68,9 @@ fn push_ring_step(v: &mut Vec<Step>, st: &ring::RingStep, inp: u64, out: u64, n:
 }
 
 /// The steps of one item, exactly as collectives.cuh sequences them (ring items after the
-/// schedule of `ring`, which the planner shares).
-fn steps_of(w: &OxWork) -> Vec<Step> {
+/// schedule of `ring`, which the planner shares); `mem` holds the ring table an item with
+/// `FLAG_RING_ORDER` reads.
+fn steps_of(w: &OxWork, mem: &Mem) -> Vec<Step> {
     let es = ncclDataType_t::ALL[w.dtype as usize].size() as u64;
     let n = w.nranks as i64;
     let mut v = Vec::new();
@@ -101,6 +102,19 @@ fn steps_of(w: &OxWork) -> Vec<Step> {
         }
     } else if kind == WorkKind::RingAllGather as u32 || kind == WorkKind::RingReduceScatter as u32 {
         let bs = w.block * es;
+        // The rank whose block stands at a ring position: the table's entry on a ring not in
+        // rank order (`offset` holds its address, `src`/`dst` point at the range), else the
+        // position itself.
+        let ordered = w.flags & FLAG_RING_ORDER != 0;
+        let (inb, outb) = if ordered { (w.src, w.dst) } else { (inb, outb) };
+        let block_rank = |pos: u64| {
+            if ordered {
+                let b = mem.slice(w.offset + 4 * pos, 4);
+                i32::from_le_bytes(b.try_into().unwrap()) as u64
+            } else {
+                pos
+            }
+        };
         let schedule = if kind == WorkKind::RingAllGather as u32 {
             // The own block is the host's local copy unless the item carries it.
             ring::all_gather_steps(w.rank, w.nranks, w.flags & FLAG_OWN_BLOCK != 0)
@@ -115,10 +129,11 @@ fn steps_of(w: &OxWork) -> Vec<Step> {
             for st in &schedule {
                 // All-gather reads its input as is and writes blocks of the output;
                 // reduce-scatter reads blocks of the input and writes its output as is.
+                let block = block_rank(st.block);
                 let (inp, out) = if gather {
-                    (inb + o, outb + st.block * bs + o)
+                    (inb + o, outb + block * bs + o)
                 } else {
-                    (inb + st.block * bs + o, outb + o)
+                    (inb + block * bs + o, outb + o)
                 };
                 push_ring_step(&mut v, st, inp, out, len);
             }
@@ -367,7 +382,7 @@ impl World {
             let w = cta.items[cta.next_item];
             cta.next_item += 1;
             cta.active = Some(w);
-            cta.steps = steps_of(&w);
+            cta.steps = steps_of(&w, &self.mem);
             cta.next_step = 0;
             if w.kind == WorkKind::Copy as u32 {
                 self.copy(&w);
@@ -605,6 +620,48 @@ fn geometries_net(
     tasks: &[Vec<Task>],
     net_of: &dyn Fn(i32) -> Option<NetView>,
 ) -> Vec<Geometry> {
+    let ring = RingOrder::identity(nranks);
+    let tables = vec![0; nranks as usize];
+    geometries_on(nchannels, slot_bytes, nslots, tasks, net_of, &ring, &tables)
+}
+
+/// `geometries_net` on rings in `order`: unless it is rank order, every rank gets its own
+/// ring table in `world`'s memory, as the runtime gives each rank one in its device's.
+fn geometries_ring(
+    world: &mut World,
+    nchannels: u32,
+    tasks: &[Vec<Task>],
+    net_of: &dyn Fn(i32) -> Option<NetView>,
+    order: &RingOrder,
+) -> Vec<Geometry> {
+    let table = ring_table_bytes(order.ranks());
+    let tables: Vec<u64> = (0..order.nranks())
+        .map(|_| {
+            if order.is_identity() {
+                return 0;
+            }
+            let at = world.mem.alloc(table.len() as u64, 0);
+            world
+                .mem
+                .slice_mut(at, table.len() as u64)
+                .copy_from_slice(&table);
+            at
+        })
+        .collect();
+    geometries_on(nchannels, 4096, 2, tasks, net_of, order, &tables)
+}
+
+/// The geometries of every rank of a ring in `ring` (rank r's table at `tables[r]`).
+fn geometries_on(
+    nchannels: u32,
+    slot_bytes: u32,
+    nslots: u32,
+    tasks: &[Vec<Task>],
+    net_of: &dyn Fn(i32) -> Option<NetView>,
+    ring: &RingOrder,
+    tables: &[u64],
+) -> Vec<Geometry> {
+    let nranks = ring.nranks();
     let rows = conn_channels(nchannels) as usize;
     let mut geoms: Vec<Geometry> = (0..nranks)
         .map(|rank| Geometry {
@@ -616,6 +673,8 @@ fn geometries_net(
             abort_flag: 0xAB00,
             threads: 0,
             net: net_of(rank),
+            ring: ring.clone(),
+            ring_table: tables[rank as usize],
             park: Vec::new(),
         })
         .collect();
@@ -625,7 +684,9 @@ fn geometries_net(
     };
     for (rank, t) in tasks.iter().enumerate() {
         let net = geoms[rank].net.clone();
-        for (ch, peer, dir) in connections_needed(rank as i32, nranks, nchannels, net.as_ref(), t) {
+        for (ch, peer, dir) in
+            connections_needed(rank as i32, nranks, nchannels, net.as_ref(), ring, t)
+        {
             let (src, dst) = match dir {
                 Dir::Send => (rank as i32, peer),
                 Dir::Recv => (peer, rank as i32),
@@ -1373,7 +1434,8 @@ fn planning_cost() {
         crate::sched::NSLOTS,
         &tasks,
     );
-    let needed = connections_needed(0, 2, 64, None, &tasks[0]);
+    let ring = RingOrder::identity(2);
+    let needed = connections_needed(0, 2, 64, None, &ring, &tasks[0]);
     assert!(
         !needed.is_empty(),
         "a two-rank all-reduce needs connections"
@@ -1384,7 +1446,7 @@ fn planning_cost() {
     let n = 2000;
     let start = std::time::Instant::now();
     for _ in 0..n {
-        assert_eq!(connections_needed(0, 2, 64, None, &tasks[0]), needed);
+        assert_eq!(connections_needed(0, 2, 64, None, &ring, &tasks[0]), needed);
     }
     let t_needed = start.elapsed().as_secs_f64() * 1e6 / n as f64;
     let start = std::time::Instant::now();
@@ -1773,4 +1835,260 @@ fn items_on_parking_peers_are_flagged_and_make_a_yielding_plan() {
             assert_eq!(w, b);
         }
     }
+}
+
+/// Hosts whose ranks interleave (rank r on `hosts[r]`): 4 ranks on 2 hosts, 6 on 2 and on 3,
+/// and 5 on 3 hosts of unequal size. Their ring orders group each host's ranks.
+fn interleaved_hosts() -> Vec<Vec<u64>> {
+    vec![
+        vec![0, 1, 0, 1],
+        vec![0, 1, 0, 1, 0, 1],
+        vec![0, 1, 2, 0, 1, 2],
+        vec![5, 7, 7, 5, 2],
+    ]
+}
+
+/// Each rank's view of a network between the hosts `hosts` (rank r on `hosts[r]`).
+fn net_between(hosts: Vec<u64>) -> impl Fn(i32) -> Option<NetView> {
+    let link = super::cost::NetLink::from_properties(100_000, 1.0);
+    move |rank| {
+        Some(NetView {
+            link,
+            remote: hosts.iter().map(|&h| h != hosts[rank as usize]).collect(),
+        })
+    }
+}
+
+/// Run case `c` `launches` times on the ring order of `hosts` (over the network between them
+/// when `net`, else as if every path were in-node) and check the results.
+fn check_on_hosts(c: &Case, hosts: &[u64], net: bool, launches: usize) {
+    let order = RingOrder::by_host(hosts);
+    assert_eq!(order.nranks(), c.nranks);
+    let mut world = World::new();
+    let prepared = prepare(&mut world, c);
+    let over_net = net_between(hosts.to_vec());
+    let none = |_: i32| None;
+    let net_of: &dyn Fn(i32) -> Option<NetView> = if net { &over_net } else { &none };
+    let geoms = geometries_ring(&mut world, c.nchannels, &prepared.tasks, net_of, &order);
+    run(&mut world, &geoms, &prepared.tasks, launches);
+    verify(&world, c, &prepared);
+}
+
+/// The ring collectives.
+const RING_KINDS: [CollKind; 5] = [
+    CollKind::AllReduce,
+    CollKind::AllGather,
+    CollKind::ReduceScatter,
+    CollKind::Broadcast,
+    CollKind::Reduce,
+];
+
+#[test]
+fn permuted_rings_every_ring_collective_every_root() {
+    use ncclDataType_t::*;
+    for hosts in interleaved_hosts() {
+        let nranks = hosts.len() as i32;
+        assert!(!RingOrder::by_host(&hosts).is_identity(), "{hosts:?}");
+        for kind in RING_KINDS {
+            let roots = if kind.has_root() { 0..nranks } else { 0..1 };
+            for root in roots {
+                for nchannels in [1, 3] {
+                    for (count, dtype) in [
+                        (1, ncclInt8),
+                        (5, ncclInt32),
+                        (1000, ncclInt32),
+                        (5000, ncclInt8),
+                    ] {
+                        for net in [false, true] {
+                            let c = Case {
+                                kind,
+                                nranks,
+                                nchannels,
+                                count,
+                                dtype,
+                                op: RedOp::Sum,
+                                root,
+                                in_place: false,
+                                misalign: 0,
+                            };
+                            check_on_hosts(&c, &hosts, net, 2);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn permuted_rings_ops_in_place_and_many_rounds() {
+    use ncclDataType_t::*;
+    let ops = [
+        RedOp::Sum,
+        RedOp::Prod,
+        RedOp::Max,
+        RedOp::Min,
+        RedOp::Avg,
+        RedOp::PreMulSum(Scalar::Host([3, 0, 0, 0, 0, 0, 0, 0])),
+    ];
+    for hosts in [vec![0u64, 1, 0, 1], vec![0, 1, 2, 0, 1, 2]] {
+        let nranks = hosts.len() as i32;
+        for kind in RING_KINDS {
+            for op in ops {
+                for dtype in [ncclInt8, ncclInt64] {
+                    for in_place in [false, true] {
+                        let c = Case {
+                            kind,
+                            nranks,
+                            nchannels: 2,
+                            count: 777,
+                            dtype,
+                            op,
+                            root: 1,
+                            in_place,
+                            misalign: 3 * dtype.size() as u64,
+                        };
+                        // An in-place reduction changes its own input: run it once.
+                        let launches = if in_place && !is_idempotent(kind, op) {
+                            1
+                        } else {
+                            2
+                        };
+                        check_on_hosts(&c, &hosts, true, launches);
+                    }
+                }
+            }
+            // Hundreds of rounds per channel over 4 KiB slots.
+            let c = Case {
+                kind,
+                nranks,
+                nchannels: 3,
+                count: 100_003,
+                dtype: ncclInt32,
+                op: RedOp::Sum,
+                root: nranks - 1,
+                in_place: false,
+                misalign: 0,
+            };
+            check_on_hosts(&c, &hosts, true, 2);
+        }
+    }
+}
+
+#[test]
+fn permuted_ring_items_follow_the_order() {
+    // Rank r's ring items send to the next rank of the order and receive from the previous
+    // one, on every ring channel, and carry positions; only all-gather and reduce-scatter
+    // carry the table, and in rank order nothing changes.
+    use ncclDataType_t::*;
+    for hosts in interleaved_hosts() {
+        let order = RingOrder::by_host(&hosts);
+        let n = order.nranks();
+        for kind in RING_KINDS {
+            let c = Case {
+                kind,
+                nranks: n,
+                nchannels: 4,
+                count: 100_000,
+                dtype: ncclInt32,
+                op: RedOp::Sum,
+                root: n - 1,
+                in_place: false,
+                misalign: 0,
+            };
+            let mut world = World::new();
+            let prepared = prepare(&mut world, &c);
+            let net = net_between(hosts.clone());
+            let geoms = geometries_ring(&mut world, 4, &prepared.tasks, &net, &order);
+            let plain = geometries_net(n, 4, 4096, 2, &prepared.tasks, &net);
+            for rank in 0..n {
+                let g = &geoms[rank as usize];
+                let tasks = &prepared.tasks[rank as usize];
+                for (ch, peer, dir) in connections_needed(rank, n, 4, g.net.as_ref(), &order, tasks)
+                {
+                    assert!(ch < 4, "{kind:?}: a ring task needs ring rows only");
+                    let want = match dir {
+                        Dir::Send => order.next_of(rank),
+                        Dir::Recv => order.prev_of(rank),
+                    };
+                    assert_eq!(peer, want, "{kind:?} rank {rank} {dir:?} on {hosts:?}");
+                }
+                let items = deserialize_all(&plan(g, tasks).unwrap().items);
+                let in_rank_order =
+                    deserialize_all(&plan(&plain[rank as usize], tasks).unwrap().items);
+                assert_eq!(items.len(), in_rank_order.len());
+                assert!(!items.is_empty());
+                let pos = order.position_of(rank);
+                for (w, v) in items.iter().zip(&in_rank_order) {
+                    assert_eq!((w.rank, v.rank), (pos, rank));
+                    assert_eq!(v.flags & FLAG_RING_ORDER, 0);
+                    if kind.has_root() {
+                        assert_eq!((w.root, v.root), (order.position_of(c.root), c.root));
+                    }
+                    let es = c.dtype.size() as u64;
+                    if matches!(kind, CollKind::AllGather | CollKind::ReduceScatter) {
+                        assert_ne!(w.flags & FLAG_RING_ORDER, 0);
+                        assert_eq!(w.offset, g.ring_table);
+                        assert_eq!(w.src, v.src + v.offset * es);
+                        assert_eq!(w.dst, v.dst + v.offset * es);
+                        assert_eq!(w.flags & !FLAG_RING_ORDER, v.flags);
+                    } else {
+                        assert_eq!((w.flags, w.offset, w.src), (v.flags, v.offset, v.src));
+                    }
+                    assert_eq!((w.count, w.block, w.chunk), (v.count, v.block, v.chunk));
+                }
+            }
+        }
+    }
+    // Contiguous hosts: rank order, and the plans of the two agree to the byte.
+    let hosts = [3u64, 3, 8, 8];
+    let order = RingOrder::by_host(&hosts);
+    assert!(order.is_identity());
+    for kind in RING_KINDS {
+        let c = Case {
+            kind,
+            nranks: 4,
+            nchannels: 4,
+            count: 5000,
+            dtype: ncclInt8,
+            op: RedOp::Sum,
+            root: 2,
+            in_place: false,
+            misalign: 0,
+        };
+        let mut world = World::new();
+        let prepared = prepare(&mut world, &c);
+        let net = net_between(hosts.to_vec());
+        let geoms = geometries_ring(&mut world, 4, &prepared.tasks, &net, &order);
+        let plain = geometries_net(4, 4, 4096, 2, &prepared.tasks, &net);
+        for rank in 0..4 {
+            assert_eq!(geoms[rank].ring_table, 0);
+            let tasks = &prepared.tasks[rank];
+            assert_eq!(
+                plan(&geoms[rank], tasks).unwrap(),
+                plan(&plain[rank], tasks).unwrap()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_permuted_ring_without_its_table_is_refused() {
+    let order = RingOrder::by_host(&[0, 1, 0, 1]);
+    let tasks = vec![
+        vec![float_task(
+            CollKind::AllGather,
+            100,
+            0x1000,
+            0x9000,
+            RedOp::Sum
+        )];
+        4
+    ];
+    let mut g = geometries_on(4, 4096, 2, &tasks, &|_| None, &order, &[0; 4]).remove(0);
+    let e = plan(&g, &tasks[0]).unwrap_err();
+    assert!(e.msg.contains("table"), "{}", e.msg);
+    g.ring = RingOrder::identity(5);
+    let e = plan(&g, &tasks[0]).unwrap_err();
+    assert!(e.msg.contains("ring order"), "{}", e.msg);
 }

@@ -8,7 +8,9 @@
 //!    connections whose staging buffers are local device memory; the real planner's items of
 //!    all ranks run in ONE launch of `ox_kernel` (each rank's CTAs offset), for every
 //!    collective, in and out of place, twice (persistent positions), compared with a host
-//!    reference. A watchdog turns a hang into a clear failure.
+//!    reference; then the ring collectives on rings not in rank order (ranks of interleaved
+//!    "hosts", `RingOrder::by_host`, with the ring table in device memory), every root. A
+//!    watchdog turns a hang into a clear failure.
 //!
 //! Prints a table and `N passed, M failed`; exits non-zero on any failure.
 //! Usage: oxccl-kernel-check [device] [--quick | --yielding-only]
@@ -17,11 +19,11 @@ use nccl::abi::ncclDataType_t::{self, *};
 use nccl::core::redop::{RedOp, Scalar};
 use nccl::cuda::{self, module};
 use nccl::sched::device::{
-    deserialize_all, with_cta_table, yield_input, OxWork, FLAG_LL, FLAG_PARK_RECV,
-    RESUME_DONE_ITEM, STATUS_PAGE_BYTES, YIELD_FRESH, YIELD_LAST, YIELD_RESUME,
+    deserialize_all, ring_table_bytes, with_cta_table, yield_input, OxWork, FLAG_LL,
+    FLAG_PARK_RECV, RESUME_DONE_ITEM, STATUS_PAGE_BYTES, YIELD_FRESH, YIELD_LAST, YIELD_RESUME,
 };
 use nccl::sched::plan::{conn_channels, connections_needed, plan, Dir, Geometry};
-use nccl::sched::{cost, CollKind, OxConn, Task};
+use nccl::sched::{cost, CollKind, OxConn, RingOrder, Task};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -285,6 +287,9 @@ struct Loopback {
     abort: DevBuf,
     slot_bytes: u32,
     nslots: u32,
+    /// The ring order, and its table when it is not rank order (one for all ranks).
+    ring: RingOrder,
+    ring_table: Option<DevBuf>,
     /// Run plans as yielding launches (`ox_kernel_yield`) whose every wait parks almost at
     /// once, relaunched until every CTA is done: the park and resume path on every step.
     yielding: bool,
@@ -301,8 +306,20 @@ impl Loopback {
             abort: DevBuf::new(STATUS_PAGE_BYTES as usize)?,
             slot_bytes,
             nslots,
+            ring: RingOrder::identity(nranks),
+            ring_table: None,
             yielding: false,
         })
+    }
+
+    /// Ranks on `hosts` (rank r on `hosts[r]`): rings in their order (`RingOrder::by_host`).
+    fn on_hosts(hosts: &[u64], nchannels: u32, slot_bytes: u32, nslots: u32) -> Res<Loopback> {
+        let mut lb = Loopback::new(hosts.len() as i32, nchannels, slot_bytes, nslots)?;
+        lb.ring = RingOrder::by_host(hosts);
+        if !lb.ring.is_identity() {
+            lb.ring_table = Some(DevBuf::from(&ring_table_bytes(lb.ring.ranks()))?);
+        }
+        Ok(lb)
     }
 
     fn connect(&mut self, ch: u32, src: i32, dst: i32) -> Res<()> {
@@ -339,9 +356,12 @@ impl Loopback {
             abort_flag: self.abort.ptr,
             threads: 0,
             net: None,
+            ring: self.ring.clone(),
+            ring_table: self.ring_table.as_ref().map_or(0, |t| t.ptr),
             park: vec![self.yielding; self.nranks as usize],
         };
-        for (ch, peer, dir) in connections_needed(rank, self.nranks, self.nchannels, None, tasks) {
+        let needed = connections_needed(rank, self.nranks, self.nchannels, None, &self.ring, tasks);
+        for (ch, peer, dir) in needed {
             let (src, dst) = match dir {
                 Dir::Send => (rank, peer),
                 Dir::Recv => (peer, rank),
@@ -474,10 +494,10 @@ fn check_collective(
     op: RedOp,
     count: usize,
     in_place: bool,
+    root: i32,
 ) -> Res<bool> {
     let n = lb.nranks as usize;
     let size = t.size();
-    let root = (n - 1) as i32;
     let (in_len, out_len) = match kind {
         CollKind::AllGather | CollKind::Gather => (count, count * n),
         CollKind::ReduceScatter | CollKind::Scatter => (count * n, count),
@@ -613,8 +633,16 @@ fn check_yielding() -> Res<Vec<(String, bool, String)>> {
             for count in [1usize, 1001, 1 << 18] {
                 for in_place in [false, true] {
                     let before = PARKS.with(|p| p.get());
-                    let ok =
-                        check_collective(&mut lb, kind, ncclFloat32, RedOp::Sum, count, in_place)?;
+                    let root = nranks - 1;
+                    let ok = check_collective(
+                        &mut lb,
+                        kind,
+                        ncclFloat32,
+                        RedOp::Sum,
+                        count,
+                        in_place,
+                        root,
+                    )?;
                     let parks = PARKS.with(|p| p.get()) - before;
                     out.push((
                         format!(
@@ -721,7 +749,8 @@ fn run_all(dev: i32, quick: bool) -> Res<(usize, usize)> {
                         {
                             continue;
                         }
-                        let ok = check_collective(&mut lb, kind, t, op, count, in_place)?;
+                        let root = nranks - 1;
+                        let ok = check_collective(&mut lb, kind, t, op, count, in_place, root)?;
                         tally(
                             format!(
                                 "{kind:?} n={nranks} {} {op:?} count={count}{}",
@@ -740,12 +769,69 @@ fn run_all(dev: i32, quick: bool) -> Res<(usize, usize)> {
     let mut lb = Loopback::new(2, 4, cost::SLOT_BYTES, 4)?;
     let two = Scalar::Host(encode_word(ncclFloat32, 1.0));
     for op in [RedOp::Avg, RedOp::PreMulSum(two)] {
-        let ok = check_collective(&mut lb, CollKind::AllReduce, ncclFloat32, op, 4097, false)?;
+        let ok = check_collective(
+            &mut lb,
+            CollKind::AllReduce,
+            ncclFloat32,
+            op,
+            4097,
+            false,
+            1,
+        )?;
         tally(format!("AllReduce n=2 float {op:?}"), ok, String::new());
     }
 
     for (name, ok, note) in check_yielding()? {
         tally(name, ok, note);
+    }
+
+    println!("-- loopback on rings not in rank order (interleaved hosts, the ring table)");
+    let host_sets: &[&[u64]] = if quick {
+        &[&[0, 1, 0, 1]]
+    } else {
+        &[&[0, 1, 0, 1], &[0, 1, 2, 0, 1, 2], &[5, 7, 7, 5, 2]]
+    };
+    for &hosts in host_sets {
+        let mut lb = Loopback::on_hosts(hosts, 4, cost::SLOT_BYTES, 4)?;
+        let n = hosts.len() as i32;
+        let order = format!("{:?}", lb.ring.ranks());
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::AllGather,
+            CollKind::ReduceScatter,
+            CollKind::Broadcast,
+            CollKind::Reduce,
+        ] {
+            let roots = if kind.has_root() { 0..n } else { 0..1 };
+            for root in roots {
+                let mut types = vec![(ncclFloat32, RedOp::Sum), (ncclInt8, RedOp::Min)];
+                if kind == CollKind::ReduceScatter {
+                    // The ring table's item field is not the PreMulSum scalar's.
+                    types.push((ncclFloat32, RedOp::PreMulSum(two)));
+                }
+                for (t, op) in types {
+                    for count in [1usize, 1001, 1 << 18] {
+                        for in_place in [false, true] {
+                            let ok = check_collective(&mut lb, kind, t, op, count, in_place, root)?;
+                            tally(
+                                format!(
+                                    "{kind:?} ring {order}{} {} {op:?} count={count}{}",
+                                    if kind.has_root() {
+                                        format!(" root={root}")
+                                    } else {
+                                        String::new()
+                                    },
+                                    t.name(),
+                                    if in_place { " in-place" } else { "" }
+                                ),
+                                ok,
+                                String::new(),
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     println!("-- loopback bandwidth (informational: 2 ranks share ONE GPU's HBM and SMs)");

@@ -22,6 +22,7 @@ use super::cost::{self, Algo, MAX_CTAS};
 use super::device::{OxWork, WorkKind, FLAG_OPS, FLAG_SCALAR_DEVICE};
 use super::plan::{Dir, LocalCopy, NetView};
 use super::redop::{RedOp, Scalar};
+use super::ring::RingOrder;
 use super::{CollKind, Task};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -67,10 +68,21 @@ struct Lowering<'a> {
     /// one-shot all-reduce is never chosen (the proxy moves data between steps, and one-shot
     /// steps, LL words to every peer at once, have no step words).
     net: Option<&'a NetView>,
+    /// The order of the ranks around the ring channels, and the device address of its table
+    /// (`FLAG_RING_ORDER`; 0 when only the connections are asked for).
+    ring: &'a RingOrder,
+    ring_table: u64,
 }
 
 impl<'a> Lowering<'a> {
-    fn new(rank: i32, nranks: i32, nchannels: u32, net: Option<&'a NetView>) -> Result<Self> {
+    fn new(
+        rank: i32,
+        nranks: i32,
+        nchannels: u32,
+        net: Option<&'a NetView>,
+        ring: &'a RingOrder,
+        ring_table: u64,
+    ) -> Result<Self> {
         if nranks < 1 || rank < 0 || rank >= nranks {
             return Err(Error::internal(format!(
                 "plan: rank {rank} of {nranks} ranks"
@@ -79,6 +91,12 @@ impl<'a> Lowering<'a> {
         if nchannels == 0 || nchannels > MAX_CTAS {
             return Err(Error::internal(format!(
                 "plan: nchannels {nchannels} must be in 1..={MAX_CTAS}"
+            )));
+        }
+        if ring.nranks() != nranks {
+            return Err(Error::internal(format!(
+                "plan: a ring order of {} ranks for {nranks} ranks",
+                ring.nranks()
             )));
         }
         Ok(Lowering {
@@ -92,6 +110,8 @@ impl<'a> Lowering<'a> {
             self_sends: Vec::new(),
             self_recvs: Vec::new(),
             net,
+            ring,
+            ring_table,
         })
     }
 
@@ -177,15 +197,19 @@ pub fn is_reduction(kind: CollKind) -> bool {
     )
 }
 
-/// The items of `tasks` on `rank`, without connections resolved, and the local copies.
+/// The items of `tasks` on `rank`, without connections resolved, and the local copies; ring
+/// channels follow `ring`, whose table the items address at `ring_table` (device memory; 0
+/// when the items are not launched, as for `connections_needed`).
 pub fn decompose(
     rank: i32,
     nranks: i32,
     nchannels: u32,
     net: Option<&NetView>,
+    ring: &RingOrder,
+    ring_table: u64,
     tasks: &[Task],
 ) -> Result<(Vec<Piece>, Vec<LocalCopy>)> {
-    let mut lowering = Lowering::new(rank, nranks, nchannels, net)?;
+    let mut lowering = Lowering::new(rank, nranks, nchannels, net, ring, ring_table)?;
     for task in tasks {
         lowering.task(task)?;
     }
@@ -216,7 +240,17 @@ mod tests {
             link: crate::sched::cost::NetLink::from_properties(100_000, 0.0),
             remote: vec![true; 4],
         };
-        let (pieces, _) = decompose(0, 4, 8, net.then_some(&view), &[small_all_reduce()]).unwrap();
+        let ring = RingOrder::identity(4);
+        let (pieces, _) = decompose(
+            0,
+            4,
+            8,
+            net.then_some(&view),
+            &ring,
+            0,
+            &[small_all_reduce()],
+        )
+        .unwrap();
         pieces.iter().map(|p| p.work.kind).collect()
     }
 

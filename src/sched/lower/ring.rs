@@ -1,13 +1,16 @@
 //! Ring collectives (all-reduce, all-gather, reduce-scatter, and the broadcast and reduce
 //! chains along the ring): one item per ring channel, each on a contiguous range of the
-//! task's elements, sending to the next rank and receiving from the previous one. The cost
-//! model picks the protocol and the channels (or the one-shot path for a small all-reduce),
-//! for the network's link when the communicator uses the network.
+//! task's elements, sending to the next rank of the communicator's ring order and receiving
+//! from the previous one. The items carry ring positions (`rank`, and the root's for the
+//! chains); an all-gather or reduce-scatter on a ring not in rank order also carries the ring
+//! table (`FLAG_RING_ORDER`), since its blocks are ranks'. The cost model picks the protocol
+//! and the channels (or the one-shot path for a small all-reduce), for the network's link
+//! when the communicator uses the network.
 
 use super::{collective_key, Group, Lowering, Piece};
 use crate::error::{Error, Result};
 use crate::sched::cost::{self, AllReducePlan};
-use crate::sched::device::{WorkKind, FLAG_OWN_BLOCK};
+use crate::sched::device::{OxWork, WorkKind, FLAG_OWN_BLOCK, FLAG_RING_ORDER};
 use crate::sched::plan::{split, LocalCopy};
 use crate::sched::proto::Proto;
 use crate::sched::{ring, CollKind, Task};
@@ -81,15 +84,15 @@ impl Lowering<'_> {
     fn ring_items(&mut self, task: &Task, seq: u64, proto: Proto, nch: u32, extra_flags: u32) {
         let count = task.count as u64;
         let gran = ring::element_granularity(task.dtype.size() as u64);
-        // The chain of Broadcast/Reduce needs the next rank to be rank + 1, as it is here.
-        let next = ring::next(self.rank, self.nranks);
-        let prev = ring::prev(self.rank, self.nranks);
+        let next = self.ring.next_of(self.rank);
+        let prev = self.ring.prev_of(self.rank);
         for (c, (start, len)) in split(count, nch, gran).into_iter().enumerate() {
             if len == 0 {
                 continue;
             }
             let mut w = self.range_work(task, ring_kind(task.kind), start, len, count);
             w.flags |= extra_flags | proto.flag();
+            self.place_on_ring(&mut w, task);
             self.pieces.push(Piece {
                 group: Group::Chan(c as u32),
                 key: collective_key(seq),
@@ -97,6 +100,27 @@ impl Lowering<'_> {
                 send: Some((c as u32, next)),
                 recv: Some((c as u32, prev)),
             });
+        }
+    }
+
+    /// Ring positions for an item of `task` on this rank: its own and, for the chains, the
+    /// root's; an all-gather or reduce-scatter block at a position is that position's rank's,
+    /// so on a ring not in rank order the item addresses the ring table (`FLAG_RING_ORDER`).
+    /// In rank order the item is left as it is (positions are ranks).
+    fn place_on_ring(&self, w: &mut OxWork, task: &Task) {
+        if self.ring.is_identity() {
+            return;
+        }
+        w.rank = self.ring.position_of(self.rank);
+        if matches!(task.kind, CollKind::Broadcast | CollKind::Reduce) {
+            w.root = self.ring.position_of(task.root);
+        }
+        if matches!(task.kind, CollKind::AllGather | CollKind::ReduceScatter) {
+            let es = task.dtype.size() as u64;
+            w.src += w.offset * es;
+            w.dst += w.offset * es;
+            w.offset = self.ring_table;
+            w.flags |= FLAG_RING_ORDER;
         }
     }
 }
