@@ -305,6 +305,9 @@ pub struct Options {
     /// `--hostid-per-rank` (only with `-p`): rank r's process gets
     /// `NCCL_HOSTID=oxccl-bench-host-<r>`.
     pub hostid_per_rank: bool,
+    /// `--hosts H` (only with `-p`, not with `--hostid-per-rank`): rank r's process gets
+    /// `NCCL_HOSTID=oxccl-bench-host-<r % H>`, H hosts whose ranks interleave.
+    pub hosts: Option<usize>,
     pub timeout_s: f64,
     pub json: Option<PathBuf>,
     pub csv: Option<PathBuf>,
@@ -337,6 +340,7 @@ impl Default for Options {
             layout: Layout::Threadless(None),
             devices: DeviceMap::OnePerGpu,
             hostid_per_rank: false,
+            hosts: None,
             timeout_s: 60.0,
             json: None,
             csv: None,
@@ -399,6 +403,9 @@ Ranks:
                       without -g/-p: K ranks on every visible GPU. Not with --devices
   --hostid-per-rank   with -p: rank r's process gets NCCL_HOSTID=oxccl-bench-host-<r>, so
                       the library treats every rank as a separate host (network transport)
+  --hosts H           with -p: rank r's process gets NCCL_HOSTID=oxccl-bench-host-<r % H>:
+                      H hosts whose ranks interleave (rank order crosses hosts at every hop;
+                      the library's rings should cross each host boundary once)
 
 Timing and checking:
   -w, --warmup N      warm-up iterations per size (default 5)
@@ -648,6 +655,14 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
             "--graph" => opts.graph = true,
             "--emit" => opts.emit = true,
             "--hostid-per-rank" => opts.hostid_per_rank = true,
+            "--hosts" => match parse_count(&value, "--hosts")? {
+                0 => {
+                    return Err(UsageError(
+                        "--hosts needs a number of hosts of at least 1, got '0'".into(),
+                    ))
+                }
+                h => opts.hosts = Some(h),
+            },
             "--devices" => device_list = Some(parse_device_list(&value)?),
             "--ranks-per-gpu" => ranks_per_gpu = Some(parse_ranks_per_gpu(&value)?),
             "--lib" => opts.lib = Some(PathBuf::from(value)),
@@ -725,6 +740,14 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
     if opts.hostid_per_rank && !matches!(opts.layout, Layout::Processes(_)) {
         return Err(UsageError(
             "--hostid-per-rank needs -p (one process per rank)".into(),
+        ));
+    }
+    if opts.hosts.is_some() && !matches!(opts.layout, Layout::Processes(_)) {
+        return Err(UsageError("--hosts needs -p (one process per rank)".into()));
+    }
+    if opts.hosts.is_some() && opts.hostid_per_rank {
+        return Err(UsageError(
+            "--hosts and --hostid-per-rank both set NCCL_HOSTID: give one, not both".into(),
         ));
     }
     if opts.sizes.is_none() {
@@ -921,6 +944,7 @@ mod tests {
             "--devices",
             "--ranks-per-gpu",
             "--hostid-per-rank",
+            "--hosts",
         ] {
             assert!(HELP.contains(option), "help lacks {option}");
         }
@@ -1006,6 +1030,31 @@ mod tests {
         ] {
             let message = run(bad).unwrap_err().0;
             assert!(message.contains("needs -p"), "{bad:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn hosts_interleave_ranks_over_processes() {
+        let opts = run(&["-p", "4", "--ranks-per-gpu", "4", "--hosts", "2"]).unwrap();
+        assert_eq!(opts.hosts, Some(2));
+        assert_eq!(opts.layout, Layout::Processes(4));
+        assert!(!opts.hostid_per_rank);
+        assert_eq!(run(&["--hosts=3", "-p", "6"]).unwrap().hosts, Some(3));
+        assert_eq!(run(&["-p", "2"]).unwrap().hosts, None);
+        for (bad, says) in [
+            (&["--hosts", "2"][..], "needs -p"),
+            (&["-g", "4", "--hosts", "2"][..], "needs -p"),
+            (&["--devices", "0,0", "--hosts", "2"][..], "needs -p"),
+            (&["-p", "4", "--hosts", "0"][..], "at least 1"),
+            (&["-p", "4", "--hosts", "x"][..], "--hosts"),
+            (&["-p", "4", "--hosts"][..], "needs a value"),
+            (
+                &["-p", "4", "--hosts", "2", "--hostid-per-rank"][..],
+                "not both",
+            ),
+        ] {
+            let message = run(bad).unwrap_err().0;
+            assert!(message.contains(says), "{bad:?}: {message}");
         }
     }
 

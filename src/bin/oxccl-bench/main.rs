@@ -162,16 +162,18 @@ fn print_header(opts: &Options, lib: &Path, version: i32, devices: &[usize], how
         u8::from(opts.graph),
         opts.timeout_s
     );
-    if opts.devices != DeviceMap::OnePerGpu || opts.hostid_per_rank {
+    if opts.devices != DeviceMap::OnePerGpu || opts.hostid_per_rank || opts.hosts.is_some() {
+        let hostids = match opts.hosts {
+            Some(h) => format!("  (NCCL_HOSTID=oxccl-bench-host-<rank % {h}> per rank process)"),
+            None if opts.hostid_per_rank => {
+                "  (NCCL_HOSTID=oxccl-bench-host-<rank> per rank process)".to_string()
+            }
+            None => String::new(),
+        };
         println!(
-            "# devices of ranks 0..{}: {}{}",
+            "# devices of ranks 0..{}: {}{hostids}",
             devices.len().saturating_sub(1),
             args::devices_text(devices),
-            if opts.hostid_per_rank {
-                "  (NCCL_HOSTID=oxccl-bench-host-<rank> per rank process)"
-            } else {
-                ""
-            }
         );
     }
     println!(
@@ -293,8 +295,8 @@ fn run_processes(
             unique_id.hex(),
         ]);
         let mut command = procs::self_command(&argv)?;
-        if opts.hostid_per_rank {
-            command.env("NCCL_HOSTID", procs::host_id_for_rank(rank));
+        if let Some(id) = procs::host_id(opts, rank) {
+            command.env("NCCL_HOSTID", id);
         }
         commands.push((format!("rank {rank}"), command));
     }

@@ -67,12 +67,24 @@ pub fn child_args(opts: &Options) -> Vec<String> {
     if opts.hostid_per_rank {
         args.push("--hostid-per-rank".into());
     }
+    if let Some(hosts) = opts.hosts {
+        args.extend(["--hosts".to_string(), hosts.to_string()]);
+    }
     args
 }
 
 /// The `NCCL_HOSTID` that `--hostid-per-rank` gives rank `rank`'s process.
 pub fn host_id_for_rank(rank: usize) -> String {
     format!("oxccl-bench-host-{rank}")
+}
+
+/// The `NCCL_HOSTID` rank `rank`'s process gets, if any: its own with `--hostid-per-rank`,
+/// host `rank % H`'s with `--hosts H`.
+pub fn host_id(opts: &Options, rank: usize) -> Option<String> {
+    match opts.hosts {
+        Some(hosts) => Some(host_id_for_rank(rank % hosts)),
+        None => opts.hostid_per_rank.then(|| host_id_for_rank(rank)),
+    }
 }
 
 /// A copy of this executable with `args`.
@@ -340,6 +352,7 @@ mod tests {
     fn child_args_carry_the_placement() {
         for args in [
             &["-p", "4", "--devices", "0,0,1,1", "--hostid-per-rank"][..],
+            &["-p", "4", "--ranks-per-gpu", "4", "--hosts", "2"][..],
             &["-g", "8", "--ranks-per-gpu", "8"][..],
             &["--devices", "2,2"][..],
             &["-p", "2"][..],
@@ -354,8 +367,23 @@ mod tests {
             assert_eq!(again.devices, opts.devices, "{args:?}");
             assert_eq!(again.layout, opts.layout, "{args:?}");
             assert_eq!(again.hostid_per_rank, opts.hostid_per_rank, "{args:?}");
+            assert_eq!(again.hosts, opts.hosts, "{args:?}");
         }
         assert_eq!(host_id_for_rank(3), "oxccl-bench-host-3");
+        let ids = |args: &[&str]| -> Vec<Option<String>> {
+            let opts = parsed(args);
+            (0..4).map(|r| host_id(&opts, r)).collect()
+        };
+        let host = |h: usize| Some(host_id_for_rank(h));
+        assert_eq!(
+            ids(&["-p", "4", "--hosts", "2"]),
+            vec![host(0), host(1), host(0), host(1)]
+        );
+        assert_eq!(
+            ids(&["-p", "4", "--hostid-per-rank"]),
+            vec![host(0), host(1), host(2), host(3)]
+        );
+        assert_eq!(ids(&["-p", "4"]), vec![None, None, None, None]);
     }
 
     fn refusing_child() -> Command {
