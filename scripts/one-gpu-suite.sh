@@ -48,7 +48,8 @@
 #   net     the network transport on GPU 0 over loopback (NCCL_SOCKET_IFNAME=lo): the matrix
 #           with ranks forced onto it in one process (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1;
 #           2, 4, 8 ranks, --graph) and with one process per rank claiming its own host
-#           (--hostid-per-rank; 2, 4, 8 processes), net_abort (ffi-tests/gpu/net_abort.c: a
+#           (--hostid-per-rank; 2, 4, 8 processes; and 4 and 6 on interleaved hosts,
+#           --hosts 2 / 3: rings grouped by host), net_abort (ffi-tests/gpu/net_abort.c: a
 #           rank waiting on the network is aborted; NVIDIA's hostid cases as a reference), the
 #           test net plugin under ours and NVIDIA's, ours vs NVIDIA's sockets side by side,
 #           oxccl-netbench (the socket network against a plain TCP pair, reference rows), and
@@ -424,6 +425,11 @@ sec_net() {
     --devices "$(zeros 8)" --sizes 0,12,65540,1048580
   bench_step net "net R=4 processes hostid subset" 90 "${lo[@]}" -- "${sub[@]}" -p 4 --ranks-per-gpu 4 --hostid-per-rank \
     --sizes 0,12,65540,1048580
+  # Interleaved hosts (rank r on host r % H): rings grouped by host, not in rank order.
+  bench_step net "net R=4 processes, 2 interleaved hosts" 120 "${lo[@]}" -- "${sub[@]}" -p 4 --ranks-per-gpu 4 \
+    --hosts 2 --sizes 0,1,12,1028,65540,1048580
+  bench_step net "net R=6 processes, 3 interleaved hosts, ring collectives" 90 "${lo[@]}" -- "${sub[@]}" -p 6 \
+    --ranks-per-gpu 6 --hosts 3 -c all_reduce,all_gather,reduce_scatter,broadcast,reduce --sizes 0,12,65540,1048580
   # shellcheck disable=SC2054 # commas inside the -d and -o values
   bench_step net "net R=8 processes hostid subset" 90 "${lo[@]}" -- --lib "$OURS" -c all -d float,int8,bfloat16 \
     -o sum,premulsum --inplace both --check 1 -w 0 -n 1 --timeout 30 -p 8 --ranks-per-gpu 8 --hostid-per-rank \
