@@ -341,6 +341,10 @@ __device__ __forceinline__ bool ox_spin(Ready ready, Describe describe, uint64_t
   while (!ready()) {
     if (park_ns && ox_globaltimer() >= deadline) {
       const OxParkAt pa = park_at();
+      if (!pa.at) {  // what it waits for now may not park: spin on
+        park_ns = 0;
+        continue;
+      }
       uint64_t* entry = ox_park_slot(abort_addr);
       ox_st_relaxed(entry + 1, pa.value);
       ox_st_relaxed(entry, (uint64_t)pa.at);
@@ -455,8 +459,12 @@ __device__ bool ox_wait(OxShared& s, int nsend, int nrecv) {
                      : ox_wait_desc(OX_WAIT_RECV_SLOT, k, s.item, rp.step, rp.tail);
     }, s.w.abort_flag, &s.aborted, parkable ? s.park_ns : 0u, &s.parked, [&] {
       // head + nslots > step  <=>  head >= step + 1 - nslots;  tail > step  <=>  tail >= step + 1.
-      const bool on_send = send && !(ox_ld_relaxed(sp.head) + sp.nslots > sp.step);
-      return on_send ? OxParkAt{sp.head, sp.step + 1 - sp.nslots} : OxParkAt{rp.tail, rp.step + 1};
+      // It parks on an unmet wait of a flagged peer only (the proxy rings for those).
+      const bool send_unmet = send && !(ox_ld_relaxed(sp.head) + sp.nslots > sp.step);
+      const bool recv_unmet = recv && !(ox_ld_relaxed(rp.tail) > rp.step);
+      if (recv_unmet && (s.w.flags & OX_FLAG_PARK_RECV)) return OxParkAt{rp.tail, rp.step + 1};
+      if (send_unmet && (s.w.flags & OX_FLAG_PARK_SEND)) return OxParkAt{sp.head, sp.step + 1 - sp.nslots};
+      return OxParkAt{nullptr, 0};
     });
   }
   __syncthreads();
