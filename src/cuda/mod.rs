@@ -187,12 +187,17 @@ pub fn mem_free(p: CUdeviceptr) -> Result<()> {
 
 /// Synchronous host-to-device copy.
 pub fn copy_to_device(dst: CUdeviceptr, src: &[u8]) -> Result<()> {
-    // SAFETY: src is a valid host slice; dst is device memory of at least src.len() bytes
-    // (the caller's contract).
+    // On a private non-blocking stream, as memset_zero: a copy on the legacy stream would wait
+    // for the blocking streams of every thread of the process, among them another rank's
+    // kernel that may be waiting for this rank (ranks as threads sharing a GPU).
+    let stream = Stream::new()?;
+    // SAFETY: dst holds at least src.len() bytes (caller's contract); src is readable for
+    // that long and outlives the synchronisation below.
     check(
-        unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) },
-        "cuMemcpyHtoD",
-    )
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), stream.raw()) },
+        "cuMemcpyHtoDAsync",
+    )?;
+    stream_synchronize(stream.raw())
 }
 
 /// Synchronous device-to-host copy.
