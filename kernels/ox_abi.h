@@ -126,6 +126,7 @@
 // (non-zero) between its kernels. A CTA that parks stores 0 (then, system-wide fenced,
 // checks its wait once more: if it is now satisfied it stores 1 again and does not park);
 // the proxy stores 1 once a parked CTA's wait is met (`PARK_OFFSET`); an abort stores 1.
+// It starts at 1.
 #define OX_BELL_OFFSET 8
 
 // `ox_kernel_yield`'s `mode`: the first kernel of a yielding launch (every CTA starts at its

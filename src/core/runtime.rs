@@ -398,8 +398,24 @@ impl GpuWaits {
     }
 }
 
-/// Bytes of the communicator's status page: abort flag and wait entries (`PROGRESS_OFFSET`).
+/// Bytes of the communicator's status page (`sched::device::STATUS_PAGE_BYTES`): abort flag,
+/// bell, wait entries and park entries.
 const STATUS_PAGE_BYTES: usize = sched::device::STATUS_PAGE_BYTES as usize;
+
+/// A new status page: zeroed (no abort, no wait, no park), its bell rung. A bell of 0 means
+/// a yielding launch's CTA parked, and only then does the network proxy watch the park
+/// entries; a communicator that never yields never shows it one.
+fn status_page() -> Result<HostMapped> {
+    let page = HostMapped::new(STATUS_PAGE_BYTES)?;
+    // SAFETY: the bell is an aligned u32 within the fresh page; no kernel knows the page yet.
+    unsafe {
+        std::ptr::write_volatile(
+            page.host().add(sched::device::BELL_OFFSET as usize) as *mut u32,
+            1,
+        )
+    };
+    Ok(page)
+}
 
 /// The wait entries of the status page at `page` whose word is not 0, (CTA, word, address)
 /// by CTA, each field read once with a volatile load (kernels store them at any time).
@@ -464,7 +480,7 @@ impl Runtime {
             threads: threads_setting(),
             slot_bytes: sizes::configured_slot_bytes(),
             conns: Connections::default(),
-            device_abort: Arc::new(HostMapped::new(STATUS_PAGE_BYTES)?),
+            device_abort: Arc::new(status_page()?),
             wait_spans: Arc::default(),
             arena: WorkArena::new()?,
             inline_done: (0..INLINE_EVENTS)
@@ -666,6 +682,18 @@ impl Runtime {
         if nranks == 1 || self.connected_shapes.contains(&shapes(tasks)) {
             return false;
         }
+        self.connections_needed(rank, nranks, tasks)
+            .iter()
+            .any(|&(ch, peer, dir)| !self.conns.has(ch, peer, dir))
+    }
+
+    /// `sched::connections_needed` with this communicator's channels, network and ring.
+    fn connections_needed(
+        &self,
+        rank: i32,
+        nranks: i32,
+        tasks: &[Task],
+    ) -> Vec<(u32, i32, sched::Dir)> {
         sched::connections_needed(
             rank,
             nranks,
@@ -674,8 +702,6 @@ impl Runtime {
             &self.ring,
             tasks,
         )
-        .iter()
-        .any(|&(ch, peer, dir)| !self.conns.has(ch, peer, dir))
     }
 
     /// Set up the connections `tasks` need (a no-op once they exist).
@@ -691,14 +717,7 @@ impl Runtime {
         // The first operation of a shape may come while the user's stream captures a graph:
         // allocating the connections is then allowed, as NVIDIA's library allows its own.
         let _relaxed = cuda::RelaxedCapture::enter()?;
-        let needed = sched::connections_needed(
-            rank,
-            nranks,
-            self.nchannels,
-            self.net.as_ref(),
-            &self.ring,
-            tasks,
-        );
+        let needed = self.connections_needed(rank, nranks, tasks);
         // The one-shot all-reduce's rows get small LL-only buffers; every other row the
         // configured ones. Both ends split alike (the row decides).
         let (direct, regular): (Vec<_>, Vec<_>) = needed

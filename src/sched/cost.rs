@@ -794,15 +794,6 @@ pub fn algorithms() -> Algorithms {
 mod tests {
     use super::*;
 
-    /// The collectives that run as rings.
-    const RING_KINDS: [CollKind; 5] = [
-        CollKind::AllReduce,
-        CollKind::AllGather,
-        CollKind::ReduceScatter,
-        CollKind::Broadcast,
-        CollKind::Reduce,
-    ];
-
     #[test]
     fn tiny_messages_use_one_channel_large_ones_many() {
         for n in [2, 4, 8] {
@@ -863,7 +854,7 @@ mod tests {
     fn ll_for_small_simple_for_large() {
         let both = parse_protocols("");
         for n in [2, 4, 8] {
-            for kind in RING_KINDS {
+            for kind in CollKind::RINGS {
                 assert_eq!(
                     ring_plan_with(kind, 8, n, NCHANNELS, both).0,
                     Proto::Ll,
@@ -1077,7 +1068,7 @@ mod tests {
         let both = parse_protocols("");
         let (slow, fast) = slow_and_fast();
         for n in [2, 4, 8] {
-            for kind in RING_KINDS {
+            for kind in CollKind::RINGS {
                 let at = |b: u64, link: Option<NetLink>| match link {
                     None => ring_plan_with(kind, b, n, NCHANNELS, both),
                     Some(l) => ring_plan_net_with(kind, b, n, NCHANNELS, both, l),

@@ -34,6 +34,15 @@ impl CollKind {
         CollKind::Recv,
     ];
 
+    /// The collectives that run as rings (the others are P2P operations).
+    pub const RINGS: [CollKind; 5] = [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+    ];
+
     /// Whether the operation names a rank: the root of a rooted collective, the peer of a
     /// send or receive.
     pub fn has_root(self) -> bool {

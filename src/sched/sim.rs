@@ -1874,22 +1874,13 @@ fn check_on_hosts(c: &Case, hosts: &[u64], net: bool, launches: usize) {
     verify(&world, c, &prepared);
 }
 
-/// The ring collectives.
-const RING_KINDS: [CollKind; 5] = [
-    CollKind::AllReduce,
-    CollKind::AllGather,
-    CollKind::ReduceScatter,
-    CollKind::Broadcast,
-    CollKind::Reduce,
-];
-
 #[test]
 fn permuted_rings_every_ring_collective_every_root() {
     use ncclDataType_t::*;
     for hosts in interleaved_hosts() {
         let nranks = hosts.len() as i32;
         assert!(!RingOrder::by_host(&hosts).is_identity(), "{hosts:?}");
-        for kind in RING_KINDS {
+        for kind in CollKind::RINGS {
             let roots = if kind.has_root() { 0..nranks } else { 0..1 };
             for root in roots {
                 for nchannels in [1, 3] {
@@ -1933,7 +1924,7 @@ fn permuted_rings_ops_in_place_and_many_rounds() {
     ];
     for hosts in [vec![0u64, 1, 0, 1], vec![0, 1, 2, 0, 1, 2]] {
         let nranks = hosts.len() as i32;
-        for kind in RING_KINDS {
+        for kind in CollKind::RINGS {
             for op in ops {
                 for dtype in [ncclInt8, ncclInt64] {
                     for in_place in [false, true] {
@@ -1984,7 +1975,7 @@ fn permuted_ring_items_follow_the_order() {
     for hosts in interleaved_hosts() {
         let order = RingOrder::by_host(&hosts);
         let n = order.nranks();
-        for kind in RING_KINDS {
+        for kind in CollKind::RINGS {
             let c = Case {
                 kind,
                 nranks: n,
@@ -2044,7 +2035,7 @@ fn permuted_ring_items_follow_the_order() {
     let hosts = [3u64, 3, 8, 8];
     let order = RingOrder::by_host(&hosts);
     assert!(order.is_identity());
-    for kind in RING_KINDS {
+    for kind in CollKind::RINGS {
         let c = Case {
             kind,
             nranks: 4,

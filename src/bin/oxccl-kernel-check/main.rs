@@ -619,17 +619,10 @@ fn main() {
 fn check_yielding() -> Res<Vec<(String, bool, String)>> {
     let mut out = Vec::new();
     println!("-- loopback, yielding: every wait parks at once, resumed until every CTA is done");
-    let kinds = [
-        CollKind::AllReduce,
-        CollKind::AllGather,
-        CollKind::ReduceScatter,
-        CollKind::Broadcast,
-        CollKind::Reduce,
-    ];
     for nranks in [2, 3] {
         let mut lb = Loopback::new(nranks, 2, cost::SLOT_BYTES, 4)?;
         lb.yielding = true;
-        for kind in kinds {
+        for kind in CollKind::RINGS {
             for count in [1usize, 1001, 1 << 18] {
                 for in_place in [false, true] {
                     let before = PARKS.with(|p| p.get());
@@ -795,13 +788,7 @@ fn run_all(dev: i32, quick: bool) -> Res<(usize, usize)> {
         let mut lb = Loopback::on_hosts(hosts, 4, cost::SLOT_BYTES, 4)?;
         let n = hosts.len() as i32;
         let order = format!("{:?}", lb.ring.ranks());
-        for kind in [
-            CollKind::AllReduce,
-            CollKind::AllGather,
-            CollKind::ReduceScatter,
-            CollKind::Broadcast,
-            CollKind::Reduce,
-        ] {
+        for kind in CollKind::RINGS {
             let roots = if kind.has_root() { 0..n } else { 0..1 };
             for root in roots {
                 let mut types = vec![(ncclFloat32, RedOp::Sum), (ncclInt8, RedOp::Min)];

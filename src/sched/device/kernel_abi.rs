@@ -264,6 +264,7 @@ pub const PROGRESS_OFFSET: u32 = 64;
 /// (non-zero) between its kernels. A CTA that parks stores 0 (then, system-wide fenced,
 /// checks its wait once more: if it is now satisfied it stores 1 again and does not park);
 /// the proxy stores 1 once a parked CTA's wait is met (`PARK_OFFSET`); an abort stores 1.
+/// It starts at 1.
 pub const BELL_OFFSET: u32 = 8;
 /// `ox_kernel_yield`'s `mode`: the first kernel of a yielding launch (every CTA starts at its
 /// first item; the resume records are written, not read).

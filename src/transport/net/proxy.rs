@@ -378,44 +378,42 @@ impl Shared {
             .is_some_and(|bell| unsafe { std::ptr::read_volatile(bell) } == 0)
     }
 
-    /// The park entries on the status page (`PARK_OFFSET`): (counter's device address, value
-    /// waited for) of every CTA parked now.
-    fn parked_waits(&self) -> Vec<(u64, u64)> {
+    /// The park entry (`PARK_OFFSET`) of CTA `cta`: (counter's device address, value waited
+    /// for) when the CTA is parked now.
+    fn park_entry(&self, cta: u32) -> Option<(u64, u64)> {
         if self.device_abort == 0 {
-            return Vec::new();
+            return None;
         }
-        (0..PROGRESS_CTAS)
-            .filter_map(|cta| {
-                let at = self.device_abort + (PARK_OFFSET + PARK_ENTRY_BYTES * cta) as usize;
-                // SAFETY: the entry is two aligned u64s within the status page (which outlives
-                // the proxy), written by the GPU concurrently, hence volatile.
-                let (addr, value) = unsafe {
-                    (
-                        std::ptr::read_volatile(at as *const u64),
-                        std::ptr::read_volatile((at + 8) as *const u64),
-                    )
-                };
-                (addr != 0).then_some((addr, value))
-            })
-            .collect()
+        let at = self.device_abort + (PARK_OFFSET + PARK_ENTRY_BYTES * cta) as usize;
+        // SAFETY: the entry is two aligned u64s within the status page (which outlives the
+        // proxy), written by the GPU concurrently, hence volatile.
+        let (addr, value) = unsafe {
+            (
+                std::ptr::read_volatile(at as *const u64),
+                std::ptr::read_volatile((at + 8) as *const u64),
+            )
+        };
+        (addr != 0).then_some((addr, value))
     }
-}
 
-/// Whether one of `waits` (`Shared::parked_waits`) is met by a counter of `sides`.
-fn parked_wait_met(sides: &[Driven], waits: &[(u64, u64)]) -> bool {
-    waits.iter().any(|&(addr, value)| {
-        sides.iter().any(|d| {
-            let s = &d.side;
-            let counter = if addr == s.dev_head {
-                s.block.head
-            } else if addr == s.dev_tail {
-                s.block.tail
-            } else {
-                return false;
-            };
-            load(counter) >= value
-        })
-    })
+    /// Whether a parked CTA's wait is met by a counter of `sides`.
+    fn parked_wait_met(&self, sides: &[Driven]) -> bool {
+        (0..PROGRESS_CTAS)
+            .filter_map(|cta| self.park_entry(cta))
+            .any(|(addr, value)| {
+                sides.iter().any(|d| {
+                    let s = &d.side;
+                    let counter = if addr == s.dev_head {
+                        s.block.head
+                    } else if addr == s.dev_tail {
+                        s.block.tail
+                    } else {
+                        return false;
+                    };
+                    load(counter) >= value
+                })
+            })
+    }
 }
 
 /// How long the bell may stay silent before the proxy rings it anyway (a parked CTA waits on
@@ -530,8 +528,7 @@ fn run(rank: i32, shared: &Shared) {
             }
             if shared.bell_silent() {
                 let since = *silent_since.get_or_insert_with(Instant::now);
-                let waits = shared.parked_waits();
-                if parked_wait_met(&sides, &waits) || since.elapsed() > BELL_SAFETY {
+                if shared.parked_wait_met(&sides) || since.elapsed() > BELL_SAFETY {
                     shared.ring_bell();
                     silent_since = None;
                 }
