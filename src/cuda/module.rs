@@ -74,8 +74,24 @@ pub fn function(name: &'static str) -> Result<CUfunction> {
         unsafe { sys::cuModuleGetFunction(&mut func, module, cname.as_ptr()) },
         &format!("cuModuleGetFunction({name})"),
     )?;
+    load_now(func, name)?;
     cache.functions.insert((ctx as usize, name), func as usize);
     Ok(func)
+}
+
+/// Finish loading `func` before it is first launched. Under lazy loading (CUDA's default
+/// since 12.2) `cuModuleGetFunction` may hand out a partly loaded function that its first
+/// launch completes, and that load may wait for the context's running kernels: with ranks as
+/// threads sharing a GPU, one rank's kernel waits for another rank's launch, and that launch
+/// would wait for it. Drivers before 12.4 have no `cuFuncLoad` and load at lookup.
+fn load_now(func: CUfunction, name: &str) -> Result<()> {
+    // SAFETY: looking a symbol up in the already opened libcuda runs no code of it.
+    let present = unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuFuncLoad\0").is_ok() };
+    if !present {
+        return Ok(());
+    }
+    // SAFETY: func is a kernel of our module in the current context.
+    check(unsafe { sys::cuFuncLoad(func) }, &format!("cuFuncLoad({name})"))
 }
 
 /// How many CTAs of `block` threads of the plan kernels (`ox_kernel`, `ox_kernel_inline` and
