@@ -1,11 +1,15 @@
 //! The built-in network, "Socket": TCP between hosts, as NVIDIA's `NET/Socket`. A connection
 //! is `NCCL_SOCKET_NTHREADS` × `NCCL_NSOCKS_PERTHREAD` sockets (at least one); a message is an
-//! 8-byte size header on socket 0, then its bytes cut into one chunk per socket (at least
-//! 64 KiB each), chunk j on socket j. Every socket is non-blocking and serves a FIFO of tasks
-//! (a header or a chunk). The caller's `test` moves bytes (with no helper threads, the default
-//! as NVIDIA's, it alone), and each helper thread serves its share of the sockets. Both ends
-//! cut a message alike from its size, so the chunks meet in order. A sender closing in order
-//! says goodbye (a header of `u64::MAX`); an end of stream without it is a dead peer.
+//! 8-byte size header, then its bytes cut into one chunk per socket (at least 64 KiB each).
+//! Message m starts on socket m mod sockets: its header and first chunk go there (in one
+//! write), its chunk j on the j-th socket after it, so a run of small messages spreads over
+//! every socket and helper thread, as NVIDIA's does. Every socket is non-blocking and serves
+//! a FIFO of tasks (a header or a chunk). The caller's `test` moves bytes (with no helper
+//! threads, the default as NVIDIA's, it alone), and each helper thread serves its share of
+//! the sockets. Both ends cut a message alike from its size and number messages alike (the
+//! receiver places one header at a time, the next once the last has arrived and its chunks
+//! are queued), so every socket's tasks meet in order. A sender closing in order says goodbye
+//! (a header of `u64::MAX`); an end of stream without it is a dead peer.
 //!
 //! The interface is the bootstrap's (`NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`): one device.
 
@@ -27,6 +31,9 @@ const HELLO_BYTES: usize = 24;
 const GOODBYE: u64 = u64::MAX;
 /// The smallest chunk a message is cut into (NVIDIA's `MIN_CHUNKSIZE`).
 const MIN_CHUNK: usize = 64 << 10;
+/// How long a helper thread keeps trying its sockets after it last moved bytes, before it
+/// sleeps in poll.
+const HELPER_SPIN: Duration = Duration::from_micros(50);
 /// Most sockets per connection (NVIDIA's limit on threads × sockets per thread).
 const MAX_SOCKETS: usize = 64;
 /// How long an accepted socket may take to say which connection it belongs to, and a
@@ -231,25 +238,11 @@ impl SocketNet {
             capacity: size,
             comm: c.clone(),
         });
-        let (kind, header) = if send {
-            (TaskKind::SendHeader, (size as u64).to_le_bytes())
-        } else {
-            (TaskKind::RecvHeader, [0; 8])
-        };
-        c.socks[0].queue.lock().push_back(Task {
-            req: req.clone(),
-            kind,
-            len: 8,
-            done: 0,
-            header,
-        });
         if send {
-            let tasks = c.chunk_tasks(&req, data as usize, size, true);
-            for (j, t) in tasks.into_iter().enumerate() {
-                c.socks[j].queue.lock().push_back(t);
-            }
+            c.queue_send(&req, size);
+        } else {
+            c.queue_recv(&req);
         }
-        c.notify();
         Ok(Some(self.add_request(req)))
     }
 
@@ -385,6 +378,17 @@ struct Sock {
     queue: Mutex<VecDeque<Task>>,
 }
 
+/// Which message comes next on a comm. A sender numbers its messages as they are posted; a
+/// receiver places the header of one posted receive at a time (`header_out`), on the socket
+/// of the next message's number, and keeps the later ones in `waiting` until it has arrived.
+#[derive(Default)]
+struct Order {
+    /// Messages placed so far (posted sends, or receive headers placed).
+    next: usize,
+    header_out: bool,
+    waiting: VecDeque<Arc<Req>>,
+}
+
 /// A sending or receiving comm: its sockets, the helper threads serving them, and the first
 /// failure (after which every request fails).
 struct SockComm {
@@ -394,10 +398,11 @@ struct SockComm {
     /// The sender said goodbye: nothing more will come, and that is no error.
     peer_closed: AtomicBool,
     failed: Mutex<Option<String>>,
+    order: Mutex<Order>,
     stop: AtomicBool,
-    wake: (Mutex<bool>, Condvar),
+    /// One per helper thread: set and signalled when one of its sockets has new tasks.
+    wakes: Vec<(Mutex<bool>, Condvar)>,
     helpers: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    threaded: bool,
 }
 
 impl SockComm {
@@ -417,10 +422,12 @@ impl SockComm {
             sends,
             peer_closed: AtomicBool::new(false),
             failed: Mutex::new(None),
+            order: Mutex::new(Order::default()),
             stop: AtomicBool::new(false),
-            wake: (Mutex::new(false), Condvar::new()),
+            wakes: (0..nthreads)
+                .map(|_| (Mutex::new(false), Condvar::new()))
+                .collect(),
             helpers: Mutex::new(Vec::new()),
-            threaded: nthreads > 0,
         });
         for t in 0..nthreads {
             let c = comm.clone();
@@ -438,7 +445,63 @@ impl SockComm {
         size.div_ceil(self.socks.len()).max(MIN_CHUNK)
     }
 
-    /// The chunk tasks of a message of `size` bytes at `base`, chunk j for socket j.
+    /// The socket message `m` starts on: its header and first chunk go there, its chunk j on
+    /// the j-th socket after it.
+    fn first_socket(&self, m: usize) -> usize {
+        m % self.socks.len()
+    }
+
+    /// Queue a send's header and chunks on the sockets of its message number; the header and
+    /// the first chunk under one lock, so that they leave in one write.
+    fn queue_send(&self, req: &Arc<Req>, size: usize) {
+        let mut order = self.order.lock();
+        let first = self.first_socket(order.next);
+        order.next += 1;
+        let header = Task {
+            req: req.clone(),
+            kind: TaskKind::SendHeader,
+            len: 8,
+            done: 0,
+            header: (size as u64).to_le_bytes(),
+        };
+        let mut chunks = self.chunk_tasks(req, req.base, size, true).into_iter();
+        {
+            let mut q = self.socks[first].queue.lock();
+            q.push_back(header);
+            q.extend(chunks.next());
+        }
+        for (j, t) in chunks.enumerate() {
+            self.socks[self.socket_after(first, j + 1)]
+                .queue
+                .lock()
+                .push_back(t);
+        }
+        drop(order);
+        self.notify_message(first, self.chunks_of(size));
+    }
+
+    /// Queue a receive: its header on the next message's socket when no header is out, else
+    /// behind the receives already waiting.
+    fn queue_recv(&self, req: &Arc<Req>) {
+        let mut order = self.order.lock();
+        if order.header_out {
+            order.waiting.push_back(req.clone());
+            return;
+        }
+        let s = self.first_socket(order.next);
+        order.next += 1;
+        order.header_out = true;
+        self.socks[s].queue.lock().push_back(recv_header(req));
+        drop(order);
+        self.notify_socket(s);
+    }
+
+    /// The socket `j` places after socket `i`.
+    fn socket_after(&self, i: usize, j: usize) -> usize {
+        (i + j) % self.socks.len()
+    }
+
+    /// The chunk tasks of a message of `size` bytes at `base`, in order.
     fn chunk_tasks(&self, req: &Arc<Req>, base: usize, size: usize, send: bool) -> Vec<Task> {
         let chunk = self.chunk_len(size);
         (0..size)
@@ -460,10 +523,29 @@ impl SockComm {
         size.div_ceil(self.chunk_len(size))
     }
 
-    fn notify(&self) {
-        if self.threaded {
-            *self.wake.0.lock() = true;
-            self.wake.1.notify_all();
+    /// Wake the helper thread of socket `i`, if there are helpers (no system call when it
+    /// is not asleep).
+    fn notify_socket(&self, i: usize) {
+        if self.wakes.is_empty() {
+            return;
+        }
+        let (flag, cond) = &self.wakes[i % self.wakes.len()];
+        *flag.lock() = true;
+        cond.notify_one();
+    }
+
+    /// Wake the helpers of a message's `chunks` sockets from socket `first` on (at least the
+    /// header's).
+    fn notify_message(&self, first: usize, chunks: usize) {
+        let helpers = self.wakes.len();
+        for j in 0..chunks.max(1).min(helpers.max(1)) {
+            self.notify_socket(self.socket_after(first, j));
+        }
+    }
+
+    fn notify_all(&self) {
+        for i in 0..self.wakes.len() {
+            self.notify_socket(i);
         }
     }
 
@@ -481,13 +563,21 @@ impl SockComm {
             .map(|m| Error::remote(format!("NET/Socket: {m}")))
     }
 
-    /// Move what can be moved on socket `i` without blocking; whether anything moved.
-    fn progress(&self, i: usize) -> bool {
+    /// Move what can be moved on socket `i` without blocking; whether anything moved. With
+    /// `skip_busy` a socket that another thread is serving is left to it.
+    fn progress(&self, i: usize, skip_busy: bool) -> bool {
         if self.peer_closed.load(Ordering::Acquire) {
             return false;
         }
         let sock = &self.socks[i];
-        let mut q = sock.queue.lock();
+        let mut q = if skip_busy {
+            match sock.queue.try_lock() {
+                Some(q) => q,
+                None => return false,
+            }
+        } else {
+            sock.queue.lock()
+        };
         let mut moved = false;
         while !q.is_empty() {
             let step = match header_and_data(&mut q) {
@@ -508,7 +598,7 @@ impl SockComm {
             }
             let task = q.pop_front().expect("a front task");
             if let TaskKind::RecvHeader = task.kind {
-                if let Err(e) = self.header_arrived(&task, &mut q) {
+                if let Err(e) = self.header_arrived(&task, i, &mut q) {
                     self.fail(e);
                     return moved;
                 }
@@ -521,12 +611,14 @@ impl SockComm {
         moved
     }
 
-    /// A receive's header is in: check the size and queue the message's chunks (socket 0's
-    /// first in `q0`, the queue of socket 0 held by the caller).
+    /// A receive's header is in on socket `i` (whose queue `q` the caller holds): check the
+    /// size, queue the message's chunks (the first next on socket `i`), then place the next
+    /// waiting receive's header.
     fn header_arrived(
         &self,
         task: &Task,
-        q0: &mut VecDeque<Task>,
+        i: usize,
+        q: &mut VecDeque<Task>,
     ) -> std::result::Result<(), String> {
         let req = &task.req;
         let header = u64::from_le_bytes(task.header);
@@ -544,14 +636,30 @@ impl SockComm {
         }
         req.size.store(size, Ordering::Release);
         let tasks = self.chunk_tasks(req, req.base, size, false);
-        req.remaining.fetch_add(tasks.len(), Ordering::AcqRel);
+        let chunks = tasks.len();
+        req.remaining.fetch_add(chunks, Ordering::AcqRel);
         for (j, t) in tasks.into_iter().enumerate() {
-            // Socket 0's chunk comes next on socket 0, before any later message's header.
+            // The first chunk follows the header on socket i; a message has at most one chunk
+            // per socket, and no later message's task is queued before this header arrived.
             if j == 0 {
-                q0.push_front(t);
+                q.push_front(t);
             } else {
-                self.socks[j].queue.lock().push_back(t);
+                self.socks[self.socket_after(i, j)].queue.lock().push_back(t);
             }
+        }
+        self.notify_message(i, chunks);
+        let mut order = self.order.lock();
+        let Some(next) = order.waiting.pop_front() else {
+            order.header_out = false;
+            return Ok(());
+        };
+        let s = self.first_socket(order.next);
+        order.next += 1;
+        if s == i {
+            q.push_back(recv_header(&next));
+        } else {
+            self.socks[s].queue.lock().push_back(recv_header(&next));
+            self.notify_socket(s);
         }
         Ok(())
     }
@@ -560,28 +668,36 @@ impl SockComm {
     fn progress_all(&self) -> bool {
         let mut moved = false;
         for i in 0..self.socks.len() {
-            moved |= self.progress(i);
+            moved |= self.progress(i, true);
         }
         moved
     }
 
-    /// A helper thread: serve sockets t, t + n, ... until stopped.
+    /// A helper thread: serve sockets t, t + n, ... until stopped; after moving something it
+    /// keeps trying for [`HELPER_SPIN`] before it sleeps (a message's next bytes or the next
+    /// message then go without a wakeup, as NVIDIA's helpers spin while they have work).
     fn serve(&self, t: usize, n: usize) {
         let mine: Vec<usize> = (t..self.socks.len()).step_by(n).collect();
+        let mut last_moved = std::time::Instant::now();
         while !self.stop.load(Ordering::Acquire) {
             let mut moved = false;
             for &i in &mine {
-                moved |= self.progress(i);
+                moved |= self.progress(i, false);
             }
             if moved {
+                last_moved = std::time::Instant::now();
                 continue;
             }
-            self.wait_ready(&mine);
+            if last_moved.elapsed() < HELPER_SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.wait_ready(t, &mine);
         }
     }
 
     /// Sleep until a socket of `mine` with work can move, new work is queued, or 1 ms passed.
-    fn wait_ready(&self, mine: &[usize]) {
+    fn wait_ready(&self, t: usize, mine: &[usize]) {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         for &i in mine {
             let q = self.socks[i].queue.lock();
@@ -595,10 +711,11 @@ impl SockComm {
                 fds.push(p);
             }
         }
+        let (flag, cond) = &self.wakes[t];
         if fds.is_empty() {
-            let mut woken = self.wake.0.lock();
+            let mut woken = flag.lock();
             if !*woken {
-                self.wake.1.wait_for(&mut woken, Duration::from_millis(1));
+                cond.wait_for(&mut woken, Duration::from_millis(1));
             }
             *woken = false;
             return;
@@ -609,19 +726,33 @@ impl SockComm {
     /// An orderly close: a sender at a message boundary says goodbye first.
     fn stop(&self) {
         if self.sends {
-            let q = self.socks[0].queue.lock();
+            // Where the receiver expects the next header.
+            let order = self.order.lock();
+            let s = self.first_socket(order.next);
+            let q = self.socks[s].queue.lock();
             if q.is_empty() {
-                let _ = (&self.socks[0].stream).write(&GOODBYE.to_le_bytes());
+                let _ = (&self.socks[s].stream).write(&GOODBYE.to_le_bytes());
             }
         }
         self.stop.store(true, Ordering::Release);
-        self.notify();
+        self.notify_all();
         for h in self.helpers.lock().drain(..) {
             let _ = h.join();
         }
         for s in &self.socks {
             let _ = s.stream.shutdown(std::net::Shutdown::Both);
         }
+    }
+}
+
+/// The task that reads the size header of receive `req`.
+fn recv_header(req: &Arc<Req>) -> Task {
+    Task {
+        req: req.clone(),
+        kind: TaskKind::RecvHeader,
+        len: 8,
+        done: 0,
+        header: [0; 8],
     }
 }
 
@@ -949,5 +1080,31 @@ mod shape_tests {
         // Loopback has no PCI device.
         assert_eq!(nic_vendor("lo"), None);
         assert_eq!(nic_vendor("../lo"), None);
+    }
+
+    #[test]
+    fn one_chunk_messages_start_on_successive_sockets_with_their_headers() {
+        let lo = NetIf {
+            name: "lo".into(),
+            ip: "127.0.0.1".parse().unwrap(),
+            scope_id: 0,
+        };
+        // No helper threads: nothing moves until `test`, so the queues show the placement.
+        let net = SocketNet::new(lo, Shape::new(0, 4));
+        let (h, l) = net.listen(0).unwrap();
+        let sc = net.connect(0, &h).unwrap().unwrap();
+        let mut bufs = vec![vec![7u8; 100]; 6];
+        for b in &mut bufs {
+            net.isend(sc, b.as_mut_ptr(), b.len(), 0, MemHandle(0)).unwrap();
+        }
+        let comm = net.comm(sc).unwrap();
+        let queued: Vec<usize> = comm.socks.iter().map(|s| s.queue.lock().len()).collect();
+        // Messages 0..6 on sockets 0,1,2,3,0,1: a header and a chunk each.
+        assert_eq!(queued, vec![4, 4, 2, 2]);
+        let q = comm.socks[1].queue.lock();
+        assert!(matches!(q[0].kind, TaskKind::SendHeader));
+        assert!(matches!(q[1].kind, TaskKind::Data { send: true, .. }));
+        drop(q);
+        net.close_listen(l).unwrap();
     }
 }
