@@ -653,11 +653,8 @@ impl Runtime {
     /// Let the network proxy send what the finished kernels left for it (at most `limit`);
     /// warns if it could not.
     pub fn drain_network(&self, limit: Duration) {
-        if !self.conns.drain_network(limit) {
-            crate::warn!(
-                "data for the network was still unsent {} s into the communicator's teardown",
-                limit.as_secs()
-            );
+        if let Err(why) = self.conns.drain_network(limit) {
+            crate::warn!("the communicator's teardown could not send all data for the network: {why}");
         }
     }
 

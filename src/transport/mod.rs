@@ -110,9 +110,9 @@ impl Connections {
     }
 
     /// Let the proxy send what finished kernels left in network staging (an orderly
-    /// destroy); false if that did not happen within `limit`.
-    pub fn drain_network(&self, limit: std::time::Duration) -> bool {
-        self.proxy.as_ref().is_none_or(|p| p.drain(limit))
+    /// destroy); the error says why not (`Proxy::drain`).
+    pub fn drain_network(&self, limit: std::time::Duration) -> std::result::Result<(), String> {
+        self.proxy.as_ref().map_or(Ok(()), |p| p.drain(limit))
     }
 }
 

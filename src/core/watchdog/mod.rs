@@ -52,6 +52,9 @@ const TICK: Duration = Duration::from_millis(100);
 const EXCHANGE_LIMIT: Duration = Duration::from_secs(5);
 /// Bound on one message to one peer.
 const SEND_LIMIT: Duration = Duration::from_secs(1);
+/// How long a transport's report of a peer's failure waits for the peer's farewell (sent
+/// before it closes its connections) before it counts as the peer's loss.
+const REPORT_GRACE: Duration = Duration::from_millis(1000);
 /// How long work beyond what a departed rank completed may stay pending before it counts as
 /// never completing (what this rank's marker events need to catch up).
 const DEPARTURE_GRACE: Duration = Duration::from_secs(2);
@@ -113,8 +116,8 @@ struct Handle {
 #[derive(Default)]
 pub struct Slot {
     handle: Mutex<Option<Handle>>,
-    /// Failures transports reported: (peer, what).
-    reports: Mutex<Vec<(i32, String)>>,
+    /// Failures transports reported: (peer, what, when).
+    reports: Mutex<Vec<(i32, String, Instant)>>,
     /// The communicator's name and its ranks, for messages.
     names: Mutex<Option<(CommName, Vec<Ident>)>>,
     /// The last hang report's line (for the on-demand status and tests).
@@ -273,20 +276,31 @@ extern "C" fn say_farewells_at_exit() {
 
 /// For transports (the network proxy, for one): `peer` failed, as `what` says; `remote`:
 /// the peer's end went away (its connection closed or was reset), so the peer is gone or
-/// unreachable. The communicator gets `ncclRemoteError` naming the peer at once; its watchdog
-/// then stops the kernels and tells the other ranks (within a tick).
+/// unreachable. The watchdog decides within [`REPORT_GRACE`] and a tick: a peer whose
+/// farewell came meanwhile left in order (it closes its connections after its last
+/// operation; a net plugin may fail a receive posted ahead for that), which is no error by
+/// itself (the departed-rank rule applies); otherwise the communicator gets `ncclRemoteError`
+/// naming the peer, its kernels stop and the other ranks are told. Without a watchdog the
+/// error is set at once.
 pub fn report_peer_failure(comm: &Comm, peer: i32, remote: bool, what: &str) {
-    let verb = if remote {
-        "is gone or unreachable"
-    } else {
-        "failed"
-    };
-    let named = match comm.watch.names.lock().as_ref() {
-        Some((name, idents)) => format!("{name}: {} {verb}: {what}", report::who(peer, idents)),
-        None => format!("rank {peer} {verb}: {what}"),
-    };
-    comm.set_async_error(&Error::remote(named));
-    comm.watch.reports.lock().push((peer, what.to_string()));
+    let watched = comm.watch.handle.lock().is_some();
+    if !watched {
+        let verb = if remote {
+            "is gone or unreachable"
+        } else {
+            "failed"
+        };
+        let named = match comm.watch.names.lock().as_ref() {
+            Some((name, idents)) => format!("{name}: {} {verb}: {what}", report::who(peer, idents)),
+            None => format!("rank {peer} {verb}: {what}"),
+        };
+        comm.set_async_error(&Error::remote(named));
+        return;
+    }
+    comm.watch
+        .reports
+        .lock()
+        .push((peer, what.to_string(), Instant::now()));
     if let Some(h) = comm.watch.handle.lock().as_ref() {
         h.link.wake();
     }
@@ -676,13 +690,31 @@ impl Watch {
         for what in mismatches {
             self.check_failed_here(what);
         }
-        let reports = std::mem::take(&mut *comm.watch.reports.lock());
-        for (peer, what) in reports {
-            if (0..self.nranks).contains(&peer) && peer != self.me {
-                let why = format!("{what} (reported by rank {}'s transport)", self.me);
-                self.peer_lost(comm, peer, why, true);
-            } else {
+        let due: Vec<(i32, String, Instant)> = {
+            let mut reports = comm.watch.reports.lock();
+            let (due, young) = reports
+                .drain(..)
+                .partition(|(_, _, at)| at.elapsed() >= REPORT_GRACE);
+            *reports = young;
+            due
+        };
+        for (peer, what, _) in due {
+            if !(0..self.nranks).contains(&peer) || peer == self.me {
                 (self.stop_kernels)();
+                continue;
+            }
+            match &self.ends[peer as usize] {
+                PeerEnd::Here => {
+                    let why = format!("{what} (reported by rank {}'s transport)", self.me);
+                    self.peer_lost(comm, peer, why, true);
+                }
+                PeerEnd::Left(..) => crate::info!(
+                    NET,
+                    "{} rank {}: rank {peer} left in order; then: {what}",
+                    self.name,
+                    self.me
+                ),
+                PeerEnd::Lost(_) => {}
             }
         }
     }

@@ -514,12 +514,33 @@ fn an_abort_after_completed_work_is_no_error_for_ranks_that_completed_it_too() {
 }
 
 #[test]
+fn a_transport_report_after_the_peer_left_in_order_is_no_error() {
+    let mut all = ranks(2, settings(60, false));
+    warm_up(&all, 3);
+    stop(&all[1].comm, Departure::Destroyed);
+    all[1].boot.take();
+    // A net plugin fails the receive the proxy posted ahead once the departed peer closes.
+    report_peer_failure(&all[0].comm, 1, true, "net plugin: connection closed by the peer");
+    std::thread::sleep(REPORT_GRACE + Duration::from_millis(1500));
+    assert_eq!(
+        all[0].comm.async_error(),
+        ncclResult_t::ncclSuccess,
+        "{}",
+        error_of(&all[0])
+    );
+    stop_all(&mut all);
+}
+
+#[test]
 fn a_transport_report_names_the_peer_here_and_reaches_every_rank() {
     let mut all = ranks(3, settings(60, false));
     report_peer_failure(&all[0].comm, 2, true, "net: connection reset by peer");
-    assert_eq!(all[0].comm.async_error(), ncclResult_t::ncclRemoteError);
+    // Not at once: the watchdog first gives the peer's farewell time to arrive.
+    assert_eq!(all[0].comm.async_error(), ncclResult_t::ncclSuccess);
+    let failed = || all[0].comm.async_error() == ncclResult_t::ncclRemoteError;
+    assert!(eventually(Duration::from_secs(5), failed));
     assert!(
-        error_of(&all[0]).contains("rank 2 (host node2, pid 1002, cudaDev 2, busId 0000:12:00.0) is gone or unreachable: net: connection reset by peer"),
+        error_of(&all[0]).contains("rank 2 (host node2, pid 1002, cudaDev 2, busId 0000:12:00.0) is gone: net: connection reset by peer (reported by rank 0's transport)"),
         "{}",
         error_of(&all[0])
     );

@@ -88,6 +88,8 @@ struct Driven {
     next: u64,
     /// Posted requests in step order.
     inflight: VecDeque<(u64, Request)>,
+    /// Its connection failed: it moves nothing more (the other sides go on).
+    failed: bool,
 }
 
 fn load(p: *const u64) -> u64 {
@@ -342,6 +344,9 @@ struct Shared {
     /// Set by `drain`; the thread answers with `drained` once every send side is empty.
     drain: AtomicBool,
     drained: AtomicBool,
+    /// A send side failed: what the kernels left for it never goes out (a drain then ends at
+    /// once).
+    failed: AtomicBool,
     /// The communicator's abort flag.
     abort: Arc<AtomicBool>,
     incoming: Mutex<Vec<NetSide>>,
@@ -441,6 +446,7 @@ impl Proxy {
             stop: AtomicBool::new(false),
             drain: AtomicBool::new(false),
             drained: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             abort,
             incoming: Mutex::new(Vec::new()),
             has_incoming: AtomicBool::new(false),
@@ -468,19 +474,26 @@ impl Proxy {
 impl Proxy {
     /// Wait (at most `limit`) until everything the kernels have filled has gone out: a
     /// sending kernel finishes once its last slot is filled, so an orderly destroy must let
-    /// the proxy send it before stopping, or the peer would wait for it forever. False when
-    /// the limit passed, the communicator was aborted or the proxy failed.
-    pub fn drain(&self, limit: Duration) -> bool {
+    /// the proxy send it before stopping, or the peer would wait for it forever. The error
+    /// says why not: the limit passed, the communicator was aborted, or a connection failed
+    /// (then at once: a failed proxy moves nothing more).
+    pub fn drain(&self, limit: Duration) -> std::result::Result<(), String> {
         let start = Instant::now();
         self.shared.drained.store(false, Ordering::Release);
         self.shared.drain.store(true, Ordering::Release);
         while !self.shared.drained.load(Ordering::Acquire) {
-            if start.elapsed() > limit || self.shared.abort.load(Ordering::Acquire) {
-                return false;
+            if self.shared.failed.load(Ordering::Acquire) {
+                return Err("a network connection failed".into());
+            }
+            if self.shared.abort.load(Ordering::Acquire) {
+                return Err("the communicator was aborted".into());
+            }
+            if start.elapsed() > limit {
+                return Err(format!("still unsent after {} s", limit.as_secs()));
             }
             std::thread::sleep(Duration::from_micros(100));
         }
-        true
+        Ok(())
     }
 }
 
@@ -501,7 +514,6 @@ impl Drop for Proxy {
 fn run(rank: i32, shared: &Shared) {
     let mut sides: Vec<Driven> = Vec::new();
     let mut last_moved = Instant::now();
-    let mut failed = false;
     let mut stall_reported = false;
     let mut silent_since: Option<Instant> = None;
     while !shared.stop.load(Ordering::Acquire) {
@@ -510,19 +522,22 @@ fn run(rank: i32, shared: &Shared) {
                 side,
                 next: 0,
                 inflight: VecDeque::new(),
+                failed: false,
             }));
         }
         let mut moved = false;
-        if !failed && !shared.abort.load(Ordering::Acquire) {
-            for d in &mut sides {
+        if !shared.abort.load(Ordering::Acquire) {
+            for d in sides.iter_mut().filter(|d| !d.failed) {
                 match d.progress() {
                     Ok(m) => {
                         moved |= m;
                     }
                     Err(e) => {
                         fail(rank, shared, d, e);
-                        failed = true;
-                        break;
+                        d.failed = true;
+                        if d.side.dir == Dir::Send {
+                            shared.failed.store(true, Ordering::Release);
+                        }
                     }
                 }
             }
@@ -536,9 +551,9 @@ fn run(rank: i32, shared: &Shared) {
                 silent_since = None;
             }
         }
-        if shared.drain.load(Ordering::Acquire) && (failed || sides.iter().all(Driven::drained)) {
+        if shared.drain.load(Ordering::Acquire) && sides.iter().all(|d| d.failed || d.drained()) {
             shared.drain.store(false, Ordering::Release);
-            shared.drained.store(!failed, Ordering::Release);
+            shared.drained.store(!shared.failed.load(Ordering::Acquire), Ordering::Release);
         }
         if moved {
             last_moved = Instant::now();
@@ -546,7 +561,7 @@ fn run(rank: i32, shared: &Shared) {
         } else if !stall_reported && last_moved.elapsed() > STALL_REPORT && !sides.is_empty() {
             report_stall(rank, &sides, last_moved.elapsed());
             stall_reported = true;
-        } else if last_moved.elapsed() > SPIN || failed {
+        } else if last_moved.elapsed() > SPIN {
             std::thread::sleep(NAP);
         } else {
             std::hint::spin_loop();
@@ -576,19 +591,17 @@ fn report_stall(rank: i32, sides: &[Driven], quiet: Duration) {
     );
 }
 
-/// A side failed: the communicator's error names the peer; the kernels are released.
+/// A side failed: the sink hears it, naming the peer (the communicator's watchdog decides:
+/// a peer that left in order closes its connections after its last operation, which is no
+/// error; otherwise it stops the kernels that wait and tells the other ranks). A parked CTA's
+/// next kernel is let run.
 fn fail(rank: i32, shared: &Shared, d: &Driven, e: Error) {
     let msg = format!(
         "rank {rank}'s network connection {} failed: {}",
         d.what(),
         e.msg
     );
-    crate::warn!("{msg}");
+    crate::info!(NET, "{msg}");
     (shared.sink)(d.side.peer, Error::new(e.code, msg));
-    if shared.device_abort != 0 {
-        // SAFETY: the device abort flag is a live, aligned u32 that outlives the proxy
-        // (Proxy::start's contract).
-        unsafe { std::ptr::write_volatile(shared.device_abort as *mut u32, 1) };
-        shared.ring_bell();
-    }
+    shared.ring_bell();
 }

@@ -627,6 +627,15 @@ fn receive_from_child(
         since_kill = killed.elapsed();
         watcher.join().unwrap();
         let _ = child.wait();
+        // A teardown's drain ends at once: the failed receive leaves nothing unsent (it waited
+        // out its limit once).
+        let t = Instant::now();
+        let drained = p.drain(Duration::from_secs(30));
+        assert!(
+            drained.is_ok() && t.elapsed() < Duration::from_secs(5),
+            "the drain after a failed receive: {drained:?} after {:?}",
+            t.elapsed()
+        );
         return (
             std::mem::take(&mut *errors.lock()),
             r.map(|_| ()),
