@@ -425,10 +425,11 @@ sec_net() {
     --devices "$(zeros 8)" --sizes 0,12,65540,1048580
   bench_step net "net R=4 processes hostid subset" 90 "${lo[@]}" -- "${sub[@]}" -p 4 --ranks-per-gpu 4 --hostid-per-rank \
     --sizes 0,12,65540,1048580
-  # Interleaved hosts (rank r on host r % H): rings grouped by host, not in rank order.
-  bench_step net "net R=4 processes, 2 interleaved hosts" 120 "${lo[@]}" -- "${sub[@]}" -p 4 --ranks-per-gpu 4 \
+  # Interleaved hosts (rank r on host r % H): rings grouped by host, not in rank order. The
+  # ranks of one host share GPU 0 (NCCL_MULTI_RANK_GPU_ENABLE=1).
+  bench_step net "net R=4 processes, 2 interleaved hosts" 120 "${lo[@]}" NCCL_MULTI_RANK_GPU_ENABLE=1 -- "${sub[@]}" -p 4 --ranks-per-gpu 4 \
     --hosts 2 --sizes 0,1,12,1028,65540,1048580
-  bench_step net "net R=6 processes, 3 interleaved hosts, ring collectives" 90 "${lo[@]}" -- "${sub[@]}" -p 6 \
+  bench_step net "net R=6 processes, 3 interleaved hosts, ring collectives" 90 "${lo[@]}" NCCL_MULTI_RANK_GPU_ENABLE=1 -- "${sub[@]}" -p 6 \
     --ranks-per-gpu 6 --hosts 3 -c all_reduce,all_gather,reduce_scatter,broadcast,reduce --sizes 0,12,65540,1048580
   # shellcheck disable=SC2054 # commas inside the -d and -o values
   bench_step net "net R=8 processes hostid subset" 90 "${lo[@]}" -- --lib "$OURS" -c all -d float,int8,bfloat16 \

@@ -673,9 +673,10 @@ impl SockComm {
         moved
     }
 
-    /// A helper thread: serve sockets t, t + n, ... until stopped; after moving something it
-    /// keeps trying for [`HELPER_SPIN`] before it sleeps (a message's next bytes or the next
-    /// message then go without a wakeup, as NVIDIA's helpers spin while they have work).
+    /// A helper thread: serve sockets t, t + n, ... until stopped, and with nothing to move
+    /// there, help with the others that are free; after moving something it keeps trying for
+    /// [`HELPER_SPIN`] before it sleeps (a message's next bytes or the next message then go
+    /// without a wakeup, as NVIDIA's helpers spin while they have work).
     fn serve(&self, t: usize, n: usize) {
         let mine: Vec<usize> = (t..self.socks.len()).step_by(n).collect();
         let mut last_moved = std::time::Instant::now();
@@ -683,6 +684,13 @@ impl SockComm {
             let mut moved = false;
             for &i in &mine {
                 moved |= self.progress(i, false);
+            }
+            if !moved {
+                // Help with the other sockets no one is serving (the next message's header
+                // may wait on a sleeping helper's socket).
+                for i in (0..self.socks.len()).filter(|i| i % n != t) {
+                    moved |= self.progress(i, true);
+                }
             }
             if moved {
                 last_moved = std::time::Instant::now();
