@@ -654,7 +654,9 @@ impl Runtime {
     /// warns if it could not.
     pub fn drain_network(&self, limit: Duration) {
         if let Err(why) = self.conns.drain_network(limit) {
-            crate::warn!("the communicator's teardown could not send all data for the network: {why}");
+            crate::warn!(
+                "the communicator's teardown could not send all data for the network: {why}"
+            );
         }
     }
 

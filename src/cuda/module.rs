@@ -86,12 +86,19 @@ pub fn function(name: &'static str) -> Result<CUfunction> {
 /// would wait for it. Drivers before 12.4 have no `cuFuncLoad` and load at lookup.
 fn load_now(func: CUfunction, name: &str) -> Result<()> {
     // SAFETY: looking a symbol up in the already opened libcuda runs no code of it.
-    let present = unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuFuncLoad\0").is_ok() };
+    let present = unsafe {
+        sys::culib()
+            .get::<unsafe extern "C" fn()>(b"cuFuncLoad\0")
+            .is_ok()
+    };
     if !present {
         return Ok(());
     }
     // SAFETY: func is a kernel of our module in the current context.
-    check(unsafe { sys::cuFuncLoad(func) }, &format!("cuFuncLoad({name})"))
+    check(
+        unsafe { sys::cuFuncLoad(func) },
+        &format!("cuFuncLoad({name})"),
+    )
 }
 
 /// How many CTAs of `block` threads of the plan kernels (`ox_kernel`, `ox_kernel_inline` and

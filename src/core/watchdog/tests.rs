@@ -520,7 +520,12 @@ fn a_transport_report_after_the_peer_left_in_order_is_no_error() {
     stop(&all[1].comm, Departure::Destroyed);
     all[1].boot.take();
     // A net plugin fails the receive the proxy posted ahead once the departed peer closes.
-    report_peer_failure(&all[0].comm, 1, true, "net plugin: connection closed by the peer");
+    report_peer_failure(
+        &all[0].comm,
+        1,
+        true,
+        "net plugin: connection closed by the peer",
+    );
     std::thread::sleep(REPORT_GRACE + Duration::from_millis(1500));
     assert_eq!(
         all[0].comm.async_error(),

@@ -553,7 +553,9 @@ fn run(rank: i32, shared: &Shared) {
         }
         if shared.drain.load(Ordering::Acquire) && sides.iter().all(|d| d.failed || d.drained()) {
             shared.drain.store(false, Ordering::Release);
-            shared.drained.store(!shared.failed.load(Ordering::Acquire), Ordering::Release);
+            shared
+                .drained
+                .store(!shared.failed.load(Ordering::Acquire), Ordering::Release);
         }
         if moved {
             last_moved = Instant::now();

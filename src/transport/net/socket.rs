@@ -644,7 +644,10 @@ impl SockComm {
             if j == 0 {
                 q.push_front(t);
             } else {
-                self.socks[self.socket_after(i, j)].queue.lock().push_back(t);
+                self.socks[self.socket_after(i, j)]
+                    .queue
+                    .lock()
+                    .push_back(t);
             }
         }
         self.notify_message(i, chunks);
@@ -1103,7 +1106,8 @@ mod shape_tests {
         let sc = net.connect(0, &h).unwrap().unwrap();
         let mut bufs = vec![vec![7u8; 100]; 6];
         for b in &mut bufs {
-            net.isend(sc, b.as_mut_ptr(), b.len(), 0, MemHandle(0)).unwrap();
+            net.isend(sc, b.as_mut_ptr(), b.len(), 0, MemHandle(0))
+                .unwrap();
         }
         let comm = net.comm(sc).unwrap();
         let queued: Vec<usize> = comm.socks.iter().map(|s| s.queue.lock().len()).collect();
