@@ -358,14 +358,23 @@ impl DeviceAbort {
     /// Ask running kernels to stop, and let a yielding launch's stream past its waits for the
     /// bell (its later kernels then see the flag and end at once).
     pub fn signal(&self) {
-        // SAFETY: the flag and the bell are live (kept by this handle), aligned u32s in pinned
-        // host memory (the status page).
-        unsafe {
-            std::ptr::write_volatile(self.0.host() as *mut u32, 1);
-            let bell = self.0.host().add(sched::device::BELL_OFFSET as usize) as *mut u32;
-            std::ptr::write_volatile(bell, 1);
-        }
+        // SAFETY: the flag is a live (kept by this handle), aligned u32 in pinned host memory
+        // (the status page).
+        unsafe { std::ptr::write_volatile(self.0.host() as *mut u32, 1) };
+        ring_bell(&self.0);
     }
+}
+
+/// Ring the bell of the status page `page` (a yielding launch's stream waits for it).
+fn ring_bell(page: &HostMapped) {
+    // SAFETY: the bell is an aligned u32 within the live page, which the GPU reads
+    // concurrently, hence volatile.
+    unsafe {
+        std::ptr::write_volatile(
+            page.host().add(sched::device::BELL_OFFSET as usize) as *mut u32,
+            1,
+        )
+    };
 }
 
 /// What this communicator's kernels wait for, read without the runtime's lock (the
@@ -407,13 +416,7 @@ const STATUS_PAGE_BYTES: usize = sched::device::STATUS_PAGE_BYTES as usize;
 /// entries; a communicator that never yields never shows it one.
 fn status_page() -> Result<HostMapped> {
     let page = HostMapped::new(STATUS_PAGE_BYTES)?;
-    // SAFETY: the bell is an aligned u32 within the fresh page; no kernel knows the page yet.
-    unsafe {
-        std::ptr::write_volatile(
-            page.host().add(sched::device::BELL_OFFSET as usize) as *mut u32,
-            1,
-        )
-    };
+    ring_bell(&page);
     Ok(page)
 }
 

@@ -1041,17 +1041,20 @@ fn big_counts_many_rounds() {
     }
 }
 
+/// Every reduction, PreMulSum with a host scalar of 3.
+const EVERY_OP: [RedOp; 6] = [
+    RedOp::Sum,
+    RedOp::Prod,
+    RedOp::Max,
+    RedOp::Min,
+    RedOp::Avg,
+    RedOp::PreMulSum(Scalar::Host([3, 0, 0, 0, 0, 0, 0, 0])),
+];
+
 #[test]
 fn ops_and_in_place() {
     use ncclDataType_t::*;
-    let ops = [
-        RedOp::Sum,
-        RedOp::Prod,
-        RedOp::Max,
-        RedOp::Min,
-        RedOp::Avg,
-        RedOp::PreMulSum(Scalar::Host([3, 0, 0, 0, 0, 0, 0, 0])),
-    ];
+    let ops = EVERY_OP;
     for kind in [
         CollKind::AllReduce,
         CollKind::Reduce,
@@ -1469,14 +1472,7 @@ fn plan_kinds(c: &Case) -> Vec<u32> {
 #[test]
 fn one_shot_allreduce_every_rank_count_and_op() {
     use ncclDataType_t::*;
-    let ops = [
-        RedOp::Sum,
-        RedOp::Prod,
-        RedOp::Max,
-        RedOp::Min,
-        RedOp::Avg,
-        RedOp::PreMulSum(Scalar::Host([3, 0, 0, 0, 0, 0, 0, 0])),
-    ];
+    let ops = EVERY_OP;
     for nranks in [2, 3, 4, 5, 8] {
         // 40000 int32 = 160 KB: several LL steps of the direct rows' 16 KiB per channel.
         for count in [1usize, 5, 1000, 40000] {
@@ -1914,14 +1910,7 @@ fn permuted_rings_every_ring_collective_every_root() {
 #[test]
 fn permuted_rings_ops_in_place_and_many_rounds() {
     use ncclDataType_t::*;
-    let ops = [
-        RedOp::Sum,
-        RedOp::Prod,
-        RedOp::Max,
-        RedOp::Min,
-        RedOp::Avg,
-        RedOp::PreMulSum(Scalar::Host([3, 0, 0, 0, 0, 0, 0, 0])),
-    ];
+    let ops = EVERY_OP;
     for hosts in [vec![0u64, 1, 0, 1], vec![0, 1, 2, 0, 1, 2]] {
         let nranks = hosts.len() as i32;
         for kind in CollKind::RINGS {

@@ -475,8 +475,9 @@ impl Proxy {
     /// Wait (at most `limit`) until everything the kernels have filled has gone out: a
     /// sending kernel finishes once its last slot is filled, so an orderly destroy must let
     /// the proxy send it before stopping, or the peer would wait for it forever. The error
-    /// says why not: the limit passed, the communicator was aborted, or a connection failed
-    /// (then at once: a failed proxy moves nothing more).
+    /// says why not: the limit passed, the communicator was aborted, or a send side failed
+    /// (then at once: what it holds never goes out). A failed receive side leaves nothing
+    /// unsent.
     pub fn drain(&self, limit: Duration) -> std::result::Result<(), String> {
         let start = Instant::now();
         self.shared.drained.store(false, Ordering::Release);
