@@ -6,7 +6,11 @@
 //! every socket and helper thread, as NVIDIA's does. Every socket is non-blocking and serves
 //! a FIFO of tasks (a header or a chunk). The caller's `test` moves bytes (with no helper
 //! threads, the default as NVIDIA's, it alone), and each helper thread serves its share of
-//! the sockets. Both ends cut a message alike from its size and number messages alike (the
+//! the sockets. Whoever moves a socket's bytes holds its queue, and only tries to take it: a
+//! socket another thread is serving is left to that thread, so no thread ever sleeps behind
+//! another's system call. A new task goes to the socket's incoming list (held only to push
+//! or take), which the mover takes over in order, so posting never waits for a transfer
+//! either. Both ends cut a message alike from its size and number messages alike (the
 //! receiver places one header at a time, the next once the last has arrived and its chunks
 //! are queued), so every socket's tasks meet in order. A sender closing in order says goodbye
 //! (a header of `u64::MAX`); an end of stream without it is a dead peer.
@@ -372,10 +376,51 @@ struct Req {
     comm: Arc<SockComm>,
 }
 
+impl Req {
+    /// Every task of it has moved.
+    fn is_done(&self) -> bool {
+        self.remaining.load(Ordering::Acquire) == 0
+    }
+}
+
 /// One TCP socket of a connection with its queue of tasks.
 struct Sock {
     stream: TcpStream,
+    /// The tasks being served, held by the thread moving this socket's bytes.
     queue: Mutex<VecDeque<Task>>,
+    /// Tasks posted since the mover last looked, in order behind `queue`'s.
+    incoming: Mutex<VecDeque<Task>>,
+}
+
+impl Sock {
+    /// Queue `tasks` behind every task posted before, without waiting for a transfer in
+    /// progress.
+    fn post(&self, tasks: impl IntoIterator<Item = Task>) {
+        self.incoming.lock().extend(tasks);
+    }
+
+    /// The queue, when no other thread is serving it, with the incoming tasks behind it.
+    fn try_take_queue(&self) -> Option<parking_lot::MutexGuard<'_, VecDeque<Task>>> {
+        let mut q = self.queue.try_lock()?;
+        self.take_incoming(&mut q);
+        Some(q)
+    }
+
+    /// The queue (waiting for a mover to let go of it), with the incoming tasks behind it.
+    fn take_queue(&self) -> parking_lot::MutexGuard<'_, VecDeque<Task>> {
+        let mut q = self.queue.lock();
+        self.take_incoming(&mut q);
+        q
+    }
+
+    fn take_incoming(&self, q: &mut VecDeque<Task>) {
+        let mut incoming = self.incoming.lock();
+        if q.is_empty() {
+            std::mem::swap(q, &mut incoming);
+        } else {
+            q.append(&mut incoming);
+        }
+    }
 }
 
 /// Which message comes next on a comm. A sender numbers its messages as they are posted; a
@@ -414,6 +459,7 @@ impl SockComm {
             socks.push(Sock {
                 stream: s,
                 queue: Mutex::new(VecDeque::new()),
+                incoming: Mutex::new(VecDeque::new()),
             });
         }
         let nthreads = nthreads.min(socks.len());
@@ -452,7 +498,7 @@ impl SockComm {
     }
 
     /// Queue a send's header and chunks on the sockets of its message number; the header and
-    /// the first chunk under one lock, so that they leave in one write.
+    /// the first chunk together, so that they leave in one write.
     fn queue_send(&self, req: &Arc<Req>, size: usize) {
         let mut order = self.order.lock();
         let first = self.first_socket(order.next);
@@ -465,16 +511,9 @@ impl SockComm {
             header: (size as u64).to_le_bytes(),
         };
         let mut chunks = self.chunk_tasks(req, req.base, size, true).into_iter();
-        {
-            let mut q = self.socks[first].queue.lock();
-            q.push_back(header);
-            q.extend(chunks.next());
-        }
+        self.socks[first].post(std::iter::once(header).chain(chunks.next()));
         for (j, t) in chunks.enumerate() {
-            self.socks[self.socket_after(first, j + 1)]
-                .queue
-                .lock()
-                .push_back(t);
+            self.socks[self.socket_after(first, j + 1)].post([t]);
         }
         drop(order);
         self.notify_message(first, self.chunks_of(size));
@@ -491,7 +530,7 @@ impl SockComm {
         let s = self.first_socket(order.next);
         order.next += 1;
         order.header_out = true;
-        self.socks[s].queue.lock().push_back(recv_header(req));
+        self.socks[s].post([recv_header(req)]);
         drop(order);
         self.notify_socket(s);
     }
@@ -563,20 +602,15 @@ impl SockComm {
             .map(|m| Error::remote(format!("NET/Socket: {m}")))
     }
 
-    /// Move what can be moved on socket `i` without blocking; whether anything moved. With
-    /// `skip_busy` a socket that another thread is serving is left to it.
-    fn progress(&self, i: usize, skip_busy: bool) -> bool {
+    /// Move what can be moved on socket `i` without blocking, unless another thread is
+    /// serving it; whether anything moved.
+    fn progress(&self, i: usize) -> bool {
         if self.peer_closed.load(Ordering::Acquire) {
             return false;
         }
         let sock = &self.socks[i];
-        let mut q = if skip_busy {
-            match sock.queue.try_lock() {
-                Some(q) => q,
-                None => return false,
-            }
-        } else {
-            sock.queue.lock()
+        let Some(mut q) = sock.try_take_queue() else {
+            return false;
         };
         let mut moved = false;
         while !q.is_empty() {
@@ -644,10 +678,7 @@ impl SockComm {
             if j == 0 {
                 q.push_front(t);
             } else {
-                self.socks[self.socket_after(i, j)]
-                    .queue
-                    .lock()
-                    .push_back(t);
+                self.socks[self.socket_after(i, j)].post([t]);
             }
         }
         self.notify_message(i, chunks);
@@ -661,7 +692,7 @@ impl SockComm {
         if s == i {
             q.push_back(recv_header(&next));
         } else {
-            self.socks[s].queue.lock().push_back(recv_header(&next));
+            self.socks[s].post([recv_header(&next)]);
             self.notify_socket(s);
         }
         Ok(())
@@ -671,28 +702,29 @@ impl SockComm {
     fn progress_all(&self) -> bool {
         let mut moved = false;
         for i in 0..self.socks.len() {
-            moved |= self.progress(i, true);
+            moved |= self.progress(i);
         }
         moved
     }
 
-    /// A helper thread: serve sockets t, t + n, ... until stopped, and with nothing to move
-    /// there, help with the others that are free; after moving something it keeps trying for
-    /// [`HELPER_SPIN`] before it sleeps (a message's next bytes or the next message then go
-    /// without a wakeup, as NVIDIA's helpers spin while they have work).
+    /// A helper thread: serve sockets t, t + n, ... until stopped (each when no other thread
+    /// is serving it), and with nothing to move there, help with the others; after moving
+    /// something it keeps trying for [`HELPER_SPIN`] before it sleeps (a message's next bytes
+    /// or the next message then go without a wakeup, as NVIDIA's helpers spin while they have
+    /// work).
     fn serve(&self, t: usize, n: usize) {
         let mine: Vec<usize> = (t..self.socks.len()).step_by(n).collect();
         let mut last_moved = std::time::Instant::now();
         while !self.stop.load(Ordering::Acquire) {
             let mut moved = false;
             for &i in &mine {
-                moved |= self.progress(i, false);
+                moved |= self.progress(i);
             }
             if !moved {
                 // Help with the other sockets no one is serving (the next message's header
                 // may wait on a sleeping helper's socket).
                 for i in (0..self.socks.len()).filter(|i| i % n != t) {
-                    moved |= self.progress(i, true);
+                    moved |= self.progress(i);
                 }
             }
             if moved {
@@ -711,7 +743,7 @@ impl SockComm {
     fn wait_ready(&self, t: usize, mine: &[usize]) {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         for &i in mine {
-            let q = self.socks[i].queue.lock();
+            let q = self.socks[i].take_queue();
             if let Some(task) = q.front() {
                 let mut p = bsock::pollfd(std::os::fd::AsRawFd::as_raw_fd(&self.socks[i].stream));
                 p.events = if task.sends() {
@@ -740,7 +772,7 @@ impl SockComm {
             // Where the receiver expects the next header.
             let order = self.order.lock();
             let s = self.first_socket(order.next);
-            let q = self.socks[s].queue.lock();
+            let q = self.socks[s].take_queue();
             if q.is_empty() {
                 let _ = (&self.socks[s].stream).write(&GOODBYE.to_le_bytes());
             }
@@ -1023,15 +1055,18 @@ impl Net for SocketNet {
             .get(&r.0)
             .cloned()
             .ok_or_else(|| Error::internal(format!("NET/Socket: no request {}", r.0)))?;
-        // The caller moves bytes too: with helper threads it only helps (a small message
-        // then goes out without waiting for a helper to wake up).
-        req.comm.progress_all();
-        if let Some(e) = req.comm.error() {
-            self.objects.lock().requests.remove(&r.0);
-            return Err(e);
-        }
-        if req.remaining.load(Ordering::Acquire) != 0 {
-            return Ok(None);
+        // A request that is done returns at once; else the caller moves bytes too: with
+        // helper threads it only helps (a small message then goes out without waiting for a
+        // helper to wake up).
+        if !req.is_done() {
+            req.comm.progress_all();
+            if let Some(e) = req.comm.error() {
+                self.objects.lock().requests.remove(&r.0);
+                return Err(e);
+            }
+            if !req.is_done() {
+                return Ok(None);
+            }
         }
         self.objects.lock().requests.remove(&r.0);
         Ok(Some(req.size.load(Ordering::Acquire)))
@@ -1074,6 +1109,7 @@ fn link_speed_mbps(ifname: &str) -> i32 {
 #[cfg(test)]
 mod shape_tests {
     use super::*;
+    use crate::transport::net::tests::lo;
 
     #[test]
     fn nvidias_automatic_shapes_by_nic_and_the_settings_over_them() {
@@ -1095,13 +1131,8 @@ mod shape_tests {
 
     #[test]
     fn one_chunk_messages_start_on_successive_sockets_with_their_headers() {
-        let lo = NetIf {
-            name: "lo".into(),
-            ip: "127.0.0.1".parse().unwrap(),
-            scope_id: 0,
-        };
         // No helper threads: nothing moves until `test`, so the queues show the placement.
-        let net = SocketNet::new(lo, Shape::new(0, 4));
+        let net = SocketNet::new(lo(), Shape::new(0, 4));
         let (h, l) = net.listen(0).unwrap();
         let sc = net.connect(0, &h).unwrap().unwrap();
         let mut bufs = vec![vec![7u8; 100]; 6];
@@ -1110,13 +1141,44 @@ mod shape_tests {
                 .unwrap();
         }
         let comm = net.comm(sc).unwrap();
-        let queued: Vec<usize> = comm.socks.iter().map(|s| s.queue.lock().len()).collect();
+        let queued: Vec<usize> = comm.socks.iter().map(|s| s.take_queue().len()).collect();
         // Messages 0..6 on sockets 0,1,2,3,0,1: a header and a chunk each.
         assert_eq!(queued, vec![4, 4, 2, 2]);
-        let q = comm.socks[1].queue.lock();
+        let q = comm.socks[1].take_queue();
         assert!(matches!(q[0].kind, TaskKind::SendHeader));
         assert!(matches!(q[1].kind, TaskKind::Data { send: true, .. }));
         drop(q);
+        net.close_listen(l).unwrap();
+    }
+
+    #[test]
+    fn posting_and_moving_never_wait_for_a_socket_another_thread_is_serving() {
+        let net = Arc::new(SocketNet::new(lo(), Shape::new(0, 1)));
+        let (h, l) = net.listen(0).unwrap();
+        let sc = net.connect(0, &h).unwrap().unwrap();
+        let comm = net.comm(sc).unwrap();
+        // A mover in the middle of a system call holds socket 0's queue.
+        let serving = comm.socks[0].queue.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let poster = {
+            let net = net.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![3u8; 100];
+                let r = net.isend(sc, buf.as_mut_ptr(), buf.len(), 0, MemHandle(0));
+                // Another thread's progress leaves the socket to its mover.
+                let moved = net.comm(sc).unwrap().progress(0);
+                tx.send((r.is_ok(), moved)).unwrap();
+                buf
+            })
+        };
+        let (posted, moved) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a post or a progress waited for the thread serving the socket");
+        assert!(posted && !moved);
+        drop(serving);
+        // The post is queued behind what the mover held: a header and a chunk.
+        assert_eq!(comm.socks[0].take_queue().len(), 2);
+        drop(poster.join().unwrap());
         net.close_listen(l).unwrap();
     }
 }

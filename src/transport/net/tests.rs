@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn lo() -> NetIf {
+pub(super) fn lo() -> NetIf {
     NetIf {
         name: "lo".into(),
         ip: "127.0.0.1".parse().unwrap(),
