@@ -51,10 +51,11 @@
 #           (--hostid-per-rank; 2, 4, 8 processes; and 4 and 6 on interleaved hosts,
 #           --hosts 2 / 3: rings grouped by host), net_abort (ffi-tests/gpu/net_abort.c: a
 #           rank waiting on the network is aborted; NVIDIA's hostid cases as a reference), the
-#           test net plugin under ours and NVIDIA's, ours vs NVIDIA's sockets side by side,
-#           oxccl-netbench (the socket network against a plain TCP pair, reference rows), and
-#           torch-hostid (scripts/torch-all.sh --hostid: DDP on 2 and 4 ranks over the network,
-#           loss curves against NVIDIA's). MATRIX_ONLY=REGEX runs only its steps that match.
+#           test net plugin under ours and NVIDIA's (host memory, then also taking CUDA
+#           memory), ours vs NVIDIA's sockets side by side, oxccl-netbench (the socket network
+#           against a plain TCP pair, reference rows), and torch-hostid (scripts/torch-all.sh
+#           --hostid: DDP on 2 and 4 ranks over the network, loss curves against NVIDIA's).
+#           MATRIX_ONLY=REGEX runs only its steps that match.
 # Output in ${OUT:-./out}: summary.txt (also printed last), machine.log and one SECTION.log per
 # section run (each kept under 16 MiB).
 # Exit status: 0 when no step failed (reference runs and budget skips do not count), else 1.
@@ -454,10 +455,18 @@ sec_net() {
     --sizes 0,12,1028,1048580 -w 1 -n 2
   bench_step net "net plugin OxTest R=2 hostid (ours)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest -- "${sub[@]}" \
     -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
+  # The plugin taking CUDA memory too, as a GPUDirect RDMA plugin (OXTEST_PTR_CUDA=1; it copies
+  # through host memory): ours stages in host memory; NVIDIA's registers GPU memory with it
+  # (NCCL_NET_GDR_LEVEL=SYS: the plugin's device has no PCI path).
+  local cudaplugin=("$plugin" NCCL_NET=OxTest OXTEST_PTR_CUDA=1 NCCL_NET_GDR_LEVEL=SYS)
+  bench_step net "net plugin OxTest CUDA memory R=2 hostid (ours)" 60 "${lo[@]}" "${cudaplugin[@]}" -- "${sub[@]}" \
+    -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
   if [ -n "$NVLIB" ]; then
     local nsub=("${sub[@]}")
     nsub[1]=$NVLIB
     bench_step net "net plugin OxTest R=2 hostid (NVIDIA)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest \
+      -- "${nsub[@]}" -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
+    bench_step net "net plugin OxTest CUDA memory R=2 hostid (NVIDIA)" 60 "${lo[@]}" "${cudaplugin[@]}" \
       -- "${nsub[@]}" -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
     LEAVE=30 bench_step net "net R=2 hostid: ours vs NVIDIA sockets" 200 "${lo[@]}" -- --lib "$OURS" \
       --vs "$NVLIB" -p 2 --ranks-per-gpu 2 --hostid-per-rank -c all_reduce,all_gather,sendrecv -d float -o sum -b 8 -e 128M -f 4 \

@@ -5,7 +5,10 @@
  *
  * What it is:
  *   - One device, "OxTest0": TCP over IPv4, listening on 127.0.0.1 (env OXTEST_NET_ADDR
- *     overrides the address), host memory only (ptrSupport = NCCL_PTR_HOST).
+ *     overrides the address), host memory only (ptrSupport = NCCL_PTR_HOST); with
+ *     OXTEST_PTR_CUDA=1 in the environment (or built with -DOXTEST_PTR_CUDA) CUDA memory too
+ *     (NCCL_PTR_HOST | NCCL_PTR_CUDA), as a GPUDirect RDMA plugin, without a NIC that reads
+ *     GPU memory: see "CUDA memory" below.
  *   - Exports ncclNetPlugin_v8, _v9, _v10 and _v11, sharing one implementation.
  *   - Everything is non-blocking. connect takes at least two calls: the first starts a
  *     non-blocking TCP connect and keeps its socket in the handle (as NVIDIA's plugins keep
@@ -22,18 +25,21 @@
  * Built by ffi-tests/run.sh and by the cargo tests as
  *   cc -shared -fPIC -O2 -Wall -Werror -o liboxtest_net.so oxtest_net.c
  * Test variants: -DOXTEST_FAIL_INIT (init fails), -DOXTEST_EXPORT_ONLY=N (exports only
- * ncclNetPlugin_vN, N in 7..11; 7 is a version oxccl does not load).
+ * ncclNetPlugin_vN, N in 7..11; 7 is a version oxccl does not load), -DOXTEST_PTR_CUDA (CUDA
+ * memory without the environment variable).
  *
  * The ABI types below are written from NVIDIA's 2.28.9 headers (nccl_net.h, net_v8.h ..
  * net_v11.h, net_device.h, nccl_common.h); NVIDIA's headers are not included.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -55,6 +61,7 @@ typedef enum {
 enum { OX_LOG_WARN = 2, OX_LOG_INFO = 3, OX_LOG_TRACE = 5 };
 #define OX_SUBSYS_NET 0x10
 #define OX_PTR_HOST 0x1
+#define OX_PTR_CUDA 0x2
 #define OX_HANDLE_MAXSIZE 128
 #define OX_MAX_DEVS_PER_NIC 4
 #define OX_MAX_NET_SIZE (1024L * 1024L * 1024L)
@@ -255,11 +262,15 @@ struct oxListenComm {
 
 struct oxComm;
 
+struct oxMr;
+
 struct oxRequest {
   struct oxComm* comm;
   int used;
   int done;
-  char* data;
+  char* data;    /* where the bytes move: the caller's buffer, or a CUDA buffer's shadow */
+  struct oxMr* cudaMr; /* a receive into CUDA memory: copied to cudaDst once complete */
+  char* cudaDst;
   size_t size;   /* a send's size, a receive's most */
   uint64_t header;
   size_t headerBytes;
@@ -278,6 +289,10 @@ struct oxComm {
 struct oxMr {
   char* data;
   size_t size;
+  int type;     /* OX_PTR_HOST or OX_PTR_CUDA */
+  char* shadow; /* CUDA memory: its host shadow, as large (pinned) */
+  void* ctx;    /* CUDA memory: the primary context of its device */
+  void* stream; /* CUDA memory: a non-blocking stream of ctx for the copies */
 };
 
 struct oxCtx {
@@ -285,6 +300,138 @@ struct oxCtx {
   uint64_t commId;
   int trafficClass;
 };
+
+/* ---- CUDA memory ----
+ * With OXTEST_PTR_CUDA=1 the plugin also registers CUDA memory (regMr of type NCCL_PTR_CUDA),
+ * as a GPUDirect RDMA plugin does. A CUDA registration gets a host shadow of the same size;
+ * a send copies its bytes from the GPU into the shadow when it is posted and sends from
+ * there; a receive lands in the shadow and is copied to the GPU before test reports it done,
+ * so iflush has nothing to flush. The CUDA driver is opened at run time (libcuda.so.1) at the
+ * first CUDA registration; copies run in the primary context of the memory's device, from
+ * whichever thread calls the plugin, on a non-blocking stream of the registration's (never
+ * behind the kernels waiting for them) into a pinned shadow, and are waited for: a copy from
+ * pageable memory may return before its bytes reach the GPU. */
+
+static int oxCudaPointers; /* set at init */
+
+static struct {
+  int loaded;
+  int (*pointerGetAttribute)(void* data, int attribute, unsigned long long ptr);
+  int (*primaryCtxRetain)(void** ctx, int dev);
+  int (*ctxPush)(void* ctx);
+  int (*ctxPop)(void** ctx);
+  int (*memcpyDtoHAsync)(void* dst, unsigned long long src, size_t bytes, void* stream);
+  int (*memcpyHtoDAsync)(unsigned long long dst, const void* src, size_t bytes, void* stream);
+  int (*streamCreate)(void** stream, unsigned flags);
+  int (*streamSynchronize)(void* stream);
+  int (*streamDestroy)(void* stream);
+  int (*memHostAlloc)(void** p, size_t bytes, unsigned flags);
+  int (*memFreeHost)(void* p);
+} oxCu;
+
+#define OX_CU_STREAM_NON_BLOCKING 1
+
+#define OX_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+
+static ncclResult_t oxCudaLoadLocked(void) {
+  if (oxCu.loaded) return ncclSuccess;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    OXWARN("NET/OxTest : CUDA memory needs libcuda.so.1: %s", dlerror());
+    return ncclSystemError;
+  }
+  *(void**)&oxCu.pointerGetAttribute = dlsym(lib, "cuPointerGetAttribute");
+  *(void**)&oxCu.primaryCtxRetain = dlsym(lib, "cuDevicePrimaryCtxRetain");
+  *(void**)&oxCu.ctxPush = dlsym(lib, "cuCtxPushCurrent_v2");
+  *(void**)&oxCu.ctxPop = dlsym(lib, "cuCtxPopCurrent_v2");
+  *(void**)&oxCu.memcpyDtoHAsync = dlsym(lib, "cuMemcpyDtoHAsync_v2");
+  *(void**)&oxCu.memcpyHtoDAsync = dlsym(lib, "cuMemcpyHtoDAsync_v2");
+  *(void**)&oxCu.streamCreate = dlsym(lib, "cuStreamCreate");
+  *(void**)&oxCu.streamSynchronize = dlsym(lib, "cuStreamSynchronize");
+  *(void**)&oxCu.streamDestroy = dlsym(lib, "cuStreamDestroy_v2");
+  *(void**)&oxCu.memHostAlloc = dlsym(lib, "cuMemHostAlloc");
+  *(void**)&oxCu.memFreeHost = dlsym(lib, "cuMemFreeHost");
+  if (!oxCu.pointerGetAttribute || !oxCu.primaryCtxRetain || !oxCu.ctxPush || !oxCu.ctxPop ||
+      !oxCu.memcpyDtoHAsync || !oxCu.memcpyHtoDAsync || !oxCu.streamCreate ||
+      !oxCu.streamSynchronize || !oxCu.streamDestroy || !oxCu.memHostAlloc ||
+      !oxCu.memFreeHost) {
+    OXWARN("NET/OxTest : libcuda.so.1 lacks a function CUDA memory needs");
+    return ncclSystemError;
+  }
+  oxCu.loaded = 1;
+  return ncclSuccess;
+}
+
+/* Open the driver once (under a lock: several communicators' proxy threads may register
+ * at once). */
+static ncclResult_t oxCudaLoad(void) {
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&lock);
+  ncclResult_t rc = oxCudaLoadLocked();
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+/* Copy between a CUDA registration and its shadow in the registration's context. */
+static ncclResult_t oxCudaCopy(struct oxMr* mr, char* dev, char* host, size_t bytes,
+                               int toDevice) {
+  if (bytes == 0) return ncclSuccess;
+  void* popped;
+  if (oxCu.ctxPush(mr->ctx) != 0) {
+    OXWARN("NET/OxTest : cuCtxPushCurrent failed");
+    return ncclSystemError;
+  }
+  int rc = toDevice
+               ? oxCu.memcpyHtoDAsync((unsigned long long)(uintptr_t)dev, host, bytes, mr->stream)
+               : oxCu.memcpyDtoHAsync(host, (unsigned long long)(uintptr_t)dev, bytes, mr->stream);
+  if (rc == 0) rc = oxCu.streamSynchronize(mr->stream);
+  oxCu.ctxPop(&popped);
+  if (rc != 0) {
+    OXWARN("NET/OxTest : copying %lu bytes %s the GPU failed (CUDA error %d)",
+           (unsigned long)bytes, toDevice ? "to" : "from", rc);
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+/* Free what a CUDA registration holds. */
+static void oxCudaRelease(struct oxMr* mr) {
+  void* popped;
+  if (mr->ctx == NULL || oxCu.ctxPush(mr->ctx) != 0) return;
+  if (mr->shadow) oxCu.memFreeHost(mr->shadow);
+  if (mr->stream) oxCu.streamDestroy(mr->stream);
+  oxCu.ctxPop(&popped);
+  mr->shadow = NULL;
+  mr->stream = NULL;
+}
+
+/* A CUDA registration of [data, data + size): its device's context, a stream and a pinned
+ * host shadow. */
+static ncclResult_t oxCudaRegister(struct oxMr* mr) {
+  ncclResult_t rc = oxCudaLoad();
+  if (rc != ncclSuccess) return rc;
+  int dev = -1;
+  if (oxCu.pointerGetAttribute(&dev, OX_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                               (unsigned long long)(uintptr_t)mr->data) != 0 ||
+      oxCu.primaryCtxRetain(&mr->ctx, dev) != 0) {
+    OXWARN("NET/OxTest : %p is not CUDA memory of a device", mr->data);
+    return ncclInvalidArgument;
+  }
+  void* popped;
+  if (oxCu.ctxPush(mr->ctx) != 0) return ncclSystemError;
+  int cu = oxCu.streamCreate(&mr->stream, OX_CU_STREAM_NON_BLOCKING);
+  if (cu == 0) cu = oxCu.memHostAlloc((void**)&mr->shadow, mr->size ? mr->size : 1, 0);
+  oxCu.ctxPop(&popped);
+  if (cu != 0) {
+    OXWARN("NET/OxTest : a stream or %lu bytes of pinned memory failed (CUDA error %d)",
+           (unsigned long)mr->size, cu);
+    oxCudaRelease(mr);
+    return ncclSystemError;
+  }
+  OXLOG(OX_LOG_TRACE, "NET/OxTest : registered %lu bytes of CUDA memory on device %d",
+        (unsigned long)mr->size, dev);
+  return ncclSuccess;
+}
 
 /* ---- helpers ---- */
 
@@ -349,6 +496,10 @@ static ncclResult_t oxProgress(struct oxComm* c) {
     int complete = 0;
     c->failed = oxStep(c, r, &complete);
     if (!complete) break;
+    if (r->cudaMr) {
+      c->failed = oxCudaCopy(r->cudaMr, r->cudaDst, r->data, (size_t)r->header, 1);
+      if (c->failed != ncclSuccess) break;
+    }
     r->done = 1;
     c->completed++;
   }
@@ -368,9 +519,19 @@ static ncclResult_t oxPost(struct oxComm* c, void* data, size_t size, void* mhan
   struct oxRequest* r = &c->reqs[c->posted % OX_MAX_REQUESTS];
   if (r->used) return ncclSuccess; /* all slots busy: the caller tries again */
   memset(r, 0, sizeof(*r));
+  r->data = (char*)data;
+  if (mr && mr->type == OX_PTR_CUDA && size) { /* the bytes move through the shadow */
+    r->data = mr->shadow + ((char*)data - mr->data);
+    if (c->isSend) {
+      ncclResult_t rc = oxCudaCopy(mr, (char*)data, r->data, size, 0);
+      if (rc != ncclSuccess) return rc;
+    } else {
+      r->cudaMr = mr;
+      r->cudaDst = (char*)data;
+    }
+  }
   r->comm = c;
   r->used = 1;
-  r->data = (char*)data;
   r->size = size;
   if (c->isSend) r->header = size;
   c->posted++;
@@ -383,7 +544,7 @@ static void oxFillProps(int dev, oxProps_v10* p) {
   p->name = (char*)"OxTest0";
   p->pciPath = NULL;
   p->guid = 0x6f78746573740000ULL + (uint64_t)dev;
-  p->ptrSupport = OX_PTR_HOST;
+  p->ptrSupport = OX_PTR_HOST | (oxCudaPointers ? OX_PTR_CUDA : 0);
   p->speed = 10000;
   p->maxComms = 65536;
   p->maxRecvs = 1;
@@ -409,7 +570,15 @@ static ncclResult_t oxInit(oxLogger_t logFunction) {
   OXWARN("NET/OxTest : built with OXTEST_FAIL_INIT, failing init");
   return ncclInternalError;
 #endif
-  OXLOG(OX_LOG_INFO, "NET/OxTest : using %s, %d device(s), %s", addr, 1, "host memory only");
+  const char* cudaPtrs = getenv("OXTEST_PTR_CUDA");
+#ifdef OXTEST_PTR_CUDA
+  oxCudaPointers = cudaPtrs == NULL || strcmp(cudaPtrs, "0") != 0;
+#else
+  oxCudaPointers = cudaPtrs != NULL && strcmp(cudaPtrs, "1") == 0;
+#endif
+  OXLOG(OX_LOG_INFO, "NET/OxTest : using %s, %d device(s), %s", addr, 1,
+        oxCudaPointers ? "host and CUDA memory (CUDA memory copied through host memory)"
+                       : "host memory only");
   return ncclSuccess;
 }
 
@@ -553,14 +722,22 @@ static ncclResult_t oxAccept(void* listenComm, void** recvComm, oxDevHandle** re
 static ncclResult_t oxRegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
   (void)comm;
   *mhandle = NULL;
-  if (type != OX_PTR_HOST) {
+  if (type != OX_PTR_HOST && !(type == OX_PTR_CUDA && oxCudaPointers)) {
     OXLOG(OX_LOG_INFO, "NET/OxTest : cannot register memory of type %d", type);
     return ncclInternalError;
   }
-  struct oxMr* mr = malloc(sizeof(*mr));
+  struct oxMr* mr = calloc(1, sizeof(*mr));
   if (mr == NULL) return ncclSystemError;
   mr->data = (char*)data;
   mr->size = size;
+  mr->type = type;
+  if (type == OX_PTR_CUDA) {
+    ncclResult_t rc = oxCudaRegister(mr);
+    if (rc != ncclSuccess) {
+      free(mr);
+      return rc;
+    }
+  }
   *mhandle = mr;
   return ncclSuccess;
 }
@@ -574,7 +751,9 @@ static ncclResult_t oxRegMrDmaBuf(void* comm, void* data, size_t size, int type,
 
 static ncclResult_t oxDeregMr(void* comm, void* mhandle) {
   (void)comm;
-  free(mhandle);
+  struct oxMr* mr = (struct oxMr*)mhandle;
+  if (mr && mr->type == OX_PTR_CUDA) oxCudaRelease(mr);
+  free(mr);
   return ncclSuccess;
 }
 
@@ -598,7 +777,7 @@ static ncclResult_t oxIrecv(void* recvComm, int n, void** data, size_t* sizes, i
 static ncclResult_t oxIflush(void* recvComm, int n, void** data, int* sizes, void** mhandles,
                              void** request) {
   (void)recvComm, (void)n, (void)data, (void)sizes, (void)mhandles;
-  *request = NULL; /* host memory: nothing to flush */
+  *request = NULL; /* host memory, or CUDA memory already copied: nothing to flush */
   return ncclSuccess;
 }
 

@@ -521,6 +521,21 @@ fn the_proxy_moves_simple_and_ll_steps_over_a_net_plugin() {
     move_schedule_between_two_proxies(&net);
 }
 
+#[test]
+fn the_proxy_moves_steps_over_a_plugin_that_also_takes_cuda_memory() {
+    // A GPUDirect RDMA plugin (NCCL_PTR_HOST | NCCL_PTR_CUDA): oxccl stages in host memory,
+    // which such a plugin takes too.
+    let Some(lib) = super::plugin::tests::plugin_taking_cuda() else {
+        return;
+    };
+    let net = super::plugin::open_path(lib).expect("the test plugin loads");
+    assert_ne!(
+        net.properties(0).unwrap().ptr_support & super::api::PTR_CUDA,
+        0
+    );
+    move_schedule_between_two_proxies(&net);
+}
+
 // ---- across processes: the test binary runs itself as the sending rank ----
 
 const CHILD_ENV: &str = "OXCCL_NET_TEST_CHILD";

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::error::Error;
-use crate::transport::net::api::{Comm, Handle, MemType, Request, PTR_HOST};
+use crate::transport::net::api::{Comm, Handle, MemType, Request, PTR_CUDA, PTR_HOST};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -176,6 +176,30 @@ fn older_plugins_are_shared_by_communicators_without_a_new_init() {
     assert!(!logger::tests::logged(
         "NET/OxTest : context for comm 0x51de, traffic class 3"
     ));
+}
+
+#[test]
+fn a_plugin_taking_cuda_memory_says_so_and_fails_a_registration_that_is_not() {
+    let Some(lib) = plugin_taking_cuda() else {
+        return;
+    };
+    for v in VERSIONS {
+        let net = open_entry(lib, &[v]).unwrap_or_else(|| panic!("v{v} loads"));
+        assert_eq!(net.properties(0).unwrap().ptr_support, PTR_HOST | PTR_CUDA);
+    }
+    // Host memory registered as CUDA memory: an error (no libcuda here, or not a device
+    // pointer where there is one), never a crash.
+    let net: Arc<dyn Net> = open_entry(lib, &[11]).unwrap();
+    let (send, recv, listen) = connect_pair(&net);
+    let mut buf = vec![0u8; 64];
+    assert!(net
+        .reg_mr(send, buf.as_mut_ptr(), buf.len(), MemType::Cuda)
+        .is_err());
+    let mh = net
+        .reg_mr(send, buf.as_mut_ptr(), buf.len(), MemType::Host)
+        .unwrap();
+    net.dereg_mr(send, mh).unwrap();
+    close_pair(&net, send, recv, listen);
 }
 
 #[test]
@@ -438,6 +462,14 @@ enum Source {
 pub(crate) fn plugin() -> Option<&'static str> {
     static LIB: OnceLock<Option<String>> = OnceLock::new();
     LIB.get_or_init(|| compile("default", Source::Plugin, &[]))
+        .as_deref()
+}
+
+/// The test plugin taking CUDA memory too, as a GPUDirect RDMA plugin (`-DOXTEST_PTR_CUDA`),
+/// compiled once per test run.
+pub(crate) fn plugin_taking_cuda() -> Option<&'static str> {
+    static LIB: OnceLock<Option<String>> = OnceLock::new();
+    LIB.get_or_init(|| compile("ptr_cuda", Source::Plugin, &["-DOXTEST_PTR_CUDA"]))
         .as_deref()
 }
 
