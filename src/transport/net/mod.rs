@@ -282,7 +282,10 @@ fn try_connect(p: &Pending) -> Result<Option<Comm>> {
 fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(ConnKey, Side)> {
     let (ch, peer, dir) = p.key;
     let Local {
-        mem, listen, net, ..
+        mem,
+        listen,
+        net,
+        dev,
     } = p.local;
     let net_name = net.name().to_string();
     if let Some(l) = listen {
@@ -318,10 +321,23 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
     let (mine, theirs) = mine_and_theirs(dir);
     let base = mem.dev();
     let conn = side_conn(dir, base + mine, base + theirs, slot_bytes, nslots);
-    crate::trace!(
-        P2P,
-        "Channel {ch:02} : {dir:?} peer {peer} via NET/{net_name}"
+    let me = setup.topo.my_rank;
+    let dev_of = |rank: i32| {
+        setup
+            .topo
+            .peers
+            .get(rank as usize)
+            .map_or(-1, |p| p.cuda_dev)
+    };
+    let line = connection_line(
+        ch,
+        (me, dev_of(me)),
+        (peer, dev_of(peer)),
+        dir,
+        &net_name,
+        dev,
     );
+    crate::info!(INIT | NET, "{line}");
     let keep: Keep = Box::new(mem);
     Ok((
         (ch, peer, dir),
@@ -330,6 +346,27 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
             _keep: vec![keep],
         },
     ))
+}
+
+/// NVIDIA's INFO line for a network connection on channel `ch` between this rank and `peer`
+/// (each `(rank, device)`), sender first: `Channel 00/0 : 1[0] -> 0[0] [receive] via
+/// NET/Socket/0` (no `/GDRDMA`: the slots are in host memory).
+fn connection_line(
+    ch: u32,
+    me: (i32, i32),
+    peer: (i32, i32),
+    dir: Dir,
+    net: &str,
+    dev: i32,
+) -> String {
+    let (from, to, what) = match dir {
+        Dir::Send => (me, peer, "send"),
+        Dir::Recv => (peer, me, "receive"),
+    };
+    format!(
+        "Channel {ch:02}/0 : {}[{}] -> {}[{}] [{what}] via NET/{net}/{dev}",
+        from.0, from.1, to.0, to.1
+    )
 }
 
 #[cfg(test)]
@@ -361,6 +398,18 @@ mod layout_tests {
                 .contains("IB: no such network (available: Socket, Socket)"),
             "{}",
             e.msg
+        );
+    }
+
+    #[test]
+    fn connection_lines_are_nvidias() {
+        assert_eq!(
+            connection_line(0, (0, 0), (1, 0), Dir::Recv, "OxTest", 0),
+            "Channel 00/0 : 1[0] -> 0[0] [receive] via NET/OxTest/0"
+        );
+        assert_eq!(
+            connection_line(13, (2, 1), (5, 3), Dir::Send, "Socket", 1),
+            "Channel 13/0 : 2[1] -> 5[3] [send] via NET/Socket/1"
         );
     }
 
