@@ -3,7 +3,7 @@
 //! regions as the CUDA kernels) at both ends of a network connection, in threads and across
 //! processes, including a peer killed in the middle of a transfer.
 
-use super::api::{Comm, Handle, MemType, Net, HANDLE_BYTES};
+use super::api::{Comm, Handle, MemHandle, MemType, Net, Request, HANDLE_BYTES};
 use super::proxy::{bounce_bytes, HostBlock, NetSide, Proxy};
 use super::socket::{Shape, SocketNet};
 use super::{block_bytes, host_block};
@@ -163,6 +163,80 @@ fn runs_of_small_and_mixed_messages_go_round_the_sockets_and_arrive_in_order() {
         for (i, (got, sent)) in recvs.iter().zip(&sends).enumerate() {
             assert_eq!(got, sent, "shape {threads}x{per}, message {i}");
         }
+        net.close_send(sc).unwrap();
+        net.close_recv(rc).unwrap();
+    }
+}
+
+/// Test `r` until it is done (at most 20 s): the bytes it reports.
+fn finish(net: &dyn Net, r: Request, what: &str) -> usize {
+    let start = Instant::now();
+    loop {
+        if let Some(n) = net.test(r).unwrap() {
+            return n;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{what} stuck");
+    }
+}
+
+#[test]
+fn streams_posted_while_helpers_move_bytes_arrive_whole_and_in_order() {
+    // The sender and the receiver each post from a thread of their own, four requests in
+    // flight, while helper threads move the bytes: posts race transfers on every socket.
+    // Receives are larger than their messages; sizes from 0 to 300 KiB take 1 to 5 chunks.
+    const COUNT: usize = 300;
+    const INFLIGHT: usize = 4;
+    let size_of = |i: usize| (i * 7919) % (300 << 10);
+    for (threads, per) in [(1, 1), (2, 2), (3, 1), (1, 3)] {
+        let net = Arc::new(SocketNet::new(lo(), Shape::new(threads, per)));
+        let (sc, rc) = connect_pair(net.as_ref());
+        let sender = {
+            let net = net.clone();
+            std::thread::spawn(move || {
+                let mut pending = std::collections::VecDeque::new();
+                for i in 0..COUNT {
+                    if pending.len() == INFLIGHT {
+                        let (_buf, r): (Vec<u8>, _) = pending.pop_front().unwrap();
+                        finish(net.as_ref(), r, "a send");
+                    }
+                    let mut buf = pattern(i, size_of(i));
+                    let r = net
+                        .isend(sc, buf.as_mut_ptr(), buf.len(), 0, MemHandle(0))
+                        .unwrap()
+                        .unwrap();
+                    pending.push_back((buf, r));
+                }
+                for (_buf, r) in pending {
+                    finish(net.as_ref(), r, "a send");
+                }
+            })
+        };
+        let mut pending = std::collections::VecDeque::new();
+        let check = |i: usize, buf: Vec<u8>, r| {
+            let n = finish(net.as_ref(), r, "a receive");
+            assert_eq!(n, size_of(i), "shape {threads}x{per}, message {i}");
+            assert_eq!(
+                buf[..n],
+                pattern(i, n)[..],
+                "shape {threads}x{per}, message {i}"
+            );
+        };
+        for i in 0..COUNT {
+            if pending.len() == INFLIGHT {
+                let (j, buf, r) = pending.pop_front().unwrap();
+                check(j, buf, r);
+            }
+            let mut buf = vec![0u8; size_of(i) + 64];
+            let r = net
+                .irecv(rc, buf.as_mut_ptr(), buf.len(), 0, MemHandle(0))
+                .unwrap()
+                .unwrap();
+            pending.push_back((i, buf, r));
+        }
+        for (j, buf, r) in pending {
+            check(j, buf, r);
+        }
+        sender.join().unwrap();
         net.close_send(sc).unwrap();
         net.close_recv(rc).unwrap();
     }
