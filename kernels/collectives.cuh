@@ -18,16 +18,30 @@
 // On a receive peer that may park (FLAG_PARK_RECV, a network connection) it also waits for
 // the receive tail, which the proxy advances after it has put the LL words in place: so it
 // parks, if it must, before it moves anything, and a later kernel can do the step again.
+// On a receive connection with its slots in GPU memory (FLAG_RECV_GPU) it waits for the tail
+// too, and the words are at the slot's start, where the network put the message.
+template <bool Y>
+__device__ __noinline__ bool ox_wait_recv_tail(OxShared& s) {
+  return ox_wait<Y>(s, 0, 1);
+}
+
 template <bool Y>
 __device__ bool ox_ll_step(OxShared& s, uint32_t what, const char* in, char* out, uint64_t nelem) {
   const int nsend = (what & OX_S_SEND) ? 1 : 0, nrecv = (what & OX_S_RECV) ? 1 : 0;
-  const int wait_tail = (Y && nrecv && (s.w.flags & OX_FLAG_PARK_RECV)) ? 1 : 0;
+  const int wait_tail =
+      (Y && nrecv && (s.w.flags & (OX_FLAG_PARK_RECV | OX_FLAG_RECV_GPU))) ? 1 : 0;
   // Also the barrier after which every thread sees the positions of the previous step.
   if (!ox_wait<Y>(s, nsend, wait_tail)) return false;
+  // Outside yielding kernels a receive in GPU memory waits for its tail apart (out of line:
+  // the common LL step keeps its registers).
+  if (!Y && nrecv && (s.w.flags & OX_FLAG_RECV_GPU) && !ox_wait_recv_tail<Y>(s)) return false;
   const OxWork& w = s.w;
   const bool ops = w.flags & OX_FLAG_OPS;
   char* send_ll = nsend ? ox_slot(s.send[0]) + ox_simple_bytes(s.send[0].slot_bytes) : nullptr;
-  const char* recv_ll = nrecv ? ox_slot(s.recv[0]) + ox_simple_bytes(s.recv[0].slot_bytes) : nullptr;
+  // With FLAG_RECV_GPU the words are at the slot's start (LL region offset 0).
+  const uint32_t recv_ll_off =
+      (w.flags & OX_FLAG_RECV_GPU) ? 0u : ox_simple_bytes(s.recv[0].slot_bytes);
+  const char* recv_ll = nrecv ? ox_slot(s.recv[0]) + recv_ll_off : nullptr;
   const bool pre = (what & OX_S_IN) && ops && ox_has_pre(w.dtype, w.op);
   const bool post = (what & OX_S_POST) && ops && ox_has_post(w.dtype, w.op);
   const uint64_t nbytes = nelem * ox_esize(w.dtype);

@@ -52,6 +52,13 @@
 // is added in). Never set on a ring in rank order, whose items are as without it.
 #define OX_FLAG_RING_ORDER 16
 
+// An item whose receive connection has its slots in GPU memory, written by the network
+// (GPUDirect RDMA): every message lands at the start of its slot, so an LL step waits for
+// the receive `tail` (which the proxy advances once the message is in and flushed) and reads
+// its words at the slot's start instead of in the LL region (their layout is the LL
+// region's). Simple steps are as without it.
+#define OX_FLAG_RECV_GPU 128
+
 // Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
 // same connection never see each other's bytes: Simple data in the first
 // `slot_bytes - slot_bytes / LL_REGION_DIV` bytes, LL lines in the last

@@ -456,7 +456,7 @@ sec_net() {
   bench_step net "net plugin OxTest R=2 hostid (ours)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest -- "${sub[@]}" \
     -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
   # The plugin taking CUDA memory too, as a GPUDirect RDMA plugin (OXTEST_PTR_CUDA=1; it copies
-  # through host memory): ours stages in host memory; NVIDIA's registers GPU memory with it
+  # through host memory): ours and NVIDIA's receive into GPU memory with it
   # (NCCL_NET_GDR_LEVEL=SYS: the plugin's device has no PCI path).
   local cudaplugin=("$plugin" NCCL_NET=OxTest OXTEST_PTR_CUDA=1 NCCL_NET_GDR_LEVEL=SYS)
   bench_step net "net plugin OxTest CUDA memory R=2 hostid (ours)" 60 "${lo[@]}" "${cudaplugin[@]}" -- "${sub[@]}" \

@@ -949,6 +949,13 @@ impl Runtime {
             nchannels: self.nchannels,
             send: table(&self.conns.send),
             recv: table(&self.conns.recv),
+            recv_gpu: self
+                .conns
+                .recv
+                .iter()
+                .filter(|(_, side)| side.recv_gpu)
+                .map(|(&key, _)| key)
+                .collect(),
             abort_flag: self.device_abort.dev(),
             threads: self.threads,
             net: self.net.clone(),

@@ -143,6 +143,14 @@ pub fn device_attribute(dev: i32, attr: sys::CUdevice_attribute) -> Result<i32> 
     Ok(v)
 }
 
+/// Whether device `dev` supports GPUDirect RDMA (a NIC reading and writing its memory).
+pub fn gpu_direct_rdma_supported(dev: i32) -> Result<bool> {
+    Ok(device_attribute(
+        dev,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
+    )? == 1)
+}
+
 /// The PCI bus id string of a device, e.g. `0000:19:00.0`.
 pub fn pci_bus_id(dev: i32) -> Result<String> {
     let mut buf = [0 as std::os::raw::c_char; 64];

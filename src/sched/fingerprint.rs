@@ -105,6 +105,7 @@ fn geometry(rank: i32, nranks: i32, nchannels: u32, slot_bytes: u32, threads: u3
         nchannels,
         send: table(1),
         recv: table(2),
+        recv_gpu: Default::default(),
         abort_flag: 0xAB0,
         threads,
         net: None,
@@ -386,4 +387,30 @@ fn plan_fingerprints() {
         got.len(),
         bad[..bad.len().min(20)].join("\n")
     );
+}
+
+#[test]
+fn only_items_receiving_into_gpu_memory_carry_the_gpu_flag() {
+    use super::device::{OxWork, FLAG_RECV_GPU, WORK_SIZE};
+    let mut geom = geometry(0, 2, 2, 1 << 17, 512);
+    let gpu_buf = geom.recv[0][1].unwrap().buf;
+    geom.recv_gpu.insert((0, 1));
+    let t = task(
+        CollKind::AllReduce,
+        ncclDataType_t::ncclFloat32,
+        RedOp::Sum,
+        1 << 20,
+        (0x1000_0000, 0x2000_0000),
+    );
+    let p = plan(&geom, &[t]).unwrap();
+    let items: Vec<OxWork> = p.items.chunks(WORK_SIZE).map(OxWork::deserialize).collect();
+    assert!(items.iter().any(|w| w.recv.buf == gpu_buf));
+    for w in &items {
+        assert_eq!(
+            w.flags & FLAG_RECV_GPU != 0,
+            w.recv.buf == gpu_buf,
+            "an item receiving from buffer {:#x}",
+            w.recv.buf
+        );
+    }
 }

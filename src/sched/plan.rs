@@ -29,7 +29,7 @@
 //! items to CTAs and resolves their connections.
 
 use super::cost::{self, NetLink, BLOCK_THREADS, MAX_CTAS};
-use super::device::{OxConn, OxWork, WorkKind, FLAG_PARK_RECV, FLAG_PARK_SEND};
+use super::device::{OxConn, OxWork, WorkKind, FLAG_PARK_RECV, FLAG_PARK_SEND, FLAG_RECV_GPU};
 use super::lower::{decompose, Group, Piece};
 use super::proto::Proto;
 use super::ring::RingOrder;
@@ -50,6 +50,9 @@ pub struct Geometry {
     pub send: Vec<Vec<Option<OxConn>>>,
     /// `[channel][peer]`: peer -> this rank.
     pub recv: Vec<Vec<Option<OxConn>>>,
+    /// (channel, peer) of the receive connections whose slots are in GPU memory, written by
+    /// the network (`FLAG_RECV_GPU`).
+    pub recv_gpu: std::collections::BTreeSet<(u32, i32)>,
     /// Device-visible address of a volatile u32 (host-mapped pinned memory); non-zero = abort.
     pub abort_flag: u64,
     /// Threads per CTA (`NCCL_NTHREADS`: 64..=512, a multiple of 64).
@@ -283,6 +286,9 @@ fn resolve(geom: &Geometry, p: &Piece) -> Result<OxWork> {
         w.recv = conn_of(geom, Dir::Recv, ch, peer)?;
         if geom.parks(peer) {
             w.flags |= FLAG_PARK_RECV;
+        }
+        if geom.recv_gpu.contains(&(ch, peer)) {
+            w.flags |= FLAG_RECV_GPU;
         }
     }
     if has_steps(w.kind) {

@@ -43,6 +43,9 @@ type Keep = Box<dyn Any + Send + Sync>;
 /// One side of one connection.
 pub struct Side {
     pub conn: OxConn,
+    /// A receiving side whose slots are in GPU memory, written by the network (GPUDirect
+    /// RDMA): its items carry `FLAG_RECV_GPU`.
+    pub recv_gpu: bool,
     _keep: Vec<Keep>,
 }
 
@@ -309,6 +312,7 @@ fn mapped_side(
     );
     Ok(Side {
         conn,
+        recv_gpu: false,
         _keep: std::iter::once(keep).chain(mapping).collect(),
     })
 }

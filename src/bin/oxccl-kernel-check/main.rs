@@ -353,6 +353,7 @@ impl Loopback {
             nchannels: self.nchannels,
             send: vec![vec![None; n]; rows],
             recv: vec![vec![None; n]; rows],
+            recv_gpu: Default::default(),
             abort_flag: self.abort.ptr,
             threads: 0,
             net: None,

@@ -99,6 +99,12 @@ pub const FLAG_PARK_RECV: u32 = 64;
 /// table's address, and `src` / `dst` already point at the item's range (its element offset
 /// is added in). Never set on a ring in rank order, whose items are as without it.
 pub const FLAG_RING_ORDER: u32 = 16;
+/// An item whose receive connection has its slots in GPU memory, written by the network
+/// (GPUDirect RDMA): every message lands at the start of its slot, so an LL step waits for
+/// the receive `tail` (which the proxy advances once the message is in and flushed) and reads
+/// its words at the slot's start instead of in the LL region (their layout is the LL
+/// region's). Simple steps are as without it.
+pub const FLAG_RECV_GPU: u32 = 128;
 
 /// Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
 /// same connection never see each other's bytes: Simple data in the first

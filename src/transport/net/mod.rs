@@ -6,24 +6,27 @@
 //!
 //! A side's block is one host allocation: the head page, the tail page (tail, step words),
 //! the staging slots, and for a sender the bounce area of its LL messages. Each side plays
-//! both roles of the shared layout (`side_conn` with "mine" and "theirs" in one block).
+//! both roles of the shared layout (`side_conn` with "mine" and "theirs" in one block). A
+//! receiving side that may take the network's writes in GPU memory (`gdr`) has its slots
+//! there instead, registered with the network as CUDA memory.
 //!
 //! The process's networks are loaded once (`network`): a net plugin if one is found
 //! (`NCCL_NET_PLUGIN`), then the built-in sockets; a communicator takes the one its
 //! `netName` (or `NCCL_NET`) names, else the first.
 
 pub mod api;
+pub mod gdr;
 pub mod plugin;
 pub mod proxy;
 pub mod socket;
 
 use super::wire::{Half, Placement};
 use super::{side_conn, Keep, Setup, Side};
-use crate::cuda::HostMapped;
+use crate::cuda::{DeviceBuffer, HostMapped};
 use crate::error::{Error, Result};
 use crate::sched::device::{MAX_NSLOTS, STEP_WORDS_OFFSET};
 use crate::sched::{Dir, NetLink};
-use api::{Comm, Handle, MemType, Net};
+use api::{Comm, Handle, MemType, Net, PTR_CUDA};
 use once_cell::sync::OnceCell;
 use proxy::{bounce_bytes, HostBlock, NetSide, Proxy};
 use std::sync::atomic::Ordering;
@@ -150,14 +153,16 @@ fn block_bytes(dir: Dir, slot_bytes: u32, nslots: u32) -> usize {
     }
 }
 
+/// The block of a receiving side whose slots are in GPU memory: the counter pages alone.
+const COUNTERS_BYTES: usize = STAGING as usize;
+
 /// Where the proxy finds the counters and buffers of a side's block at host address `host`
-/// (of `block_bytes` bytes).
+/// (of `block_bytes` bytes; a block of the counter pages alone has its buffers elsewhere, and
+/// `buf` and `bounce` are then to be replaced).
 fn host_block(host: *mut u8, slot_bytes: u32, nslots: u32) -> HostBlock {
-    let at = |off: u64| -> *mut u8 {
-        // SAFETY: every offset used is within the block (block_bytes), the bounce area's
-        // start at most its end (a receiver has none).
-        unsafe { host.add(off as usize) }
-    };
+    // Offsets past the counter pages are within a full block only: computed with a wrapping
+    // offset, never read through unless the block has them.
+    let at = |off: u64| -> *mut u8 { host.wrapping_add(off as usize) };
     let staging = nslots as u64 * slot_bytes as u64;
     HostBlock {
         tail: at(TAIL_PAGE) as *mut u64,
@@ -175,6 +180,33 @@ pub(super) struct Local {
     listen: Option<Comm>,
     net: Arc<dyn Net>,
     dev: i32,
+    /// A receiver's slots in GPU memory (`gdr`), else they are in `mem`.
+    gpu_slots: Option<DeviceBuffer>,
+}
+
+/// Whether this rank's receiving sides on device `dev` of `net` take the network's writes
+/// in GPU memory (`gdr::receives_into_gpu`, from the device's properties, the GPU, their PCI
+/// paths and `NCCL_NET_GDR_LEVEL`).
+fn receive_into_gpu(setup: &Setup<'_>, net: &dyn Net, dev: i32) -> Result<bool> {
+    let props = net.properties(dev)?;
+    if props.ptr_support & PTR_CUDA == 0 {
+        return Ok(false);
+    }
+    let me = &setup.topo.peers[setup.topo.my_rank as usize];
+    let supports = crate::cuda::gpu_direct_rdma_supported(me.cuda_dev)?;
+    let gpu_path = std::fs::canonicalize(format!("/sys/bus/pci/devices/{}", me.bus_id))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let numa = |dir: &str| std::fs::read_to_string(format!("{dir}/numa_node")).ok();
+    let same_numa = !gpu_path.is_empty() && numa(&gpu_path) == numa(&props.pci_path);
+    let distance = gdr::pci_distance(&gpu_path, &props.pci_path, same_numa);
+    let level = crate::env::get("NCCL_NET_GDR_LEVEL");
+    Ok(gdr::receives_into_gpu(
+        &props,
+        supports,
+        distance,
+        level.as_deref(),
+    ))
 }
 
 /// Allocate this rank's block for (channel, peer, dir); a receiver also starts listening and
@@ -188,7 +220,18 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
     }
     let net = setup.net.get()?;
     let dev = ch as i32 % net.devices()?.max(1);
-    let mem = HostMapped::new(block_bytes(dir, setup.slot_bytes, setup.nslots))?;
+    let staging = setup.nslots as usize * setup.slot_bytes as usize;
+    let gpu_slots = match dir {
+        Dir::Recv if receive_into_gpu(setup, net.as_ref(), dev)? => {
+            Some(DeviceBuffer::zeroed(staging)?)
+        }
+        _ => None,
+    };
+    let bytes = match gpu_slots {
+        Some(_) => COUNTERS_BYTES,
+        None => block_bytes(dir, setup.slot_bytes, setup.nslots),
+    };
+    let mem = HostMapped::new(bytes)?;
     let (handle, listen) = match dir {
         Dir::Recv => {
             let (h, l) = net.listen(dev)?;
@@ -207,6 +250,7 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
             listen,
             net,
             dev,
+            gpu_slots,
         },
     ))
 }
@@ -286,15 +330,22 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         listen,
         net,
         dev,
+        gpu_slots,
     } = p.local;
     let net_name = net.name().to_string();
     if let Some(l) = listen {
         net.close_listen(l)?;
     }
     let (slot_bytes, nslots) = (setup.slot_bytes, setup.nslots);
-    let block = host_block(mem.host(), slot_bytes, nslots);
+    let mut block = host_block(mem.host(), slot_bytes, nslots);
     let staging = nslots as usize * slot_bytes as usize;
-    let mh = net.reg_mr(comm, block.buf, staging, MemType::Host)?;
+    let mh = match &gpu_slots {
+        Some(gpu) => {
+            block.buf = gpu.ptr() as *mut u8;
+            net.reg_mr(comm, block.buf, staging, MemType::Cuda)?
+        }
+        None => net.reg_mr(comm, block.buf, staging, MemType::Host)?,
+    };
     let bounce_mh = match dir {
         Dir::Send => net.reg_mr(
             comm,
@@ -317,10 +368,14 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         dev_tail: mem.dev() + TAIL_PAGE,
         nslots,
         slot_bytes,
+        gpu_slots: gpu_slots.is_some(),
     });
     let (mine, theirs) = mine_and_theirs(dir);
     let base = mem.dev();
-    let conn = side_conn(dir, base + mine, base + theirs, slot_bytes, nslots);
+    let mut conn = side_conn(dir, base + mine, base + theirs, slot_bytes, nslots);
+    if let Some(gpu) = &gpu_slots {
+        conn.buf = gpu.ptr();
+    }
     let me = setup.topo.my_rank;
     let dev_of = |rank: i32| {
         setup
@@ -336,21 +391,25 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         dir,
         &net_name,
         dev,
+        gpu_slots.is_some(),
     );
     crate::info!(INIT | NET, "{line}");
-    let keep: Keep = Box::new(mem);
+    let recv_gpu = gpu_slots.is_some();
+    let mut keep: Vec<Keep> = vec![Box::new(mem)];
+    keep.extend(gpu_slots.map(|g| Box::new(g) as Keep));
     Ok((
         (ch, peer, dir),
         Side {
             conn,
-            _keep: vec![keep],
+            recv_gpu,
+            _keep: keep,
         },
     ))
 }
 
 /// NVIDIA's INFO line for a network connection on channel `ch` between this rank and `peer`
 /// (each `(rank, device)`), sender first: `Channel 00/0 : 1[0] -> 0[0] [receive] via
-/// NET/Socket/0` (no `/GDRDMA`: the slots are in host memory).
+/// NET/Socket/0`, and `/GDRDMA` when the side's slots are in GPU memory.
 fn connection_line(
     ch: u32,
     me: (i32, i32),
@@ -358,14 +417,19 @@ fn connection_line(
     dir: Dir,
     net: &str,
     dev: i32,
+    gdr: bool,
 ) -> String {
     let (from, to, what) = match dir {
         Dir::Send => (me, peer, "send"),
         Dir::Recv => (peer, me, "receive"),
     };
     format!(
-        "Channel {ch:02}/0 : {}[{}] -> {}[{}] [{what}] via NET/{net}/{dev}",
-        from.0, from.1, to.0, to.1
+        "Channel {ch:02}/0 : {}[{}] -> {}[{}] [{what}] via NET/{net}/{dev}{}",
+        from.0,
+        from.1,
+        to.0,
+        to.1,
+        if gdr { "/GDRDMA" } else { "" }
     )
 }
 
@@ -404,11 +468,11 @@ mod layout_tests {
     #[test]
     fn connection_lines_are_nvidias() {
         assert_eq!(
-            connection_line(0, (0, 0), (1, 0), Dir::Recv, "OxTest", 0),
-            "Channel 00/0 : 1[0] -> 0[0] [receive] via NET/OxTest/0"
+            connection_line(0, (0, 0), (1, 0), Dir::Recv, "OxTest", 0, true),
+            "Channel 00/0 : 1[0] -> 0[0] [receive] via NET/OxTest/0/GDRDMA"
         );
         assert_eq!(
-            connection_line(13, (2, 1), (5, 3), Dir::Send, "Socket", 1),
+            connection_line(13, (2, 1), (5, 3), Dir::Send, "Socket", 1, false),
             "Channel 13/0 : 2[1] -> 5[3] [send] via NET/Socket/1"
         );
     }

@@ -6,7 +6,10 @@
 //! receiving side it posts a receive into each slot the kernel has freed (`head`) and, once
 //! the data is in, advances `tail`. A message is the step's payload and an 8-byte trailer,
 //! the step word, which says where the payload goes (the Simple or the LL region of the
-//! slot) and lets the receiver check that both ends are at the same step.
+//! slot) and lets the receiver check that both ends are at the same step. A receiving side
+//! whose slots are in GPU memory (GPUDirect RDMA, `NetSide::gpu_slots`) leaves every message
+//! where it landed, at its slot's start (the kernel knows what it reads there), and advances
+//! `tail` once the network's `iflush` says the bytes are visible to the GPU.
 //!
 //! It never waits forever: the communicator's abort stops it, and a failed send, receive or
 //! test becomes the communicator's error (through the sink it was given) naming the peer,
@@ -74,6 +77,9 @@ pub struct NetSide {
     pub dev_tail: u64,
     pub nslots: u32,
     pub slot_bytes: u32,
+    /// A receiving side whose slots (`block.buf`) are in GPU memory, registered with the
+    /// network as such: never read by the proxy; each received message is flushed, not landed.
+    pub gpu_slots: bool,
 }
 
 // SAFETY: the block's pointers are into memory owned by the connection's `Side`, which the
@@ -88,6 +94,8 @@ struct Driven {
     next: u64,
     /// Posted requests in step order.
     inflight: VecDeque<(u64, Request)>,
+    /// The flush of a received step in GPU memory, before its `tail` (`gpu_slots`).
+    flushing: Option<(u64, Request)>,
     /// Its connection failed: it moves nothing more (the other sides go on).
     failed: bool,
 }
@@ -123,14 +131,13 @@ impl Driven {
         self.side.dir == Dir::Recv || (self.inflight.is_empty() && self.filled(self.next).is_none())
     }
 
+    /// Where step k's slot is: an address in host memory, or in GPU memory (`gpu_slots`,
+    /// never dereferenced here; hence a wrapping offset).
     fn slot(&self, k: u64) -> *mut u8 {
         let s = &self.side;
-        // SAFETY: k % nslots < nslots; the staging buffer has nslots slots.
-        unsafe {
-            s.block
-                .buf
-                .add((k % s.nslots as u64) as usize * s.slot_bytes as usize)
-        }
+        s.block
+            .buf
+            .wrapping_add((k % s.nslots as u64) as usize * s.slot_bytes as usize)
     }
 
     fn ll_region(&self, k: u64) -> *mut u8 {
@@ -252,23 +259,42 @@ impl Driven {
         Ok(posted)
     }
 
-    /// Complete the posted requests that are done, in order.
+    /// Complete the posted requests that are done, in order (a received step in GPU memory
+    /// once its flush is done too).
     fn complete(&mut self) -> Result<bool> {
         let mut done = false;
-        while let Some(&(k, r)) = self.inflight.front() {
+        loop {
             let s = &self.side;
+            if let Some((k, f)) = self.flushing {
+                if s.net.test(f)?.is_none() {
+                    break;
+                }
+                self.flushing = None;
+                store(s.block.tail, k + 1);
+                done = true;
+                continue;
+            }
+            let Some(&(k, r)) = self.inflight.front() else {
+                break;
+            };
             let Some(n) = s.net.test(r)? else {
                 break;
             };
             self.inflight.pop_front();
+            done = true;
             match s.dir {
                 Dir::Send => store(s.block.head, k + 1),
+                // The slot is not reposted before the kernel has read it (head), which it
+                // does only after the tail: the flush has the slot to itself.
+                Dir::Recv if s.gpu_slots => match s.net.iflush(s.comm, self.slot(k), n, s.mh)? {
+                    Some(f) => self.flushing = Some((k, f)),
+                    None => store(s.block.tail, k + 1),
+                },
                 Dir::Recv => {
                     self.land(k, n)?;
                     store(s.block.tail, k + 1);
                 }
             }
-            done = true;
         }
         Ok(done)
     }
@@ -523,6 +549,7 @@ fn run(rank: i32, shared: &Shared) {
                 side,
                 next: 0,
                 inflight: VecDeque::new(),
+                flushing: None,
                 failed: false,
             }));
         }

@@ -508,6 +508,42 @@ fn stand_in_receiver(
     Ok(())
 }
 
+/// A stand-in receiving kernel on a side whose slots are in GPU memory (`FLAG_RECV_GPU`):
+/// every step waits for `tail`, and an LL step's words are at the slot's start.
+fn stand_in_gpu_receiver(
+    b: &HostBlock,
+    steps: &[(usize, bool)],
+    abort: &AtomicBool,
+) -> std::result::Result<(), String> {
+    for (k, &(bytes, ll)) in steps.iter().enumerate() {
+        spin(&format!("receiver step {k}"), abort, || {
+            load(b.tail) > k as u64
+        })?;
+        let mut got = vec![0u8; bytes];
+        if ll {
+            let words = slot(b, k) as *const u64;
+            for (u, out) in got.chunks_mut(8).enumerate() {
+                let two = out.len() > 4;
+                // SAFETY: within the slot.
+                let w = |i: usize| load(unsafe { words.add(2 * u + i) });
+                if w(0) >> 32 != epoch(k) || (two && w(1) >> 32 != epoch(k)) {
+                    return Err(format!("step {k}: an LL word without its flag after tail"));
+                }
+                let v = (w(0) & 0xffff_ffff) | if two { w(1) << 32 } else { 0 };
+                out.copy_from_slice(&v.to_le_bytes()[..out.len()]);
+            }
+        } else {
+            // SAFETY: the slot holds the step's payload.
+            unsafe { std::ptr::copy_nonoverlapping(slot(b, k), got.as_mut_ptr(), bytes) };
+        }
+        if got != pattern(k, bytes) {
+            return Err(format!("step {k} ({bytes} bytes, ll {ll}): wrong data"));
+        }
+        store(b.head, k as u64 + 1);
+    }
+    Ok(())
+}
+
 /// A proxy whose errors land in `errors` (the stand-in kernels have their own abort flag).
 fn proxy(rank: i32, errors: &Arc<Mutex<Vec<Error>>>) -> Proxy {
     let e = errors.clone();
@@ -546,6 +582,7 @@ fn side(net: &Arc<dyn Net>, comm: Comm, dir: Dir, peer: i32, block: &Block) -> N
         dev_tail: 0,
         nslots: NSLOTS,
         slot_bytes: SLOT,
+        gpu_slots: false,
     }
 }
 
@@ -577,6 +614,141 @@ fn move_schedule_between_two_proxies(net: &Arc<dyn Net>) {
         );
     }
     drop((p0, p1));
+}
+
+/// The socket network with an `iflush` that takes two tests to finish, counting flushes.
+struct FlushingNet {
+    inner: SocketNet,
+    /// Flush requests handed out, with the tests each has had.
+    flushes: Mutex<std::collections::HashMap<usize, u32>>,
+    done: std::sync::atomic::AtomicUsize,
+}
+
+const FLUSH_IDS: usize = 1 << 40;
+
+impl Net for FlushingNet {
+    fn name(&self) -> &str {
+        "Flushing"
+    }
+    fn devices(&self) -> Result<i32> {
+        self.inner.devices()
+    }
+    fn properties(&self, dev: i32) -> Result<super::api::Properties> {
+        self.inner.properties(dev)
+    }
+    fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
+        self.inner.listen(dev)
+    }
+    fn connect(&self, dev: i32, handle: &Handle) -> Result<Option<Comm>> {
+        self.inner.connect(dev, handle)
+    }
+    fn accept(&self, listen: Comm) -> Result<Option<Comm>> {
+        self.inner.accept(listen)
+    }
+    fn reg_mr(&self, comm: Comm, data: *mut u8, size: usize, mem: MemType) -> Result<MemHandle> {
+        self.inner.reg_mr(comm, data, size, mem)
+    }
+    fn dereg_mr(&self, comm: Comm, mh: MemHandle) -> Result<()> {
+        self.inner.dereg_mr(comm, mh)
+    }
+    fn isend(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        self.inner.isend(comm, data, size, tag, mh)
+    }
+    fn irecv(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        self.inner.irecv(comm, data, size, tag, mh)
+    }
+    fn iflush(
+        &self,
+        _comm: Comm,
+        _data: *mut u8,
+        _size: usize,
+        _mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        let mut f = self.flushes.lock();
+        let id = FLUSH_IDS + f.len();
+        f.insert(id, 0);
+        Ok(Some(Request(id)))
+    }
+    fn test(&self, req: Request) -> Result<Option<usize>> {
+        if req.0 < FLUSH_IDS {
+            return self.inner.test(req);
+        }
+        let mut f = self.flushes.lock();
+        let tests = f.get_mut(&req.0).expect("a flush handed out");
+        *tests += 1;
+        if *tests < 2 {
+            return Ok(None);
+        }
+        self.done.fetch_add(1, Ordering::AcqRel);
+        Ok(Some(0))
+    }
+    fn close_send(&self, comm: Comm) -> Result<()> {
+        self.inner.close_send(comm)
+    }
+    fn close_recv(&self, comm: Comm) -> Result<()> {
+        self.inner.close_recv(comm)
+    }
+    fn close_listen(&self, comm: Comm) -> Result<()> {
+        self.inner.close_listen(comm)
+    }
+}
+
+#[test]
+fn a_receiving_side_in_gpu_memory_gets_every_message_at_its_slot_start_and_no_landing() {
+    // Host memory stands in for the GPU slots: the proxy must leave each message where it
+    // landed (no LL copy into the LL region, no trailer check) and advance tail only once the
+    // step's flush is done.
+    let flushing = Arc::new(FlushingNet {
+        inner: SocketNet::new(lo(), Shape::new(0, 1)),
+        flushes: Mutex::new(Default::default()),
+        done: Default::default(),
+    });
+    let net: Arc<dyn Net> = flushing.clone();
+    let (sc, rc) = connect_pair(net.as_ref());
+    let (sb, rb) = (Block::new(Dir::Send), Block::new(Dir::Recv));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let flag = AtomicBool::new(false);
+    let p0 = proxy(0, &errors);
+    let p1 = proxy(1, &errors);
+    p0.add(side(&net, sc, Dir::Send, 1, &sb));
+    p1.add(NetSide {
+        gpu_slots: true,
+        ..side(&net, rc, Dir::Recv, 0, &rb)
+    });
+    let steps = schedule();
+    std::thread::scope(|s| {
+        let (sb, rb, steps, flag) = (&sb, &rb, &steps, &flag);
+        let send = s.spawn(move || stand_in_sender(&sb.host, steps, flag));
+        let recv = s.spawn(move || stand_in_gpu_receiver(&rb.host, steps, flag));
+        send.join().unwrap().unwrap();
+        recv.join().unwrap().unwrap();
+    });
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+    // No LL step was copied into an LL region (its first word may hold the trailer of a
+    // Simple step that fills the Simple region; an LL step of 5 bytes or more has a second).
+    for k in 0..NSLOTS as usize {
+        let region = ll_region(&rb.host, k) as *const u64;
+        // SAFETY: within the block.
+        let second = load(unsafe { region.add(1) });
+        assert_eq!(second, 0, "slot {k}: an LL step landed in the LL region");
+    }
+    drop((p0, p1));
+    // Every step's tail waited for its flush (the receiver saw every step's tail).
+    assert_eq!(flushing.done.load(Ordering::Acquire), steps.len());
 }
 
 #[test]
