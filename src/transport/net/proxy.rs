@@ -342,8 +342,12 @@ impl Driven {
         let k = self.next;
         // SAFETY: the words array has nslots entries.
         let word = load(unsafe { s.block.words.add((k % s.nslots as u64) as usize) });
+        let flushing = self
+            .flushing
+            .map_or(String::new(), |(f, _)| format!(", step {f} flushing"));
         format!(
-            "{}: next step {k}, {} posted, tail {}, head {}, step word of the next slot {:#x}",
+            "{}: next step {k}, {} posted{flushing}, tail {}, head {}, step word of the next \
+             slot {:#x}",
             self.what(),
             self.inflight.len(),
             load(s.block.tail),
