@@ -19,7 +19,8 @@
 // the receive tail, which the proxy advances after it has put the LL words in place: so it
 // parks, if it must, before it moves anything, and a later kernel can do the step again.
 // On a receive connection with its slots in GPU memory (FLAG_RECV_GPU) it waits for the tail
-// too, and the words are at the slot's start, where the network put the message.
+// too, and the words are at the slot's start, where the network put the message. On a send
+// connection with its slots in GPU memory (FLAG_SEND_GPU) the words go to its host LL region.
 template <bool Y>
 __device__ __noinline__ bool ox_wait_recv_tail(OxShared& s) {
   return ox_wait<Y>(s, 0, 1);
@@ -37,7 +38,7 @@ __device__ bool ox_ll_step(OxShared& s, uint32_t what, const char* in, char* out
   if (!Y && nrecv && (s.w.flags & OX_FLAG_RECV_GPU) && !ox_wait_recv_tail<Y>(s)) return false;
   const OxWork& w = s.w;
   const bool ops = w.flags & OX_FLAG_OPS;
-  char* send_ll = nsend ? ox_slot(s.send[0]) + ox_simple_bytes(s.send[0].slot_bytes) : nullptr;
+  char* send_ll = nsend ? ox_send_ll(s.send[0], w.flags) : nullptr;
   // With FLAG_RECV_GPU the words are at the slot's start (LL region offset 0).
   const uint32_t recv_ll_off =
       (w.flags & OX_FLAG_RECV_GPU) ? 0u : ox_simple_bytes(s.recv[0].slot_bytes);

@@ -59,6 +59,18 @@
 // region's). Simple steps are as without it.
 #define OX_FLAG_RECV_GPU 128
 
+// An item whose send connection has its slots in GPU memory, read by the network (GPUDirect
+// RDMA, NVIDIA's `NCCL_NET_GDR_READ`): a Simple step also writes the step word (the
+// message's trailer, the word the receiving proxy checks) right after its payload in the
+// slot, before the release of `tail`, since the proxy cannot write GPU memory; an LL step
+// writes its words in host memory the proxy polls, the send connection's *host LL regions*:
+// slot j's at `tail + SEND_LL_OFFSET + j * (slot_bytes / LL_REGION_DIV)`.
+#define OX_FLAG_SEND_GPU 256
+
+// Bytes from a send connection's `tail` to its host LL regions (`FLAG_SEND_GPU`): the page
+// after the tail's.
+#define OX_SEND_LL_OFFSET 4096
+
 // Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
 // same connection never see each other's bytes: Simple data in the first
 // `slot_bytes - slot_bytes / LL_REGION_DIV` bytes, LL lines in the last

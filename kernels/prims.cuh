@@ -431,10 +431,37 @@ __device__ __forceinline__ char* ox_slot(const OxPeer& p) {
 // The step word of the send position's step (OX_STEP_WORDS_OFFSET): epoch, bytes, protocol,
 // for the proxy of a network connection. A relaxed store by the peer's thread, ordered
 // before the tail by the release that publishes a Simple step.
+__device__ __forceinline__ uint64_t ox_step_word_of(const OxPeer& p, uint64_t nbytes, bool ll) {
+  return ((p.step + 1) << 32) | nbytes | (ll ? (uint64_t)OX_STEP_LL : 0ull);
+}
+
 __device__ __forceinline__ void ox_step_word(const OxPeer& p, uint64_t nbytes, bool ll) {
   uint64_t* words = (uint64_t*)((char*)p.tail + OX_STEP_WORDS_OFFSET);
-  ox_st_relaxed(words + (p.step & (uint64_t)(p.nslots - 1)),
-                ((p.step + 1) << 32) | nbytes | (ll ? (uint64_t)OX_STEP_LL : 0ull));
+  ox_st_relaxed(words + (p.step & (uint64_t)(p.nslots - 1)), ox_step_word_of(p, nbytes, ll));
+}
+
+// A Simple step on a send connection whose slots are in GPU memory (OX_FLAG_SEND_GPU): the
+// step word also goes right after the payload, as the message's trailer (the proxy cannot
+// write GPU memory). Byte stores where the payload's end is not 8-aligned. Ordered before the
+// tail by the release that follows. (Inline: a call here made ox_kernel spill on sm_90.)
+__device__ __forceinline__ void ox_send_trailer(const OxPeer& p, uint64_t nbytes) {
+  const uint64_t word = ox_step_word_of(p, nbytes, false);
+  char* at = ox_slot(p) + nbytes;
+  if (((uintptr_t)at & 7) == 0) {
+    *(volatile uint64_t*)at = word;
+  } else {
+    for (int i = 0; i < 8; i++) ((volatile unsigned char*)at)[i] = (unsigned char)(word >> (8 * i));
+  }
+}
+
+// Where an LL step's words go on a send peer: the LL region of its slot, or with
+// OX_FLAG_SEND_GPU the slot's host LL region after the connection's tail page (the proxy polls
+// the words there; it cannot read GPU memory).
+__device__ __forceinline__ char* ox_send_ll(const OxPeer& p, uint32_t flags) {
+  if (flags & OX_FLAG_SEND_GPU)
+    return (char*)p.tail + OX_SEND_LL_OFFSET +
+           (p.step & (uint64_t)(p.nslots - 1)) * (uint64_t)(p.slot_bytes / OX_LL_REGION_DIV);
+  return ox_slot(p) + ox_simple_bytes(p.slot_bytes);
 }
 
 // Before a step: thread k waits until send peer k (k < nsend) has a free slot and receive
@@ -486,6 +513,7 @@ __device__ bool ox_post(OxShared& s, int nsend, int nrecv, uint64_t nbytes, bool
   if (k < nsend) {
     OxPeer& p = s.send[k];
     ox_step_word(p, nbytes, ll);
+    if (!ll && k == 0 && (s.w.flags & OX_FLAG_SEND_GPU)) ox_send_trailer(p, nbytes);
     p.step++;
     if (!ll) ox_st_release(p.tail, p.step);
   }

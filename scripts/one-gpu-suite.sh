@@ -51,8 +51,10 @@
 #           (--hostid-per-rank; 2, 4, 8 processes; and 4 and 6 on interleaved hosts,
 #           --hosts 2 / 3: rings grouped by host), net_abort (ffi-tests/gpu/net_abort.c: a
 #           rank waiting on the network is aborted; NVIDIA's hostid cases as a reference), the
-#           test net plugin under ours and NVIDIA's (host memory, then also taking CUDA
-#           memory), ours vs NVIDIA's sockets side by side, oxccl-netbench (the socket network
+#           test net plugin under ours and NVIDIA's (host memory; then also taking CUDA
+#           memory, which both libraries send from and receive into, also with sends staged in
+#           host memory, NCCL_NET_GDR_READ=0, and LL only; then CUDA memory as dma-bufs only),
+#           ours vs NVIDIA's sockets side by side, oxccl-netbench (the socket network
 #           against a plain TCP pair, reference rows), and torch-hostid (scripts/torch-all.sh
 #           --hostid: DDP on 2 and 4 ranks over the network, loss curves against NVIDIA's).
 #           MATRIX_ONLY=REGEX runs only its steps that match.
@@ -456,10 +458,19 @@ sec_net() {
   bench_step net "net plugin OxTest R=2 hostid (ours)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest -- "${sub[@]}" \
     -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
   # The plugin taking CUDA memory too, as a GPUDirect RDMA plugin (OXTEST_PTR_CUDA=1; it copies
-  # through host memory): ours and NVIDIA's receive into GPU memory with it
-  # (NCCL_NET_GDR_LEVEL=SYS: the plugin's device has no PCI path).
+  # through host memory): ours and NVIDIA's receive into GPU memory with it and send from it
+  # (NCCL_NET_GDR_LEVEL=SYS: the plugin's device has no PCI path); then sending sides staged in
+  # host memory (NCCL_NET_GDR_READ=0), ranks forced onto it in one process with LL only, and
+  # the plugin taking CUDA memory as dma-bufs only (OXTEST_PTR_DMABUF=1).
   local cudaplugin=("$plugin" NCCL_NET=OxTest OXTEST_PTR_CUDA=1 NCCL_NET_GDR_LEVEL=SYS)
+  local dmabufplugin=("$plugin" NCCL_NET=OxTest OXTEST_PTR_DMABUF=1 NCCL_NET_GDR_LEVEL=SYS)
   bench_step net "net plugin OxTest CUDA memory R=2 hostid (ours)" 60 "${lo[@]}" "${cudaplugin[@]}" -- "${sub[@]}" \
+    -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
+  bench_step net "net plugin OxTest CUDA memory GDR_READ=0 R=2 hostid (ours)" 60 "${lo[@]}" "${cudaplugin[@]}" \
+    NCCL_NET_GDR_READ=0 -- "${sub[@]}" -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
+  bench_step net "net plugin OxTest CUDA memory R=4 forced LL (ours)" 60 "${forced[@]}" "${cudaplugin[@]}" \
+    NCCL_PROTO=LL -- "${sub[@]}" --devices 0,0,0,0 --sizes 0,12,65540,1048580
+  bench_step net "net plugin OxTest dma-buf R=2 hostid (ours)" 60 "${lo[@]}" "${dmabufplugin[@]}" -- "${sub[@]}" \
     -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
   if [ -n "$NVLIB" ]; then
     local nsub=("${sub[@]}")
@@ -467,6 +478,8 @@ sec_net() {
     bench_step net "net plugin OxTest R=2 hostid (NVIDIA)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest \
       -- "${nsub[@]}" -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
     bench_step net "net plugin OxTest CUDA memory R=2 hostid (NVIDIA)" 60 "${lo[@]}" "${cudaplugin[@]}" \
+      -- "${nsub[@]}" -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
+    bench_step net "net plugin OxTest dma-buf R=2 hostid (NVIDIA)" 60 "${lo[@]}" "${dmabufplugin[@]}" \
       -- "${nsub[@]}" -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
     LEAVE=30 bench_step net "net R=2 hostid: ours vs NVIDIA sockets" 200 "${lo[@]}" -- --lib "$OURS" \
       --vs "$NVLIB" -p 2 --ranks-per-gpu 2 --hostid-per-rank -c all_reduce,all_gather,sendrecv -d float -o sum -b 8 -e 128M -f 4 \

@@ -8,7 +8,10 @@
  *     overrides the address), host memory only (ptrSupport = NCCL_PTR_HOST); with
  *     OXTEST_PTR_CUDA=1 in the environment (or built with -DOXTEST_PTR_CUDA) CUDA memory too
  *     (NCCL_PTR_HOST | NCCL_PTR_CUDA), as a GPUDirect RDMA plugin, without a NIC that reads
- *     GPU memory: see "CUDA memory" below.
+ *     GPU memory: see "CUDA memory" below. With OXTEST_PTR_DMABUF=1 it takes CUDA memory
+ *     only as dma-bufs (NCCL_PTR_HOST | NCCL_PTR_DMABUF, regMrDmaBuf): the descriptor must
+ *     be a dma-buf (its /proc/self/fdinfo names an exporter), then the memory moves as CUDA
+ *     memory does.
  *   - Exports ncclNetPlugin_v8, _v9, _v10 and _v11, sharing one implementation.
  *   - Everything is non-blocking. connect takes at least two calls: the first starts a
  *     non-blocking TCP connect and keeps its socket in the handle (as NVIDIA's plugins keep
@@ -45,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <stdio.h>
 #include <unistd.h>
 
 /* ---- the ABI ---- */
@@ -62,6 +66,7 @@ enum { OX_LOG_WARN = 2, OX_LOG_INFO = 3, OX_LOG_TRACE = 5 };
 #define OX_SUBSYS_NET 0x10
 #define OX_PTR_HOST 0x1
 #define OX_PTR_CUDA 0x2
+#define OX_PTR_DMABUF 0x4
 #define OX_HANDLE_MAXSIZE 128
 #define OX_MAX_DEVS_PER_NIC 4
 #define OX_MAX_NET_SIZE (1024L * 1024L * 1024L)
@@ -313,6 +318,7 @@ struct oxCtx {
  * pageable memory may return before its bytes reach the GPU. */
 
 static int oxCudaPointers; /* set at init */
+static int oxDmaBufPointers; /* set at init (OXTEST_PTR_DMABUF=1) */
 
 static struct {
   int loaded;
@@ -544,7 +550,8 @@ static void oxFillProps(int dev, oxProps_v10* p) {
   p->name = (char*)"OxTest0";
   p->pciPath = NULL;
   p->guid = 0x6f78746573740000ULL + (uint64_t)dev;
-  p->ptrSupport = OX_PTR_HOST | (oxCudaPointers ? OX_PTR_CUDA : 0);
+  p->ptrSupport = OX_PTR_HOST | (oxCudaPointers ? OX_PTR_CUDA : 0) |
+                 (oxDmaBufPointers ? OX_PTR_DMABUF : 0);
   p->speed = 10000;
   p->maxComms = 65536;
   p->maxRecvs = 1;
@@ -576,9 +583,12 @@ static ncclResult_t oxInit(oxLogger_t logFunction) {
 #else
   oxCudaPointers = cudaPtrs != NULL && strcmp(cudaPtrs, "1") == 0;
 #endif
-  OXLOG(OX_LOG_INFO, "NET/OxTest : using %s, %d device(s), %s", addr, 1,
+  const char* dmaBufPtrs = getenv("OXTEST_PTR_DMABUF");
+  oxDmaBufPointers = dmaBufPtrs != NULL && strcmp(dmaBufPtrs, "1") == 0;
+  OXLOG(OX_LOG_INFO, "NET/OxTest : using %s, %d device(s), %s%s", addr, 1,
         oxCudaPointers ? "host and CUDA memory (CUDA memory copied through host memory)"
-                       : "host memory only");
+                       : "host memory only",
+        oxDmaBufPointers ? ", and CUDA memory as dma-bufs" : "");
   return ncclSuccess;
 }
 
@@ -742,11 +752,55 @@ static ncclResult_t oxRegMr(void* comm, void* data, size_t size, int type, void*
   return ncclSuccess;
 }
 
+/* The exporter named in fd's /proc/self/fdinfo entry ("exp_name:" of a dma-buf), into name;
+ * 0 when fd is not a dma-buf. */
+static int oxDmaBufExporter(int fd, char* name, size_t len) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+  FILE* f = fopen(path, "r");
+  if (f == NULL) return 0;
+  char line[256];
+  int found = 0;
+  while (!found && fgets(line, sizeof(line), f) != NULL) {
+    if (strncmp(line, "exp_name:", 9) == 0) {
+      const char* v = line + 9;
+      while (*v == ' ' || *v == '\t') v++;
+      snprintf(name, len, "%.*s", (int)strcspn(v, "\n"), v);
+      found = 1;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
 static ncclResult_t oxRegMrDmaBuf(void* comm, void* data, size_t size, int type,
                                   uint64_t offset, int fd, void** mhandle) {
-  (void)comm, (void)data, (void)size, (void)type, (void)offset, (void)fd;
   *mhandle = NULL;
-  return ncclInvalidUsage;
+  char exporter[64] = "";
+  if (!oxDmaBufPointers || type != OX_PTR_CUDA) {
+    OXWARN("NET/OxTest : regMrDmaBuf of memory type %d: %s", type,
+           oxDmaBufPointers ? "only CUDA memory comes as a dma-buf" : "dma-bufs are off");
+    return ncclInternalError;
+  }
+  if (offset != 0 || !oxDmaBufExporter(fd, exporter, sizeof(exporter))) {
+    OXWARN("NET/OxTest : regMrDmaBuf: fd %d (offset %llu) is not a dma-buf", fd,
+           (unsigned long long)offset);
+    return ncclInternalError;
+  }
+  struct oxMr* mr = calloc(1, sizeof(*mr));
+  if (mr == NULL) return ncclSystemError;
+  mr->data = (char*)data;
+  mr->size = size;
+  mr->type = OX_PTR_CUDA;
+  ncclResult_t rc = oxCudaRegister(mr);
+  if (rc != ncclSuccess) {
+    free(mr);
+    return rc;
+  }
+  OXLOG(OX_LOG_INFO, "NET/OxTest : registered a dma-buf of %zu bytes (exporter %s) on comm %p",
+        size, exporter, comm);
+  *mhandle = mr;
+  return ncclSuccess;
 }
 
 static ncclResult_t oxDeregMr(void* comm, void* mhandle) {

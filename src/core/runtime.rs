@@ -949,13 +949,8 @@ impl Runtime {
             nchannels: self.nchannels,
             send: table(&self.conns.send),
             recv: table(&self.conns.recv),
-            recv_gpu: self
-                .conns
-                .recv
-                .iter()
-                .filter(|(_, side)| side.recv_gpu)
-                .map(|(&key, _)| key)
-                .collect(),
+            recv_gpu: gpu_slot_keys(&self.conns.recv),
+            send_gpu: gpu_slot_keys(&self.conns.send),
             abort_flag: self.device_abort.dev(),
             threads: self.threads,
             net: self.net.clone(),
@@ -964,6 +959,17 @@ impl Runtime {
             park: self.park.clone(),
         }
     }
+}
+
+/// (channel, peer) of the sides among `sides` whose slots are in GPU memory.
+fn gpu_slot_keys(
+    sides: &std::collections::HashMap<(u32, i32), crate::transport::Side>,
+) -> std::collections::BTreeSet<(u32, i32)> {
+    sides
+        .iter()
+        .filter(|(_, side)| side.gpu_slots)
+        .map(|(&key, _)| key)
+        .collect()
 }
 
 /// The order of the ranks around the ring channels of a communicator with topology `topo`:

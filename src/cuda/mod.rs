@@ -151,6 +151,42 @@ pub fn gpu_direct_rdma_supported(dev: i32) -> Result<bool> {
     )? == 1)
 }
 
+/// Whether device `dev` can export its memory as dma-bufs (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`:
+/// the driver and the kernel allow it).
+pub fn dma_buf_supported(dev: i32) -> Result<bool> {
+    Ok(device_attribute(
+        dev,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+    )? == 1)
+}
+
+/// A dma-buf file descriptor for `bytes` of device memory at `ptr` (both multiples of the
+/// host page size), for a network to register; closed when dropped.
+pub fn dma_buf_fd(ptr: CUdeviceptr, bytes: usize) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let mut fd: std::os::raw::c_int = -1;
+    // SAFETY: the driver writes one int (the fd) through the handle pointer.
+    check(
+        unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut std::os::raw::c_int).cast(),
+                ptr,
+                bytes,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        },
+        "cuMemGetHandleForAddressRange",
+    )?;
+    if fd < 0 {
+        return Err(Error::system(
+            "cuMemGetHandleForAddressRange gave no dma-buf file descriptor",
+        ));
+    }
+    // SAFETY: the driver made a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
 /// The PCI bus id string of a device, e.g. `0000:19:00.0`.
 pub fn pci_bus_id(dev: i32) -> Result<String> {
     let mut buf = [0 as std::os::raw::c_char; 64];

@@ -106,6 +106,7 @@ fn geometry(rank: i32, nranks: i32, nchannels: u32, slot_bytes: u32, threads: u3
         send: table(1),
         recv: table(2),
         recv_gpu: Default::default(),
+        send_gpu: Default::default(),
         abort_flag: 0xAB0,
         threads,
         net: None,
@@ -389,28 +390,47 @@ fn plan_fingerprints() {
     );
 }
 
-#[test]
-fn only_items_receiving_into_gpu_memory_carry_the_gpu_flag() {
-    use super::device::{OxWork, FLAG_RECV_GPU, WORK_SIZE};
-    let mut geom = geometry(0, 2, 2, 1 << 17, 512);
-    let gpu_buf = geom.recv[0][1].unwrap().buf;
-    geom.recv_gpu.insert((0, 1));
+/// The items of a 1 MiB float sum of `kind` planned on `geom`.
+fn items_of(geom: &Geometry, kind: CollKind) -> Vec<super::device::OxWork> {
+    use super::device::{OxWork, WORK_SIZE};
     let t = task(
-        CollKind::AllReduce,
+        kind,
         ncclDataType_t::ncclFloat32,
         RedOp::Sum,
         1 << 20,
         (0x1000_0000, 0x2000_0000),
     );
-    let p = plan(&geom, &[t]).unwrap();
-    let items: Vec<OxWork> = p.items.chunks(WORK_SIZE).map(OxWork::deserialize).collect();
-    assert!(items.iter().any(|w| w.recv.buf == gpu_buf));
-    for w in &items {
-        assert_eq!(
-            w.flags & FLAG_RECV_GPU != 0,
-            w.recv.buf == gpu_buf,
-            "an item receiving from buffer {:#x}",
-            w.recv.buf
-        );
+    let p = plan(geom, &[t]).unwrap();
+    p.items.chunks(WORK_SIZE).map(OxWork::deserialize).collect()
+}
+
+#[test]
+fn only_items_of_connections_in_gpu_memory_carry_the_gpu_flags() {
+    use super::device::{FLAG_RECV_GPU, FLAG_SEND_GPU};
+    // A receive connection on channel 0, a send connection on channel 1.
+    let mut geom = geometry(0, 2, 2, 1 << 17, 512);
+    let recv_buf = geom.recv[0][1].unwrap().buf;
+    let send_buf = geom.send[1][1].unwrap().buf;
+    geom.recv_gpu.insert((0, 1));
+    geom.send_gpu.insert((1, 1));
+    for kind in [CollKind::AllReduce, CollKind::AllGather] {
+        let items = items_of(&geom, kind);
+        assert!(items.iter().any(|w| w.recv.buf == recv_buf), "{kind:?}");
+        assert!(items.iter().any(|w| w.send.buf == send_buf), "{kind:?}");
+        for w in &items {
+            let (recv_gpu, send_gpu) = (w.flags & FLAG_RECV_GPU != 0, w.flags & FLAG_SEND_GPU != 0);
+            assert_eq!(
+                recv_gpu,
+                w.recv.buf == recv_buf,
+                "{kind:?}: receiving {:#x}",
+                w.recv.buf
+            );
+            assert_eq!(
+                send_gpu,
+                w.send.buf == send_buf,
+                "{kind:?}: sending {:#x}",
+                w.send.buf
+            );
+        }
     }
 }

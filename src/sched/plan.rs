@@ -29,7 +29,9 @@
 //! items to CTAs and resolves their connections.
 
 use super::cost::{self, NetLink, BLOCK_THREADS, MAX_CTAS};
-use super::device::{OxConn, OxWork, WorkKind, FLAG_PARK_RECV, FLAG_PARK_SEND, FLAG_RECV_GPU};
+use super::device::{
+    OxConn, OxWork, WorkKind, FLAG_PARK_RECV, FLAG_PARK_SEND, FLAG_RECV_GPU, FLAG_SEND_GPU,
+};
 use super::lower::{decompose, Group, Piece};
 use super::proto::Proto;
 use super::ring::RingOrder;
@@ -53,6 +55,9 @@ pub struct Geometry {
     /// (channel, peer) of the receive connections whose slots are in GPU memory, written by
     /// the network (`FLAG_RECV_GPU`).
     pub recv_gpu: std::collections::BTreeSet<(u32, i32)>,
+    /// (channel, peer) of the send connections whose slots are in GPU memory, read by the
+    /// network (`FLAG_SEND_GPU`).
+    pub send_gpu: std::collections::BTreeSet<(u32, i32)>,
     /// Device-visible address of a volatile u32 (host-mapped pinned memory); non-zero = abort.
     pub abort_flag: u64,
     /// Threads per CTA (`NCCL_NTHREADS`: 64..=512, a multiple of 64).
@@ -280,6 +285,9 @@ fn resolve(geom: &Geometry, p: &Piece) -> Result<OxWork> {
         w.send = conn_of(geom, Dir::Send, ch, peer)?;
         if geom.parks(peer) {
             w.flags |= FLAG_PARK_SEND;
+        }
+        if geom.send_gpu.contains(&(ch, peer)) {
+            w.flags |= FLAG_SEND_GPU;
         }
     }
     if let Some((ch, peer)) = p.recv {

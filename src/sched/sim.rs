@@ -671,6 +671,7 @@ fn geometries_on(
             send: vec![vec![None; nranks as usize]; rows],
             recv: vec![vec![None; nranks as usize]; rows],
             recv_gpu: Default::default(),
+            send_gpu: Default::default(),
             abort_flag: 0xAB00,
             threads: 0,
             net: net_of(rank),

@@ -43,9 +43,9 @@ type Keep = Box<dyn Any + Send + Sync>;
 /// One side of one connection.
 pub struct Side {
     pub conn: OxConn,
-    /// A receiving side whose slots are in GPU memory, written by the network (GPUDirect
-    /// RDMA): its items carry `FLAG_RECV_GPU`.
-    pub recv_gpu: bool,
+    /// A network side whose slots are in GPU memory, written or read by the network
+    /// (GPUDirect RDMA): its items carry `FLAG_RECV_GPU` or `FLAG_SEND_GPU`.
+    pub gpu_slots: bool,
     _keep: Vec<Keep>,
 }
 
@@ -312,7 +312,7 @@ fn mapped_side(
     );
     Ok(Side {
         conn,
-        recv_gpu: false,
+        gpu_slots: false,
         _keep: std::iter::once(keep).chain(mapping).collect(),
     })
 }

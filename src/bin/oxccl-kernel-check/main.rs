@@ -354,6 +354,7 @@ impl Loopback {
             send: vec![vec![None; n]; rows],
             recv: vec![vec![None; n]; rows],
             recv_gpu: Default::default(),
+            send_gpu: Default::default(),
             abort_flag: self.abort.ptr,
             threads: 0,
             net: None,

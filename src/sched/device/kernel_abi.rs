@@ -105,6 +105,16 @@ pub const FLAG_RING_ORDER: u32 = 16;
 /// its words at the slot's start instead of in the LL region (their layout is the LL
 /// region's). Simple steps are as without it.
 pub const FLAG_RECV_GPU: u32 = 128;
+/// An item whose send connection has its slots in GPU memory, read by the network (GPUDirect
+/// RDMA, NVIDIA's `NCCL_NET_GDR_READ`): a Simple step also writes the step word (the
+/// message's trailer, the word the receiving proxy checks) right after its payload in the
+/// slot, before the release of `tail`, since the proxy cannot write GPU memory; an LL step
+/// writes its words in host memory the proxy polls, the send connection's *host LL regions*:
+/// slot j's at `tail + SEND_LL_OFFSET + j * (slot_bytes / LL_REGION_DIV)`.
+pub const FLAG_SEND_GPU: u32 = 256;
+/// Bytes from a send connection's `tail` to its host LL regions (`FLAG_SEND_GPU`): the page
+/// after the tail's.
+pub const SEND_LL_OFFSET: u32 = 4096;
 
 /// Every slot of a connection buffer has two disjoint regions, so Simple and LL uses of the
 /// same connection never see each other's bytes: Simple data in the first

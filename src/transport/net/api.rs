@@ -91,6 +91,27 @@ pub trait Net: Send + Sync {
     fn accept(&self, listen: Comm) -> Result<Option<Comm>>;
     /// Register `size` bytes at `data` for sends or receives on `comm`.
     fn reg_mr(&self, comm: Comm, data: *mut u8, size: usize, mem: MemType) -> Result<MemHandle>;
+    /// Whether the network registers CUDA memory given as a dma-buf (`reg_mr_dma_buf`).
+    fn has_dma_buf(&self) -> bool {
+        false
+    }
+    /// Register `size` bytes of CUDA memory at `data` for sends or receives on `comm`, given
+    /// as the dma-buf `fd` from byte `offset` (NCCL's `regMrDmaBuf`; the caller closes `fd`
+    /// after the call).
+    fn reg_mr_dma_buf(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        offset: u64,
+        fd: i32,
+    ) -> Result<MemHandle> {
+        let _ = (comm, data, size, offset, fd);
+        Err(crate::error::Error::internal(format!(
+            "network {} does not register dma-bufs",
+            self.name()
+        )))
+    }
     fn dereg_mr(&self, comm: Comm, mh: MemHandle) -> Result<()>;
     /// Start sending `size` bytes at `data` (registered as `mh`); None: not now, try again.
     fn isend(

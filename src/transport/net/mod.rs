@@ -7,8 +7,9 @@
 //! A side's block is one host allocation: the head page, the tail page (tail, step words),
 //! the staging slots, and for a sender the bounce area of its LL messages. Each side plays
 //! both roles of the shared layout (`side_conn` with "mine" and "theirs" in one block). A
-//! receiving side that may take the network's writes in GPU memory (`gdr`) has its slots
-//! there instead, registered with the network as CUDA memory.
+//! side whose slots the network may read or write in GPU memory (`gdr`) has them there
+//! instead, registered with the network as CUDA memory (or as a dma-buf of it); a sending one
+//! keeps its LL regions in its host block, after the tail page (`SEND_LL_OFFSET`).
 //!
 //! The process's networks are loaded once (`network`): a net plugin if one is found
 //! (`NCCL_NET_PLUGIN`), then the built-in sockets; a communicator takes the one its
@@ -24,9 +25,9 @@ use super::wire::{Half, Placement};
 use super::{side_conn, Keep, Setup, Side};
 use crate::cuda::{DeviceBuffer, HostMapped};
 use crate::error::{Error, Result};
-use crate::sched::device::{MAX_NSLOTS, STEP_WORDS_OFFSET};
+use crate::sched::device::{LL_REGION_DIV, MAX_NSLOTS, SEND_LL_OFFSET, STEP_WORDS_OFFSET};
 use crate::sched::{Dir, NetLink};
-use api::{Comm, Handle, MemType, Net, PTR_CUDA};
+use api::{Comm, Handle, MemHandle, MemType, Net, PTR_CUDA, PTR_DMABUF};
 use once_cell::sync::OnceCell;
 use proxy::{bounce_bytes, HostBlock, NetSide, Proxy};
 use std::sync::atomic::Ordering;
@@ -145,31 +146,61 @@ fn mine_and_theirs(dir: Dir) -> (u64, u64) {
     }
 }
 
-fn block_bytes(dir: Dir, slot_bytes: u32, nslots: u32) -> usize {
-    let staging = STAGING as usize + nslots as usize * slot_bytes as usize;
-    match dir {
-        Dir::Send => staging + nslots as usize * bounce_bytes(slot_bytes),
-        Dir::Recv => staging,
-    }
+/// Bytes of a side's host block: the counter pages, then the slots (unless they are in GPU
+/// memory), a sending side's host LL regions when its slots are, and a sender's bounce area.
+fn block_bytes(dir: Dir, slot_bytes: u32, nslots: u32, gpu_slots: bool) -> usize {
+    let n = nslots as usize;
+    let after_counters = match (dir, gpu_slots) {
+        (_, false) => n * slot_bytes as usize,
+        (Dir::Send, true) => n * (slot_bytes / LL_REGION_DIV) as usize,
+        (Dir::Recv, true) => 0,
+    };
+    let bounce = match dir {
+        Dir::Send => n * bounce_bytes(slot_bytes),
+        Dir::Recv => 0,
+    };
+    STAGING as usize + after_counters + bounce
 }
 
-/// The block of a receiving side whose slots are in GPU memory: the counter pages alone.
-const COUNTERS_BYTES: usize = STAGING as usize;
+// A sending kernel finds the host LL regions from its tail (`FLAG_SEND_GPU`).
+const _: () = assert!(STAGING - TAIL_PAGE == SEND_LL_OFFSET as u64);
 
 /// Where the proxy finds the counters and buffers of a side's block at host address `host`
-/// (of `block_bytes` bytes; a block of the counter pages alone has its buffers elsewhere, and
-/// `buf` and `bounce` are then to be replaced).
-fn host_block(host: *mut u8, slot_bytes: u32, nslots: u32) -> HostBlock {
-    // Offsets past the counter pages are within a full block only: computed with a wrapping
-    // offset, never read through unless the block has them.
+/// (of `block_bytes` bytes), whose slots are at `gpu_slots` in GPU memory if given.
+fn host_block(
+    host: *mut u8,
+    slot_bytes: u32,
+    nslots: u32,
+    gpu_slots: Option<*mut u8>,
+) -> HostBlock {
+    // Offsets past the counter pages are within the block only where it has that part:
+    // computed with a wrapping offset, never read through otherwise.
     let at = |off: u64| -> *mut u8 { host.wrapping_add(off as usize) };
-    let staging = nslots as u64 * slot_bytes as u64;
+    let simple = (slot_bytes - slot_bytes / LL_REGION_DIV) as usize;
+    let (buf, ll, ll_stride, after) = match gpu_slots {
+        None => {
+            let buf = at(STAGING);
+            let staging = nslots as u64 * slot_bytes as u64;
+            (buf, buf.wrapping_add(simple), slot_bytes as usize, staging)
+        }
+        Some(gpu) => {
+            let ll_stride = (slot_bytes / LL_REGION_DIV) as usize;
+            (
+                gpu,
+                at(STAGING),
+                ll_stride,
+                nslots as u64 * ll_stride as u64,
+            )
+        }
+    };
     HostBlock {
         tail: at(TAIL_PAGE) as *mut u64,
         head: at(HEAD_PAGE) as *mut u64,
         words: at(TAIL_PAGE + STEP_WORDS_OFFSET as u64) as *const u64,
-        buf: at(STAGING),
-        bounce: at(STAGING + staging),
+        buf,
+        ll,
+        ll_stride,
+        bounce: at(STAGING + after),
     }
 }
 
@@ -180,33 +211,58 @@ pub(super) struct Local {
     listen: Option<Comm>,
     net: Arc<dyn Net>,
     dev: i32,
-    /// A receiver's slots in GPU memory (`gdr`), else they are in `mem`.
+    /// The slots in GPU memory (`gdr`), else they are in `mem`.
     gpu_slots: Option<DeviceBuffer>,
+    /// GPU slots are registered as a dma-buf (else as CUDA memory).
+    dma_buf: bool,
 }
 
-/// Whether this rank's receiving sides on device `dev` of `net` take the network's writes
-/// in GPU memory (`gdr::receives_into_gpu`, from the device's properties, the GPU, their PCI
-/// paths and `NCCL_NET_GDR_LEVEL`).
-fn receive_into_gpu(setup: &Setup<'_>, net: &dyn Net, dev: i32) -> Result<bool> {
+/// What decides whether this rank's sides on device `dev` of `net` use GPU memory
+/// (`gdr::uses_gpu_memory`): the device's properties, the GPU, their PCI paths.
+fn gdr_site(setup: &Setup<'_>, net: &dyn Net, dev: i32) -> Result<gdr::Site> {
     let props = net.properties(dev)?;
-    if props.ptr_support & PTR_CUDA == 0 {
-        return Ok(false);
+    let mut site = gdr::Site {
+        ptr_support: props.ptr_support,
+        dma_buf: false,
+        gpu_gdr: false,
+        distance: gdr::SYS,
+        compute_major: 0,
+        gpus: 0,
+    };
+    if props.ptr_support & (PTR_CUDA | PTR_DMABUF) == 0 {
+        return Ok(site);
     }
     let me = &setup.topo.peers[setup.topo.my_rank as usize];
-    let supports = crate::cuda::gpu_direct_rdma_supported(me.cuda_dev)?;
     let gpu_path = std::fs::canonicalize(format!("/sys/bus/pci/devices/{}", me.bus_id))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
     let numa = |dir: &str| std::fs::read_to_string(format!("{dir}/numa_node")).ok();
     let same_numa = !gpu_path.is_empty() && numa(&gpu_path) == numa(&props.pci_path);
-    let distance = gdr::pci_distance(&gpu_path, &props.pci_path, same_numa);
-    let level = crate::env::get("NCCL_NET_GDR_LEVEL");
-    Ok(gdr::receives_into_gpu(
-        &props,
-        supports,
-        distance,
-        level.as_deref(),
-    ))
+    site.distance = gdr::pci_distance(&gpu_path, &props.pci_path, same_numa);
+    site.gpu_gdr = crate::cuda::gpu_direct_rdma_supported(me.cuda_dev)?;
+    site.dma_buf = crate::env::int("NCCL_DMABUF_ENABLE", 1) != 0
+        && net.has_dma_buf()
+        && crate::cuda::dma_buf_supported(me.cuda_dev).unwrap_or(false);
+    if site.dma_buf {
+        log_dma_buf_once(me.cuda_dev);
+    }
+    site.compute_major = crate::cuda::device_attribute(
+        me.cuda_dev,
+        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+    )?;
+    site.gpus = crate::cuda::device_count()?;
+    Ok(site)
+}
+
+/// NVIDIA's INFO line for a GPU whose memory may go to the network as dma-bufs, once per
+/// device in the process.
+fn log_dma_buf_once(dev: i32) {
+    static LOGGED: parking_lot::Mutex<Vec<i32>> = parking_lot::Mutex::new(Vec::new());
+    let mut logged = LOGGED.lock();
+    if !logged.contains(&dev) {
+        crate::info!(INIT, "DMA-BUF is available on GPU device {dev}");
+        logged.push(dev);
+    }
 }
 
 /// Allocate this rank's block for (channel, peer, dir); a receiver also starts listening and
@@ -221,17 +277,13 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
     let net = setup.net.get()?;
     let dev = ch as i32 % net.devices()?.max(1);
     let staging = setup.nslots as usize * setup.slot_bytes as usize;
-    let gpu_slots = match dir {
-        Dir::Recv if receive_into_gpu(setup, net.as_ref(), dev)? => {
-            Some(DeviceBuffer::zeroed(staging)?)
-        }
-        _ => None,
+    let site = gdr_site(setup, net.as_ref(), dev)?;
+    let on_gpu = gdr::uses_gpu_memory(&site, dir, &gdr::Settings::from_env());
+    let gpu_slots = match on_gpu {
+        true => Some(DeviceBuffer::zeroed(staging + 2 * host_page())?),
+        false => None,
     };
-    let bytes = match gpu_slots {
-        Some(_) => COUNTERS_BYTES,
-        None => block_bytes(dir, setup.slot_bytes, setup.nslots),
-    };
-    let mem = HostMapped::new(bytes)?;
+    let mem = HostMapped::new(block_bytes(dir, setup.slot_bytes, setup.nslots, on_gpu))?;
     let (handle, listen) = match dir {
         Dir::Recv => {
             let (h, l) = net.listen(dev)?;
@@ -251,6 +303,7 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
             net,
             dev,
             gpu_slots,
+            dma_buf: site.registers_dma_buf(),
         },
     ))
 }
@@ -331,19 +384,18 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         net,
         dev,
         gpu_slots,
+        dma_buf,
     } = p.local;
     let net_name = net.name().to_string();
     if let Some(l) = listen {
         net.close_listen(l)?;
     }
     let (slot_bytes, nslots) = (setup.slot_bytes, setup.nslots);
-    let mut block = host_block(mem.host(), slot_bytes, nslots);
+    let gpu_ptr = gpu_slots.as_ref().map(|g| page_aligned(g.ptr()) as *mut u8);
+    let block = host_block(mem.host(), slot_bytes, nslots, gpu_ptr);
     let staging = nslots as usize * slot_bytes as usize;
-    let mh = match &gpu_slots {
-        Some(gpu) => {
-            block.buf = gpu.ptr() as *mut u8;
-            net.reg_mr(comm, block.buf, staging, MemType::Cuda)?
-        }
+    let mh = match gpu_ptr {
+        Some(gpu) => register_gpu(net.as_ref(), comm, gpu, staging, dma_buf)?,
         None => net.reg_mr(comm, block.buf, staging, MemType::Host)?,
     };
     let bounce_mh = match dir {
@@ -373,8 +425,8 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
     let (mine, theirs) = mine_and_theirs(dir);
     let base = mem.dev();
     let mut conn = side_conn(dir, base + mine, base + theirs, slot_bytes, nslots);
-    if let Some(gpu) = &gpu_slots {
-        conn.buf = gpu.ptr();
+    if let Some(gpu) = gpu_ptr {
+        conn.buf = gpu as u64;
     }
     let me = setup.topo.my_rank;
     let dev_of = |rank: i32| {
@@ -394,22 +446,52 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         gpu_slots.is_some(),
     );
     crate::info!(INIT | NET, "{line}");
-    let recv_gpu = gpu_slots.is_some();
+    let on_gpu = gpu_slots.is_some();
     let mut keep: Vec<Keep> = vec![Box::new(mem)];
     keep.extend(gpu_slots.map(|g| Box::new(g) as Keep));
     Ok((
         (ch, peer, dir),
         Side {
             conn,
-            recv_gpu,
+            gpu_slots: on_gpu,
             _keep: keep,
         },
     ))
 }
 
+/// The host's page size: a dma-buf covers whole pages, so GPU slots start on a page boundary
+/// of a buffer two pages larger than the slots (one to reach the boundary, one to round the
+/// end up).
+fn host_page() -> usize {
+    // SAFETY: sysconf reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).unwrap_or(4096).max(4096)
+}
+
+fn page_aligned(ptr: u64) -> u64 {
+    ptr.next_multiple_of(host_page() as u64)
+}
+
+/// Register `bytes` of GPU memory at `ptr` with the network: as a dma-buf of it (`dma_buf`,
+/// NVIDIA's choice where the device and the GPU allow it), else as CUDA memory.
+fn register_gpu(
+    net: &dyn Net,
+    comm: Comm,
+    ptr: *mut u8,
+    bytes: usize,
+    dma_buf: bool,
+) -> Result<MemHandle> {
+    if !dma_buf {
+        return net.reg_mr(comm, ptr, bytes, MemType::Cuda);
+    }
+    use std::os::fd::AsRawFd;
+    let fd = crate::cuda::dma_buf_fd(ptr as u64, bytes.next_multiple_of(host_page()))?;
+    net.reg_mr_dma_buf(comm, ptr, bytes, 0, fd.as_raw_fd())
+}
+
 /// NVIDIA's INFO line for a network connection on channel `ch` between this rank and `peer`
 /// (each `(rank, device)`), sender first: `Channel 00/0 : 1[0] -> 0[0] [receive] via
-/// NET/Socket/0`, and `/GDRDMA` when the side's slots are in GPU memory.
+/// NET/Socket/0`, and `/GDRDMA` when the side's slots are in GPU memory (either direction).
 fn connection_line(
     ch: u32,
     me: (i32, i32),
@@ -490,10 +572,17 @@ mod layout_tests {
             assert!(step_off % 4096 == 64, "{dir:?}: step at {step_off}");
             assert!(STEP_WORDS_OFFSET as u64 + 8 * MAX_NSLOTS as u64 <= 4096);
         }
-        assert_eq!(block_bytes(Dir::Recv, 65536, 8), 8192 + 8 * 65536);
+        assert_eq!(block_bytes(Dir::Recv, 65536, 8, false), 8192 + 8 * 65536);
         assert_eq!(
-            block_bytes(Dir::Send, 65536, 8),
+            block_bytes(Dir::Send, 65536, 8, false),
             8192 + 8 * 65536 + 8 * (8192 + 8)
+        );
+        // Slots in GPU memory: a receiver keeps the counter pages, a sender also its host
+        // LL regions (8 KiB of each 64 KiB slot) and its bounce area.
+        assert_eq!(block_bytes(Dir::Recv, 65536, 8, true), 8192);
+        assert_eq!(
+            block_bytes(Dir::Send, 65536, 8, true),
+            8192 + 8 * 8192 + 8 * (8192 + 8)
         );
     }
 }

@@ -6,14 +6,19 @@
 //! receiving side it posts a receive into each slot the kernel has freed (`head`) and, once
 //! the data is in, advances `tail`. A message is the step's payload and an 8-byte trailer,
 //! the step word, which says where the payload goes (the Simple or the LL region of the
-//! slot) and lets the receiver check that both ends are at the same step. A receiving side
-//! whose slots are in GPU memory (GPUDirect RDMA, `NetSide::gpu_slots`) leaves every message
-//! where it landed, at its slot's start (the kernel knows what it reads there), and advances
-//! `tail` once the network's `iflush` says the bytes are visible to the GPU.
+//! slot) and lets the receiver check that both ends are at the same step. A side whose slots
+//! are in GPU memory (GPUDirect RDMA, `NetSide::gpu_slots`), never read or written here: a
+//! receiving one leaves every message where it landed, at its slot's start (the kernel knows
+//! what it reads there), and advances `tail` once the network's `iflush` says the bytes are
+//! visible to the GPU; a sending one sends a Simple step from the slot with the trailer the
+//! kernel wrote after it (`FLAG_SEND_GPU`), and an LL step from the host LL regions (where it
+//! polls the words, as for any side) through the bounce area.
 //!
 //! It never waits forever: the communicator's abort stops it, and a failed send, receive or
 //! test becomes the communicator's error (through the sink it was given) naming the peer,
-//! and raises the device abort flag so that kernels waiting on the connection return.
+//! and raises the device abort flag so that kernels waiting on the connection return. A
+//! proxy thread that does not come back from a network call (a plugin that blocks) cannot
+//! say so itself: a process-wide monitor thread logs which side's pass it is stuck in.
 //! Under CUDA graphs nothing changes: the proxy follows the counters, whoever launched.
 
 use super::api::{Comm, MemHandle, Net, Request};
@@ -24,7 +29,7 @@ use crate::sched::device::{
 use crate::sched::Dir;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,8 +55,13 @@ pub struct HostBlock {
     pub head: *mut u64,
     /// The step words, `nslots` u64s (written by the sending kernel).
     pub words: *const u64,
-    /// The staging buffer, `nslots * slot_bytes`.
+    /// The staging buffer, `nslots * slot_bytes` (in GPU memory for `NetSide::gpu_slots`).
     pub buf: *mut u8,
+    /// Slot 0's LL region, in host memory (a sending side's): the end of the slot, or with
+    /// slots in GPU memory the first of the host LL regions.
+    pub ll: *mut u8,
+    /// Bytes from one slot's LL region to the next's.
+    pub ll_stride: usize,
     /// A sending side's copy area for LL payloads: `nslots * bounce_bytes(slot_bytes)`.
     pub bounce: *mut u8,
 }
@@ -77,8 +87,9 @@ pub struct NetSide {
     pub dev_tail: u64,
     pub nslots: u32,
     pub slot_bytes: u32,
-    /// A receiving side whose slots (`block.buf`) are in GPU memory, registered with the
-    /// network as such: never read by the proxy; each received message is flushed, not landed.
+    /// The side's slots (`block.buf`) are in GPU memory, registered with the network as such,
+    /// never touched by the proxy: a received message is flushed, not landed; a Simple step
+    /// is sent with the trailer its kernel wrote.
     pub gpu_slots: bool,
 }
 
@@ -140,10 +151,10 @@ impl Driven {
             .wrapping_add((k % s.nslots as u64) as usize * s.slot_bytes as usize)
     }
 
+    /// Step k's LL region (a sending side's, in host memory).
     fn ll_region(&self, k: u64) -> *mut u8 {
-        let simple = self.side.slot_bytes - self.side.slot_bytes / LL_REGION_DIV;
-        // SAFETY: the LL region is the end of the slot.
-        unsafe { self.slot(k).add(simple as usize) }
+        let b = &self.side.block;
+        b.ll.wrapping_add((k % self.side.nslots as u64) as usize * b.ll_stride)
     }
 
     fn what(&self) -> String {
@@ -195,7 +206,7 @@ impl Driven {
 
     /// The message of filled step k: its address and length (payload + trailer), the
     /// trailer written after the payload (in the slot, or for LL in the bounce area with a
-    /// copy of the LL words).
+    /// copy of the LL words; a Simple step in GPU memory has it from its kernel).
     fn message(&self, k: u64, bytes: usize, ll: bool) -> (*mut u8, usize) {
         let s = &self.side;
         let word = (epoch(k) << 32) | bytes as u64 | if ll { STEP_LL as u64 } else { 0 };
@@ -210,6 +221,9 @@ impl Driven {
         } else {
             (self.slot(k), bytes)
         };
+        if !ll && s.gpu_slots {
+            return (base, len + TRAILER);
+        }
         // SAFETY: payload + trailer fits the slot (a Simple payload is at most 7/8 of it) or
         // the bounce area; nothing else writes there until the send completes.
         unsafe { std::ptr::write_unaligned(base.add(len) as *mut u64, word) };
@@ -385,9 +399,49 @@ struct Shared {
     /// Host address of the communicator's status page (`sched::device`): its abort flag (a
     /// u32 at 0) and its bell (a u32 at `BELL_OFFSET`); 0 for none.
     device_abort: usize,
+    rank: i32,
+    /// Where the thread is, for the monitor: when its current pass over the sides began (µs
+    /// since `epoch`; 0 between passes) and the side it is at (`side_code`).
+    epoch: Instant,
+    pass_since_us: AtomicU64,
+    pass_side: AtomicU64,
+    /// How long a pass may last before the monitor reports it (`STALL_REPORT`), and whether
+    /// it did for the current one.
+    stuck_after_us: AtomicU64,
+    stuck_reported: AtomicBool,
+}
+
+/// A side as the monitor names it: channel, peer and direction in one word.
+fn side_code(s: &NetSide) -> u64 {
+    (s.channel as u64) << 33 | (s.peer as u32 as u64) << 1 | (s.dir == Dir::Recv) as u64
+}
+
+fn side_name(code: u64) -> String {
+    let (channel, peer) = (code >> 33, (code >> 1) as u32 as i32);
+    match code & 1 {
+        0 => format!("sending to rank {peer} (channel {channel})"),
+        _ => format!("receiving from rank {peer} (channel {channel})"),
+    }
 }
 
 impl Shared {
+    fn now_us(&self) -> u64 {
+        (self.epoch.elapsed().as_micros() as u64).max(1)
+    }
+
+    /// Where the thread has been, in one pass, for longer than the report delay: the side it
+    /// is at (in a network call, or stopped) and for how long.
+    fn stuck_in(&self) -> Option<(String, Duration)> {
+        let since = self.pass_since_us.load(Ordering::Acquire);
+        if since == 0 {
+            return None;
+        }
+        let side = self.pass_side.load(Ordering::Acquire);
+        let took = Duration::from_micros(self.now_us().saturating_sub(since));
+        let limit = Duration::from_micros(self.stuck_after_us.load(Ordering::Relaxed));
+        (took > limit).then(|| (side_name(side), took))
+    }
+
     /// The bell, when there is a status page.
     fn bell(&self) -> Option<*mut u32> {
         (self.device_abort != 0).then(|| (self.device_abort + BELL_OFFSET as usize) as *mut u32)
@@ -482,7 +536,14 @@ impl Proxy {
             has_incoming: AtomicBool::new(false),
             sink,
             device_abort,
+            rank,
+            epoch: Instant::now(),
+            pass_since_us: AtomicU64::new(0),
+            pass_side: AtomicU64::new(0),
+            stuck_after_us: AtomicU64::new(STALL_REPORT.as_micros() as u64),
+            stuck_reported: AtomicBool::new(false),
         });
+        monitor::watch(&shared);
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-r{rank}"))
@@ -492,6 +553,19 @@ impl Proxy {
             shared,
             thread: Some(thread),
         })
+    }
+
+    /// Where the thread has been stuck in one pass for longer than the report delay (the
+    /// side, and for how long); what the monitor reports.
+    pub fn stuck_in(&self) -> Option<(String, Duration)> {
+        self.shared.stuck_in()
+    }
+
+    /// The report delay of `stuck_in` (`STALL_REPORT` unless set).
+    pub fn set_stuck_after(&self, after: Duration) {
+        self.shared
+            .stuck_after_us
+            .store(after.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// Drive `side` from now on.
@@ -559,7 +633,13 @@ fn run(rank: i32, shared: &Shared) {
         }
         let mut moved = false;
         if !shared.abort.load(Ordering::Acquire) {
+            shared
+                .pass_since_us
+                .store(shared.now_us(), Ordering::Release);
             for d in sides.iter_mut().filter(|d| !d.failed) {
+                shared
+                    .pass_side
+                    .store(side_code(&d.side), Ordering::Release);
                 match d.progress() {
                     Ok(m) => {
                         moved |= m;
@@ -573,6 +653,7 @@ fn run(rank: i32, shared: &Shared) {
                     }
                 }
             }
+            shared.pass_since_us.store(0, Ordering::Release);
             if shared.bell_silent() {
                 let since = *silent_since.get_or_insert_with(Instant::now);
                 if shared.parked_wait_met(&sides) || since.elapsed() > BELL_SAFETY {
@@ -638,4 +719,62 @@ fn fail(rank: i32, shared: &Shared, d: &Driven, e: Error) {
     crate::info!(NET, "{msg}");
     (shared.sink)(d.side.peer, Error::new(e.code, msg));
     shared.ring_bell();
+}
+
+/// The process's one monitor thread: once a second it looks at every live proxy and logs,
+/// once per stuck pass, a proxy thread that has been in one pass over its sides for longer
+/// than the report delay (`Shared::stuck_in`): a network call that does not return, which
+/// the proxy cannot report itself.
+mod monitor {
+    use super::Shared;
+    use parking_lot::Mutex;
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Weak};
+    use std::time::Duration;
+
+    static WATCHED: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+    /// Watch `shared` while it lives (the thread starts with the first proxy).
+    pub(super) fn watch(shared: &Arc<Shared>) {
+        let mut w = WATCHED.lock();
+        if w.is_empty() {
+            // A monitor that cannot start leaves stuck proxies unreported, nothing else.
+            let _ = std::thread::Builder::new()
+                .name("oxccl-proxy-mon".into())
+                .spawn(run);
+        }
+        w.push(Arc::downgrade(shared));
+    }
+
+    fn run() {
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let live: Vec<Arc<Shared>> = {
+                let mut w = WATCHED.lock();
+                w.retain(|s| s.strong_count() > 0);
+                w.iter().filter_map(Weak::upgrade).collect()
+            };
+            for s in live {
+                check(&s);
+            }
+        }
+    }
+
+    fn check(s: &Shared) {
+        match s.stuck_in() {
+            Some((side, took)) => {
+                if !s.stuck_reported.swap(true, Ordering::AcqRel) {
+                    crate::info!(
+                        NET,
+                        "rank {}: the proxy thread has been in one pass for {} s, at its \
+                         network connection {side} (a network call that does not return?); \
+                         it moves nothing else meanwhile",
+                        s.rank,
+                        took.as_secs()
+                    );
+                }
+            }
+            None => s.stuck_reported.store(false, Ordering::Release),
+        }
+    }
 }

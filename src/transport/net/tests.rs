@@ -347,17 +347,34 @@ fn handles_that_are_not_socket_handles_are_refused() {
 const SLOT: u32 = 64 << 10;
 const NSLOTS: u32 = 4;
 
-/// One side's block in ordinary memory (the GPU would map it).
+/// One side's block in ordinary memory (the GPU would map it), and its slots in ordinary
+/// memory standing in for GPU memory where the side has them there.
 struct Block {
     _mem: Vec<u64>,
+    _gpu: Vec<u64>,
     host: HostBlock,
 }
 
 impl Block {
     fn new(dir: Dir) -> Block {
-        let mut mem = vec![0u64; block_bytes(dir, SLOT, NSLOTS).div_ceil(8)];
-        let host = host_block(mem.as_mut_ptr() as *mut u8, SLOT, NSLOTS);
-        Block { _mem: mem, host }
+        Block::with(dir, false)
+    }
+
+    fn with(dir: Dir, gpu_slots: bool) -> Block {
+        let mut mem = vec![0u64; block_bytes(dir, SLOT, NSLOTS, gpu_slots).div_ceil(8)];
+        let gpu_words = if gpu_slots {
+            (SLOT * NSLOTS / 8) as usize
+        } else {
+            0
+        };
+        let mut gpu = vec![0u64; gpu_words];
+        let gpu_ptr = gpu_slots.then_some(gpu.as_mut_ptr() as *mut u8);
+        let host = host_block(mem.as_mut_ptr() as *mut u8, SLOT, NSLOTS, gpu_ptr);
+        Block {
+            _mem: mem,
+            _gpu: gpu,
+            host,
+        }
     }
 }
 
@@ -381,9 +398,11 @@ fn slot(b: &HostBlock, k: usize) -> *mut u8 {
     unsafe { b.buf.add(k % NSLOTS as usize * SLOT as usize) }
 }
 
+/// Step k's LL region: the end of its slot, or a sending side's host LL region when its
+/// slots are in GPU memory.
 fn ll_region(b: &HostBlock, k: usize) -> *mut u64 {
-    // SAFETY: the LL region is the last 1/8 of the slot.
-    unsafe { slot(b, k).add((SLOT - SLOT / LL_REGION_DIV) as usize) as *mut u64 }
+    // SAFETY: the block has NSLOTS LL regions of ll_stride bytes apart.
+    unsafe { b.ll.add(k % NSLOTS as usize * b.ll_stride) as *mut u64 }
 }
 
 fn epoch(k: usize) -> u64 {
@@ -431,11 +450,22 @@ fn spin(
     Ok(())
 }
 
-/// The sending kernel's part of `steps` (the first `upto` of them).
+/// The sending kernel's part of `steps`.
 fn stand_in_sender(
     b: &HostBlock,
     steps: &[(usize, bool)],
     abort: &AtomicBool,
+) -> std::result::Result<(), String> {
+    stand_in_sender_with(b, steps, abort, false)
+}
+
+/// The sending kernel's part of `steps`; with `trailer` (`FLAG_SEND_GPU`) a Simple step also
+/// writes its step word after its payload.
+fn stand_in_sender_with(
+    b: &HostBlock,
+    steps: &[(usize, bool)],
+    abort: &AtomicBool,
+    trailer: bool,
 ) -> std::result::Result<(), String> {
     for (k, &(bytes, ll)) in steps.iter().enumerate() {
         spin(&format!("sender step {k}"), abort, || {
@@ -461,6 +491,10 @@ fn stand_in_sender(
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), slot(b, k), bytes) };
         }
         let word = epoch(k) << 32 | bytes as u64 | if ll { STEP_LL as u64 } else { 0 };
+        if trailer && !ll {
+            // SAFETY: payload + 8 bytes fit the slot.
+            unsafe { std::ptr::write_unaligned(slot(b, k).add(bytes) as *mut u64, word) };
+        }
         // SAFETY: the step words have NSLOTS entries.
         store(
             unsafe { (b.words as *mut u64).add(k % NSLOTS as usize) },
@@ -616,12 +650,25 @@ fn move_schedule_between_two_proxies(net: &Arc<dyn Net>) {
     drop((p0, p1));
 }
 
-/// The socket network with an `iflush` that takes two tests to finish, counting flushes.
+/// The socket network with an `iflush` that takes two tests to finish, counting flushes, and
+/// a `test` that does not return while `hold` is set.
 struct FlushingNet {
     inner: SocketNet,
     /// Flush requests handed out, with the tests each has had.
     flushes: Mutex<std::collections::HashMap<usize, u32>>,
     done: std::sync::atomic::AtomicUsize,
+    hold: AtomicBool,
+}
+
+impl FlushingNet {
+    fn new(hold: bool) -> FlushingNet {
+        FlushingNet {
+            inner: SocketNet::new(lo(), Shape::new(0, 1)),
+            flushes: Mutex::new(Default::default()),
+            done: Default::default(),
+            hold: AtomicBool::new(hold),
+        }
+    }
 }
 
 const FLUSH_IDS: usize = 1 << 40;
@@ -684,6 +731,9 @@ impl Net for FlushingNet {
         Ok(Some(Request(id)))
     }
     fn test(&self, req: Request) -> Result<Option<usize>> {
+        while self.hold.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         if req.0 < FLUSH_IDS {
             return self.inner.test(req);
         }
@@ -712,11 +762,7 @@ fn a_receiving_side_in_gpu_memory_gets_every_message_at_its_slot_start_and_no_la
     // Host memory stands in for the GPU slots: the proxy must leave each message where it
     // landed (no LL copy into the LL region, no trailer check) and advance tail only once the
     // step's flush is done.
-    let flushing = Arc::new(FlushingNet {
-        inner: SocketNet::new(lo(), Shape::new(0, 1)),
-        flushes: Mutex::new(Default::default()),
-        done: Default::default(),
-    });
+    let flushing = Arc::new(FlushingNet::new(false));
     let net: Arc<dyn Net> = flushing.clone();
     let (sc, rc) = connect_pair(net.as_ref());
     let (sb, rb) = (Block::new(Dir::Send), Block::new(Dir::Recv));
@@ -749,6 +795,125 @@ fn a_receiving_side_in_gpu_memory_gets_every_message_at_its_slot_start_and_no_la
     drop((p0, p1));
     // Every step's tail waited for its flush (the receiver saw every step's tail).
     assert_eq!(flushing.done.load(Ordering::Acquire), steps.len());
+}
+
+/// Rank 0's proxy sending from a side whose slots are in (stand-in) GPU memory to rank 1's
+/// proxy, whose side receives into GPU memory with `gpu_receiver`, over the socket network.
+/// The proxies come first: fields drop in order, and the proxies must stop before the blocks
+/// they read are freed.
+struct GpuSenderPair {
+    _proxies: (Proxy, Proxy),
+    sb: Block,
+    rb: Block,
+    errors: Arc<Mutex<Vec<Error>>>,
+}
+
+fn gpu_sender_pair(gpu_receiver: bool) -> GpuSenderPair {
+    let net: Arc<dyn Net> = Arc::new(SocketNet::new(lo(), Shape::new(0, 1)));
+    let (sc, rc) = connect_pair(net.as_ref());
+    let sb = Block::with(Dir::Send, true);
+    let rb = Block::with(Dir::Recv, gpu_receiver);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let p0 = proxy(0, &errors);
+    let p1 = proxy(1, &errors);
+    p0.add(NetSide {
+        gpu_slots: true,
+        ..side(&net, sc, Dir::Send, 1, &sb)
+    });
+    p1.add(NetSide {
+        gpu_slots: gpu_receiver,
+        ..side(&net, rc, Dir::Recv, 0, &rb)
+    });
+    GpuSenderPair {
+        _proxies: (p0, p1),
+        sb,
+        rb,
+        errors,
+    }
+}
+
+#[test]
+fn a_sending_side_in_gpu_memory_sends_simple_steps_with_the_kernels_trailer() {
+    // Host memory stands in for the GPU slots of the sender (the proxy never writes there):
+    // Simple steps go out of the slots with the trailer the stand-in kernel wrote after the
+    // payload, LL steps from the host LL regions; to a host receiver (which checks every
+    // trailer) and to a receiver in GPU memory too.
+    for gpu_receiver in [false, true] {
+        let pair = gpu_sender_pair(gpu_receiver);
+        let flag = AtomicBool::new(false);
+        let steps = schedule();
+        std::thread::scope(|s| {
+            let (sb, rb, steps, flag) = (&pair.sb, &pair.rb, &steps, &flag);
+            let send = s.spawn(move || stand_in_sender_with(&sb.host, steps, flag, true));
+            let recv = s.spawn(move || match gpu_receiver {
+                true => stand_in_gpu_receiver(&rb.host, steps, flag),
+                false => stand_in_receiver(&rb.host, steps, flag),
+            });
+            send.join().unwrap().unwrap();
+            recv.join().unwrap().unwrap();
+        });
+        assert!(pair.errors.lock().is_empty(), "{:?}", pair.errors.lock());
+    }
+}
+
+#[test]
+fn without_the_kernels_trailer_a_sending_side_in_gpu_memory_fails_the_receiver() {
+    // The proxy does not write into a sending side's GPU slots: when the kernel leaves the
+    // trailer out, the receiving proxy finds no valid one and says so (no wrong data, no
+    // hang).
+    let pair = gpu_sender_pair(false);
+    let flag = AtomicBool::new(false);
+    let steps = schedule();
+    std::thread::scope(|s| {
+        let (sb, steps, flag) = (&pair.sb, &steps, &flag);
+        let send = s.spawn(move || stand_in_sender_with(&sb.host, steps, flag, false));
+        let start = Instant::now();
+        while pair.errors.lock().is_empty() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        flag.store(true, Ordering::Release);
+        let _ = send.join().unwrap();
+    });
+    let errors = pair.errors.lock();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.msg.contains("receiving from rank 0") && e.msg.contains("disagree")),
+        "{errors:?}"
+    );
+    assert_eq!(load(pair.rb.host.tail), 0, "no step was delivered");
+}
+
+#[test]
+fn a_proxy_stuck_in_a_network_call_is_named_by_the_side_it_is_at() {
+    // The proxy thread cannot report a network call that does not return; `stuck_in` (what
+    // the monitor logs) names the side it is at once the pass outlasts the report delay, and
+    // nothing once the call returns.
+    let flushing = Arc::new(FlushingNet::new(true));
+    let net: Arc<dyn Net> = flushing.clone();
+    let (_sc, rc) = connect_pair(net.as_ref());
+    let rb = Block::new(Dir::Recv);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let p = proxy(3, &errors);
+    p.set_stuck_after(Duration::from_millis(50));
+    p.add(NetSide {
+        channel: 5,
+        ..side(&net, rc, Dir::Recv, 2, &rb)
+    });
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    until("a stuck pass", &|| p.stuck_in().is_some());
+    let (side, took) = p.stuck_in().expect("still stuck: the test holds");
+    assert_eq!(side, "receiving from rank 2 (channel 5)");
+    assert!(took >= Duration::from_millis(50), "{took:?}");
+    flushing.hold.store(false, Ordering::Release);
+    until("the pass to end", &|| p.stuck_in().is_none());
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
 }
 
 #[test]

@@ -38,6 +38,8 @@ struct Shared {
     devices: DevicesFn,
     accept: AcceptFn,
     reg_mr: RegMrFn,
+    /// NULL in a plugin without DMA-BUF registration.
+    reg_mr_dma_buf: Option<RegMrDmaBufFn>,
     dereg_mr: DeregMrFn,
     iflush: Option<IflushFn>,
     test: TestFn,
@@ -93,6 +95,7 @@ macro_rules! shared_of {
             devices: req($t.devices, "devices")?,
             accept: req($t.accept, "accept")?,
             reg_mr: req($t.regMr, "regMr")?,
+            reg_mr_dma_buf: $t.regMrDmaBuf,
             dereg_mr: req($t.deregMr, "deregMr")?,
             iflush: $t.iflush,
             test: req($t.test, "test")?,
@@ -591,6 +594,43 @@ impl Net for PluginNet {
             (self.plugin.shared.reg_mr)(comm.0 as *mut c_void, data.cast(), size, kind, &mut mh)
         };
         self.check(rc, "regMr")?;
+        Ok(MemHandle(mh as usize))
+    }
+
+    fn has_dma_buf(&self) -> bool {
+        self.plugin.shared.reg_mr_dma_buf.is_some()
+    }
+
+    fn reg_mr_dma_buf(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        offset: u64,
+        fd: i32,
+    ) -> Result<MemHandle> {
+        let Some(reg) = self.plugin.shared.reg_mr_dma_buf else {
+            return Err(Error::internal(format!(
+                "net plugin {}: regMrDmaBuf is NULL",
+                self.name()
+            )));
+        };
+        let mut mh = null_mut();
+        // SAFETY: comm is this plugin's; data/size is the caller's CUDA buffer, kept valid
+        // while registered, and fd a dma-buf of it the caller keeps open for the call; mh is
+        // writable.
+        let rc = unsafe {
+            reg(
+                comm.0 as *mut c_void,
+                data.cast(),
+                size,
+                PTR_CUDA,
+                offset,
+                fd,
+                &mut mh,
+            )
+        };
+        self.check(rc, "regMrDmaBuf")?;
         Ok(MemHandle(mh as usize))
     }
 
