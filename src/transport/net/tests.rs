@@ -468,41 +468,55 @@ fn stand_in_sender_with(
     trailer: bool,
 ) -> std::result::Result<(), String> {
     for (k, &(bytes, ll)) in steps.iter().enumerate() {
-        spin(&format!("sender step {k}"), abort, || {
-            load(b.head) + NSLOTS as u64 > k as u64
-        })?;
-        let data = pattern(k, bytes);
-        if ll {
-            let words = ll_region(b, k);
-            for (u, unit) in data.chunks(8).enumerate() {
-                let mut v = [0u8; 8];
-                v[..unit.len()].copy_from_slice(unit);
-                let v = u64::from_le_bytes(v);
-                // SAFETY: unit u's two words are within the LL region.
-                unsafe {
-                    std::ptr::write_volatile(words.add(2 * u), (v & 0xffff_ffff) | epoch(k) << 32);
-                    if unit.len() > 4 {
-                        std::ptr::write_volatile(words.add(2 * u + 1), (v >> 32) | epoch(k) << 32);
-                    }
+        send_step(b, k, bytes, ll, abort, trailer)?;
+    }
+    Ok(())
+}
+
+/// The sending kernel's step k of `bytes` (LL or Simple; with `trailer` a Simple step also
+/// writes its step word after the payload).
+fn send_step(
+    b: &HostBlock,
+    k: usize,
+    bytes: usize,
+    ll: bool,
+    abort: &AtomicBool,
+    trailer: bool,
+) -> std::result::Result<(), String> {
+    spin(&format!("sender step {k}"), abort, || {
+        load(b.head) + NSLOTS as u64 > k as u64
+    })?;
+    let data = pattern(k, bytes);
+    if ll {
+        let words = ll_region(b, k);
+        for (u, unit) in data.chunks(8).enumerate() {
+            let mut v = [0u8; 8];
+            v[..unit.len()].copy_from_slice(unit);
+            let v = u64::from_le_bytes(v);
+            // SAFETY: unit u's two words are within the LL region.
+            unsafe {
+                std::ptr::write_volatile(words.add(2 * u), (v & 0xffff_ffff) | epoch(k) << 32);
+                if unit.len() > 4 {
+                    std::ptr::write_volatile(words.add(2 * u + 1), (v >> 32) | epoch(k) << 32);
                 }
             }
-        } else {
-            // SAFETY: a Simple payload fits the slot.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), slot(b, k), bytes) };
         }
-        let word = epoch(k) << 32 | bytes as u64 | if ll { STEP_LL as u64 } else { 0 };
-        if trailer && !ll {
-            // SAFETY: payload + 8 bytes fit the slot.
-            unsafe { std::ptr::write_unaligned(slot(b, k).add(bytes) as *mut u64, word) };
-        }
-        // SAFETY: the step words have NSLOTS entries.
-        store(
-            unsafe { (b.words as *mut u64).add(k % NSLOTS as usize) },
-            word,
-        );
-        if !ll {
-            store(b.tail, k as u64 + 1);
-        }
+    } else {
+        // SAFETY: a Simple payload fits the slot.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), slot(b, k), bytes) };
+    }
+    let word = epoch(k) << 32 | bytes as u64 | if ll { STEP_LL as u64 } else { 0 };
+    if trailer && !ll {
+        // SAFETY: payload + 8 bytes fit the slot.
+        unsafe { std::ptr::write_unaligned(slot(b, k).add(bytes) as *mut u64, word) };
+    }
+    // SAFETY: the step words have NSLOTS entries.
+    store(
+        unsafe { (b.words as *mut u64).add(k % NSLOTS as usize) },
+        word,
+    );
+    if !ll {
+        store(b.tail, k as u64 + 1);
     }
     Ok(())
 }
@@ -550,31 +564,44 @@ fn stand_in_gpu_receiver(
     abort: &AtomicBool,
 ) -> std::result::Result<(), String> {
     for (k, &(bytes, ll)) in steps.iter().enumerate() {
-        spin(&format!("receiver step {k}"), abort, || {
-            load(b.tail) > k as u64
-        })?;
-        let mut got = vec![0u8; bytes];
-        if ll {
-            let words = slot(b, k) as *const u64;
-            for (u, out) in got.chunks_mut(8).enumerate() {
-                let two = out.len() > 4;
-                // SAFETY: within the slot.
-                let w = |i: usize| load(unsafe { words.add(2 * u + i) });
-                if w(0) >> 32 != epoch(k) || (two && w(1) >> 32 != epoch(k)) {
-                    return Err(format!("step {k}: an LL word without its flag after tail"));
-                }
-                let v = (w(0) & 0xffff_ffff) | if two { w(1) << 32 } else { 0 };
-                out.copy_from_slice(&v.to_le_bytes()[..out.len()]);
-            }
-        } else {
-            // SAFETY: the slot holds the step's payload.
-            unsafe { std::ptr::copy_nonoverlapping(slot(b, k), got.as_mut_ptr(), bytes) };
-        }
-        if got != pattern(k, bytes) {
-            return Err(format!("step {k} ({bytes} bytes, ll {ll}): wrong data"));
-        }
-        store(b.head, k as u64 + 1);
+        gpu_recv_step(b, k, bytes, ll, abort)?;
     }
+    Ok(())
+}
+
+/// The receiving kernel's step k of `bytes` on a side whose slots are in GPU memory: it waits
+/// for `tail`, and an LL step's words are at the slot's start.
+fn gpu_recv_step(
+    b: &HostBlock,
+    k: usize,
+    bytes: usize,
+    ll: bool,
+    abort: &AtomicBool,
+) -> std::result::Result<(), String> {
+    spin(&format!("receiver step {k}"), abort, || {
+        load(b.tail) > k as u64
+    })?;
+    let mut got = vec![0u8; bytes];
+    if ll {
+        let words = slot(b, k) as *const u64;
+        for (u, out) in got.chunks_mut(8).enumerate() {
+            let two = out.len() > 4;
+            // SAFETY: within the slot.
+            let w = |i: usize| load(unsafe { words.add(2 * u + i) });
+            if w(0) >> 32 != epoch(k) || (two && w(1) >> 32 != epoch(k)) {
+                return Err(format!("step {k}: an LL word without its flag after tail"));
+            }
+            let v = (w(0) & 0xffff_ffff) | if two { w(1) << 32 } else { 0 };
+            out.copy_from_slice(&v.to_le_bytes()[..out.len()]);
+        }
+    } else {
+        // SAFETY: the slot holds the step's payload.
+        unsafe { std::ptr::copy_nonoverlapping(slot(b, k), got.as_mut_ptr(), bytes) };
+    }
+    if got != pattern(k, bytes) {
+        return Err(format!("step {k} ({bytes} bytes, ll {ll}): wrong data"));
+    }
+    store(b.head, k as u64 + 1);
     Ok(())
 }
 
@@ -882,6 +909,71 @@ fn without_the_kernels_trailer_a_sending_side_in_gpu_memory_fails_the_receiver()
         "{errors:?}"
     );
     assert_eq!(load(pair.rb.host.tail), 0, "no step was delivered");
+}
+
+#[test]
+fn two_ranks_in_a_ring_over_channels_with_host_sends_and_gpu_receives_finish() {
+    // The configuration of NCCL_NET_GDR_READ=0 (sends staged in host memory, receives in
+    // (stand-in) GPU memory, each flushed in two tests), two ranks each sending to and
+    // receiving from the other on several channels, every stand-in kernel alternating a send
+    // and a receive step as a ring does, over several rounds of the schedule: every step
+    // arrives, and both ranks finish.
+    const CHANNELS: u32 = 4;
+    let flushing = Arc::new(FlushingNet::new(false));
+    let net: Arc<dyn Net> = flushing.clone();
+    // blocks[r][c] = (rank r's send block, rank r's receive block) on channel c; declared
+    // before the proxies, which stop first.
+    let blocks: Vec<Vec<(Block, Block)>> = (0..2)
+        .map(|_| {
+            (0..CHANNELS)
+                .map(|_| (Block::new(Dir::Send), Block::with(Dir::Recv, true)))
+                .collect()
+        })
+        .collect();
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let proxies = [proxy(0, &errors), proxy(1, &errors)];
+    for ch in 0..CHANNELS {
+        for from in 0..2usize {
+            let to = 1 - from;
+            let (sc, rc) = connect_pair(net.as_ref());
+            let send = &blocks[from][ch as usize].0;
+            let recv = &blocks[to][ch as usize].1;
+            proxies[from].add(NetSide {
+                channel: ch,
+                ..side(&net, sc, Dir::Send, to as i32, send)
+            });
+            proxies[to].add(NetSide {
+                channel: ch,
+                gpu_slots: true,
+                ..side(&net, rc, Dir::Recv, from as i32, recv)
+            });
+        }
+    }
+    let steps: Vec<(usize, bool)> = (0..4).flat_map(|_| schedule()).collect();
+    let flag = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let kernels: Vec<_> = blocks
+            .iter()
+            .flatten()
+            .map(|(send, recv)| {
+                let (steps, flag) = (&steps, &flag);
+                s.spawn(move || -> std::result::Result<(), String> {
+                    for (k, &(bytes, ll)) in steps.iter().enumerate() {
+                        send_step(&send.host, k, bytes, ll, flag, false)?;
+                        gpu_recv_step(&recv.host, k, bytes, ll, flag)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for k in kernels {
+            if let Err(e) = k.join().unwrap() {
+                flag.store(true, Ordering::Release);
+                panic!("{e}; proxy errors: {:?}", errors.lock());
+            }
+        }
+    });
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
 }
 
 #[test]
