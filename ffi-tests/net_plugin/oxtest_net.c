@@ -43,12 +43,14 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- the ABI ---- */
@@ -314,8 +316,9 @@ struct oxCtx {
  * so iflush has nothing to flush. The CUDA driver is opened at run time (libcuda.so.1) at the
  * first CUDA registration; copies run in the primary context of the memory's device, from
  * whichever thread calls the plugin, on a non-blocking stream of the registration's (never
- * behind the kernels waiting for them) into a pinned shadow, and are waited for: a copy from
- * pageable memory may return before its bytes reach the GPU. */
+ * behind the kernels waiting for them) into a pinned shadow, and are waited for, polling the
+ * stream (a copy still running after 5 s is logged): a copy from pageable memory may return
+ * before its bytes reach the GPU. */
 
 static int oxCudaPointers; /* set at init */
 static int oxDmaBufPointers; /* set at init (OXTEST_PTR_DMABUF=1) */
@@ -329,13 +332,14 @@ static struct {
   int (*memcpyDtoHAsync)(void* dst, unsigned long long src, size_t bytes, void* stream);
   int (*memcpyHtoDAsync)(unsigned long long dst, const void* src, size_t bytes, void* stream);
   int (*streamCreate)(void** stream, unsigned flags);
-  int (*streamSynchronize)(void* stream);
+  int (*streamQuery)(void* stream);
   int (*streamDestroy)(void* stream);
   int (*memHostAlloc)(void** p, size_t bytes, unsigned flags);
   int (*memFreeHost)(void* p);
 } oxCu;
 
 #define OX_CU_STREAM_NON_BLOCKING 1
+#define OX_CUDA_ERROR_NOT_READY 600
 
 #define OX_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 
@@ -353,13 +357,13 @@ static ncclResult_t oxCudaLoadLocked(void) {
   *(void**)&oxCu.memcpyDtoHAsync = dlsym(lib, "cuMemcpyDtoHAsync_v2");
   *(void**)&oxCu.memcpyHtoDAsync = dlsym(lib, "cuMemcpyHtoDAsync_v2");
   *(void**)&oxCu.streamCreate = dlsym(lib, "cuStreamCreate");
-  *(void**)&oxCu.streamSynchronize = dlsym(lib, "cuStreamSynchronize");
+  *(void**)&oxCu.streamQuery = dlsym(lib, "cuStreamQuery");
   *(void**)&oxCu.streamDestroy = dlsym(lib, "cuStreamDestroy_v2");
   *(void**)&oxCu.memHostAlloc = dlsym(lib, "cuMemHostAlloc");
   *(void**)&oxCu.memFreeHost = dlsym(lib, "cuMemFreeHost");
   if (!oxCu.pointerGetAttribute || !oxCu.primaryCtxRetain || !oxCu.ctxPush || !oxCu.ctxPop ||
       !oxCu.memcpyDtoHAsync || !oxCu.memcpyHtoDAsync || !oxCu.streamCreate ||
-      !oxCu.streamSynchronize || !oxCu.streamDestroy || !oxCu.memHostAlloc ||
+      !oxCu.streamQuery || !oxCu.streamDestroy || !oxCu.memHostAlloc ||
       !oxCu.memFreeHost) {
     OXWARN("NET/OxTest : libcuda.so.1 lacks a function CUDA memory needs");
     return ncclSystemError;
@@ -379,6 +383,35 @@ static ncclResult_t oxCudaLoad(void) {
 }
 
 /* Copy between a CUDA registration and its shadow in the registration's context. */
+static double oxSeconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Wait for the copy on the registration's stream (polling, as cuStreamSynchronize would
+ * block); a copy still running after 5 s is logged once, and again when it ends: a test run
+ * stuck in the plugin says so. The CUDA result. */
+static int oxCudaWait(struct oxMr* mr, size_t bytes, int toDevice) {
+  const double start = oxSeconds();
+  int warned = 0;
+  for (;;) {
+    int rc = oxCu.streamQuery(mr->stream);
+    if (rc != OX_CUDA_ERROR_NOT_READY) {
+      if (warned)
+        OXWARN("NET/OxTest : the copy of %lu bytes %s the GPU ended after %.1f s",
+               (unsigned long)bytes, toDevice ? "to" : "from", oxSeconds() - start);
+      return rc;
+    }
+    if (!warned && oxSeconds() - start > 5.0) {
+      OXWARN("NET/OxTest : a copy of %lu bytes %s the GPU has not ended after 5 s",
+             (unsigned long)bytes, toDevice ? "to" : "from");
+      warned = 1;
+    }
+    sched_yield();
+  }
+}
+
 static ncclResult_t oxCudaCopy(struct oxMr* mr, char* dev, char* host, size_t bytes,
                                int toDevice) {
   if (bytes == 0) return ncclSuccess;
@@ -390,7 +423,7 @@ static ncclResult_t oxCudaCopy(struct oxMr* mr, char* dev, char* host, size_t by
   int rc = toDevice
                ? oxCu.memcpyHtoDAsync((unsigned long long)(uintptr_t)dev, host, bytes, mr->stream)
                : oxCu.memcpyDtoHAsync(host, (unsigned long long)(uintptr_t)dev, bytes, mr->stream);
-  if (rc == 0) rc = oxCu.streamSynchronize(mr->stream);
+  if (rc == 0) rc = oxCudaWait(mr, bytes, toDevice);
   oxCu.ctxPop(&popped);
   if (rc != 0) {
     OXWARN("NET/OxTest : copying %lu bytes %s the GPU failed (CUDA error %d)",
