@@ -428,13 +428,14 @@ __device__ __forceinline__ char* ox_slot(const OxPeer& p) {
   return p.buf + (p.step & (uint64_t)(p.nslots - 1)) * (uint64_t)p.slot_bytes;
 }
 
-// The step word of the send position's step (OX_STEP_WORDS_OFFSET): epoch, bytes, protocol,
-// for the proxy of a network connection. A relaxed store by the peer's thread, ordered
-// before the tail by the release that publishes a Simple step.
+// The step word of the send position's step: epoch, bytes, protocol.
 __device__ __forceinline__ uint64_t ox_step_word_of(const OxPeer& p, uint64_t nbytes, bool ll) {
   return ((p.step + 1) << 32) | nbytes | (ll ? (uint64_t)OX_STEP_LL : 0ull);
 }
 
+// The step word stored for the proxy of a network connection (OX_STEP_WORDS_OFFSET). A relaxed
+// store by the peer's thread, ordered before the tail by the release that publishes a Simple
+// step.
 __device__ __forceinline__ void ox_step_word(const OxPeer& p, uint64_t nbytes, bool ll) {
   uint64_t* words = (uint64_t*)((char*)p.tail + OX_STEP_WORDS_OFFSET);
   ox_st_relaxed(words + (p.step & (uint64_t)(p.nslots - 1)), ox_step_word_of(p, nbytes, ll));
