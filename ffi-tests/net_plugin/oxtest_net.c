@@ -762,13 +762,9 @@ static ncclResult_t oxAccept(void* listenComm, void** recvComm, oxDevHandle** re
   return ncclSuccess;
 }
 
-static ncclResult_t oxRegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
-  (void)comm;
-  *mhandle = NULL;
-  if (type != OX_PTR_HOST && !(type == OX_PTR_CUDA && oxCudaPointers)) {
-    OXLOG(OX_LOG_INFO, "NET/OxTest : cannot register memory of type %d", type);
-    return ncclInternalError;
-  }
+/* A registration of [data, data + size) of memory type OX_PTR_HOST or OX_PTR_CUDA (with its
+ * CUDA shadow and stream). */
+static ncclResult_t oxNewMr(void* data, size_t size, int type, struct oxMr** out) {
   struct oxMr* mr = calloc(1, sizeof(*mr));
   if (mr == NULL) return ncclSystemError;
   mr->data = (char*)data;
@@ -781,8 +777,21 @@ static ncclResult_t oxRegMr(void* comm, void* data, size_t size, int type, void*
       return rc;
     }
   }
-  *mhandle = mr;
+  *out = mr;
   return ncclSuccess;
+}
+
+static ncclResult_t oxRegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  (void)comm;
+  *mhandle = NULL;
+  if (type != OX_PTR_HOST && !(type == OX_PTR_CUDA && oxCudaPointers)) {
+    OXLOG(OX_LOG_INFO, "NET/OxTest : cannot register memory of type %d", type);
+    return ncclInternalError;
+  }
+  struct oxMr* mr = NULL;
+  ncclResult_t rc = oxNewMr(data, size, type, &mr);
+  *mhandle = mr;
+  return rc;
 }
 
 /* The exporter named in fd's /proc/self/fdinfo entry ("exp_name:" of a dma-buf), into name;
@@ -820,19 +829,12 @@ static ncclResult_t oxRegMrDmaBuf(void* comm, void* data, size_t size, int type,
            (unsigned long long)offset);
     return ncclInternalError;
   }
-  struct oxMr* mr = calloc(1, sizeof(*mr));
-  if (mr == NULL) return ncclSystemError;
-  mr->data = (char*)data;
-  mr->size = size;
-  mr->type = OX_PTR_CUDA;
-  ncclResult_t rc = oxCudaRegister(mr);
-  if (rc != ncclSuccess) {
-    free(mr);
-    return rc;
-  }
+  struct oxMr* mr = NULL;
+  ncclResult_t rc = oxNewMr(data, size, OX_PTR_CUDA, &mr);
+  if (rc != ncclSuccess) return rc;
+  *mhandle = mr;
   OXLOG(OX_LOG_INFO, "NET/OxTest : registered a dma-buf of %zu bytes (exporter %s) on comm %p",
         size, exporter, comm);
-  *mhandle = mr;
   return ncclSuccess;
 }
 

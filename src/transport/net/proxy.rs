@@ -158,11 +158,7 @@ impl Driven {
     }
 
     fn what(&self) -> String {
-        let s = &self.side;
-        match s.dir {
-            Dir::Send => format!("sending to rank {} (channel {})", s.peer, s.channel),
-            Dir::Recv => format!("receiving from rank {} (channel {})", s.peer, s.channel),
-        }
+        side_name(side_code(&self.side))
     }
 
     /// One pass over this side: post what is ready, complete what is done. Whether anything
@@ -411,7 +407,8 @@ struct Shared {
     stuck_reported: AtomicBool,
 }
 
-/// A side as the monitor names it: channel, peer and direction in one word.
+/// A side as the monitor keeps it: channel, peer and direction in one word (`side_name` says
+/// it in words, as every report of the side does).
 fn side_code(s: &NetSide) -> u64 {
     (s.channel as u64) << 33 | (s.peer as u32 as u64) << 1 | (s.dir == Dir::Recv) as u64
 }
@@ -733,17 +730,17 @@ mod monitor {
     use std::time::Duration;
 
     static WATCHED: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+    static STARTED: std::sync::Once = std::sync::Once::new();
 
-    /// Watch `shared` while it lives (the thread starts with the first proxy).
+    /// Watch `shared` while it lives (the thread starts once, with the first proxy).
     pub(super) fn watch(shared: &Arc<Shared>) {
-        let mut w = WATCHED.lock();
-        if w.is_empty() {
+        WATCHED.lock().push(Arc::downgrade(shared));
+        STARTED.call_once(|| {
             // A monitor that cannot start leaves stuck proxies unreported, nothing else.
             let _ = std::thread::Builder::new()
                 .name("oxccl-proxy-mon".into())
                 .spawn(run);
-        }
-        w.push(Arc::downgrade(shared));
+        });
     }
 
     fn run() {
