@@ -18,7 +18,9 @@
 //! test becomes the communicator's error (through the sink it was given) naming the peer,
 //! and raises the device abort flag so that kernels waiting on the connection return. A
 //! proxy thread that does not come back from a network call (a plugin that blocks) cannot
-//! say so itself: a process-wide monitor thread logs which side's pass it is stuck in.
+//! act itself: a process-wide monitor thread rings the bell of a yielding launch for it (a
+//! plugin's CUDA copy may be queued behind that launch's stream waits, in the same hardware
+//! queue of the GPU, and would otherwise never end) and logs which side's pass it is stuck in.
 //! Under CUDA graphs nothing changes: the proxy follows the counters, whoever launched.
 
 use super::api::{Comm, MemHandle, Net, Request};
@@ -405,6 +407,9 @@ struct Shared {
     /// it did for the current one.
     stuck_after_us: AtomicU64,
     stuck_reported: AtomicBool,
+    /// Whether the status page is still there for the monitor to ring its bell: cleared,
+    /// under the lock, when the proxy stops (the page may go right after).
+    page_live: Mutex<bool>,
 }
 
 /// A side as the monitor keeps it: channel, peer and direction in one word (`side_name` says
@@ -426,17 +431,34 @@ impl Shared {
         (self.epoch.elapsed().as_micros() as u64).max(1)
     }
 
+    /// How long the thread has been in its current pass over the sides (none between passes).
+    fn in_pass_for(&self) -> Option<Duration> {
+        let since = self.pass_since_us.load(Ordering::Acquire);
+        (since != 0).then(|| Duration::from_micros(self.now_us().saturating_sub(since)))
+    }
+
     /// Where the thread has been, in one pass, for longer than the report delay: the side it
     /// is at (in a network call, or stopped) and for how long.
     fn stuck_in(&self) -> Option<(String, Duration)> {
-        let since = self.pass_since_us.load(Ordering::Acquire);
-        if since == 0 {
-            return None;
-        }
+        let took = self.in_pass_for()?;
         let side = self.pass_side.load(Ordering::Acquire);
-        let took = Duration::from_micros(self.now_us().saturating_sub(since));
         let limit = Duration::from_micros(self.stuck_after_us.load(Ordering::Relaxed));
         (took > limit).then(|| (side_name(side), took))
+    }
+
+    /// The monitor's part while the thread is held in one pass longer than `BELL_SAFETY`:
+    /// ring a silent bell, as the thread would after its pass, so that a yielding launch goes
+    /// on (its kernels park again if their waits are still unmet). Whether it rang.
+    fn ring_for_held_thread(&self) -> bool {
+        if !self.in_pass_for().is_some_and(|took| took > BELL_SAFETY) {
+            return false;
+        }
+        let live = self.page_live.lock();
+        if !*live || !self.bell_silent() {
+            return false;
+        }
+        self.ring_bell();
+        true
     }
 
     /// The bell, when there is a status page.
@@ -539,6 +561,7 @@ impl Proxy {
             pass_side: AtomicU64::new(0),
             stuck_after_us: AtomicU64::new(STALL_REPORT.as_micros() as u64),
             stuck_reported: AtomicBool::new(false),
+            page_live: Mutex::new(true),
         });
         monitor::watch(&shared);
         let s = shared.clone();
@@ -602,6 +625,8 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        // The status page may be freed once this returns: the monitor rings it no more.
+        *self.shared.page_live.lock() = false;
         if let Some(t) = self.thread.take() {
             // The last reference may go in the proxy's own thread (its error sink); it then
             // ends by itself.
@@ -718,10 +743,11 @@ fn fail(rank: i32, shared: &Shared, d: &Driven, e: Error) {
     shared.ring_bell();
 }
 
-/// The process's one monitor thread: once a second it looks at every live proxy and logs,
-/// once per stuck pass, a proxy thread that has been in one pass over its sides for longer
-/// than the report delay (`Shared::stuck_in`): a network call that does not return, which
-/// the proxy cannot report itself.
+/// The process's one monitor thread. Every `TICK` while proxies live, for each one whose
+/// thread has been held in one pass over its sides (a network call that does not return):
+/// past `BELL_SAFETY` it rings a silent bell in the thread's place (`ring_for_held_thread`),
+/// and past the report delay (`Shared::stuck_in`) it logs, once per pass, the side the thread
+/// is at, which the proxy cannot report itself.
 mod monitor {
     use super::Shared;
     use parking_lot::Mutex;
@@ -731,6 +757,10 @@ mod monitor {
 
     static WATCHED: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
     static STARTED: std::sync::Once = std::sync::Once::new();
+    /// How often it looks while proxies live (a held thread's bell is rung this often), and
+    /// while none does.
+    const TICK: Duration = Duration::from_millis(1);
+    const IDLE_TICK: Duration = Duration::from_millis(100);
 
     /// Watch `shared` while it lives (the thread starts once, with the first proxy).
     pub(super) fn watch(shared: &Arc<Shared>) {
@@ -744,13 +774,15 @@ mod monitor {
     }
 
     fn run() {
+        let mut tick = IDLE_TICK;
         loop {
-            std::thread::sleep(Duration::from_secs(1));
+            std::thread::sleep(tick);
             let live: Vec<Arc<Shared>> = {
                 let mut w = WATCHED.lock();
                 w.retain(|s| s.strong_count() > 0);
                 w.iter().filter_map(Weak::upgrade).collect()
             };
+            tick = if live.is_empty() { IDLE_TICK } else { TICK };
             for s in live {
                 check(&s);
             }
@@ -758,6 +790,7 @@ mod monitor {
     }
 
     fn check(s: &Shared) {
+        s.ring_for_held_thread();
         match s.stuck_in() {
             Some((side, took)) => {
                 if !s.stuck_reported.swap(true, Ordering::AcqRel) {

@@ -679,6 +679,16 @@ fn move_schedule_between_two_proxies(net: &Arc<dyn Net>) {
 
 /// The socket network with an `iflush` that takes two tests to finish, counting flushes, and
 /// a `test` that does not return while `hold` is set.
+/// Lets a held `FlushingNet` go when dropped: declared after its proxy, it frees the proxy
+/// thread before the proxy's drop joins it, also when the test fails (no hang).
+struct LetGo<'a>(&'a AtomicBool);
+
+impl Drop for LetGo<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 struct FlushingNet {
     inner: SocketNet,
     /// Flush requests handed out, with the tests each has had.
@@ -988,6 +998,7 @@ fn a_proxy_stuck_in_a_network_call_is_named_by_the_side_it_is_at() {
     let errors = Arc::new(Mutex::new(Vec::new()));
     let p = proxy(3, &errors);
     p.set_stuck_after(Duration::from_millis(50));
+    let let_go = LetGo(&flushing.hold);
     p.add(NetSide {
         channel: 5,
         ..side(&net, rc, Dir::Recv, 2, &rb)
@@ -1003,8 +1014,60 @@ fn a_proxy_stuck_in_a_network_call_is_named_by_the_side_it_is_at() {
     let (side, took) = p.stuck_in().expect("still stuck: the test holds");
     assert_eq!(side, "receiving from rank 2 (channel 5)");
     assert!(took >= Duration::from_millis(50), "{took:?}");
-    flushing.hold.store(false, Ordering::Release);
+    drop(let_go);
     until("the pass to end", &|| p.stuck_in().is_none());
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+}
+
+#[test]
+fn the_monitor_rings_the_bell_of_a_proxy_held_in_a_network_call() {
+    // A yielding launch's stream waits for the bell, which the proxy rings after each pass; a
+    // plugin's CUDA copy queued behind that wait (same hardware queue) would hold the proxy in
+    // its call for good. While the thread is held, the monitor rings a silent bell in its
+    // place, again each time a parking kernel silences it.
+    use crate::sched::device::{BELL_OFFSET, PARK_ENTRY_BYTES, PARK_OFFSET, PROGRESS_CTAS};
+    let page_bytes = (PARK_OFFSET + PARK_ENTRY_BYTES * PROGRESS_CTAS).max(BELL_OFFSET + 4);
+    let page = vec![0u64; (page_bytes as usize).div_ceil(8)];
+    let bell = (page.as_ptr() as usize + BELL_OFFSET as usize) as *mut u32;
+    // SAFETY: bell is an aligned u32 inside `page`, which outlives the proxy (dropped first,
+    // below); the proxy and monitor write it concurrently, hence volatile.
+    let read_bell = || unsafe { std::ptr::read_volatile(bell) };
+    // SAFETY: as above.
+    let silence = || unsafe { std::ptr::write_volatile(bell, 0) };
+    let flushing = Arc::new(FlushingNet::new(true));
+    let net: Arc<dyn Net> = flushing.clone();
+    let (_sc, rc) = connect_pair(net.as_ref());
+    let rb = Block::new(Dir::Recv);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let e = errors.clone();
+    let p = Proxy::start(
+        4,
+        Arc::new(AtomicBool::new(false)),
+        page.as_ptr() as usize,
+        Arc::new(move |_peer: i32, err: Error| e.lock().push(err)),
+    )
+    .unwrap();
+    p.set_stuck_after(Duration::from_millis(20));
+    let let_go = LetGo(&flushing.hold);
+    p.add(side(&net, rc, Dir::Recv, 1, &rb));
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    until("the thread held in its pass", &|| p.stuck_in().is_some());
+    for round in 0..3 {
+        silence();
+        until(&format!("the bell rung while held (round {round})"), &|| {
+            read_bell() == 1
+        });
+    }
+    drop(let_go);
+    until("the pass to end", &|| p.stuck_in().is_none());
+    drop(p);
+    drop(page);
     assert!(errors.lock().is_empty(), "{:?}", errors.lock());
 }
 
