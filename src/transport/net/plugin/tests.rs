@@ -278,6 +278,50 @@ fn a_message_longer_than_the_receive_fails_it() {
     close_pair(&net, send, recv, listen);
 }
 
+#[test]
+fn a_message_received_before_its_peer_closed_completes_and_the_next_receive_fails() {
+    // A receiver pre-posts receives (the proxy keeps a slot's worth ahead); a peer that sent
+    // its last message and closed in order must see that message delivered, and only the
+    // receive after it fail. The plugin once failed the delivered one too, when one test
+    // moved both (the GPU suite's "connection closed by the peer" that lost a last step).
+    let Some(lib) = plugin() else { return };
+    let net: Arc<dyn Net> = open_path(lib).unwrap();
+    let (send, recv, listen) = connect_pair(&net);
+    let mut out = pattern(1, 4096);
+    let mut into = vec![0u8; 2 * 4096];
+    let smh = net
+        .reg_mr(send, out.as_mut_ptr(), out.len(), MemType::Host)
+        .unwrap();
+    let rmh = net
+        .reg_mr(recv, into.as_mut_ptr(), into.len(), MemType::Host)
+        .unwrap();
+    let sreq = post(|| net.isend(send, out.as_mut_ptr(), out.len(), 1, smh));
+    assert_eq!(wait(&net, sreq), 4096);
+    net.dereg_mr(send, smh).unwrap();
+    net.close_send(send).unwrap();
+    // Both receives posted after the message and the close are on the wire: the first test
+    // reads the message and then the end of the stream.
+    std::thread::sleep(Duration::from_millis(50));
+    let base = into.as_mut_ptr();
+    let first = post(|| net.irecv(recv, base, 4096, 1, rmh));
+    // SAFETY: the second receive's buffer is the second half of `into`.
+    let second = post(|| net.irecv(recv, unsafe { base.add(4096) }, 4096, 1, rmh));
+    assert_eq!(wait(&net, first), 4096, "the message sent before the close");
+    assert_eq!(&into[..4096], &pattern(1, 4096)[..]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let err = loop {
+        match net.test(second) {
+            Err(e) => break e,
+            Ok(Some(n)) => panic!("a receive after the peer closed completed with {n} bytes"),
+            Ok(None) => assert!(Instant::now() < deadline, "no failure reported"),
+        }
+    };
+    assert!(err.msg.contains("test failed"), "{err}");
+    net.dereg_mr(recv, rmh).unwrap();
+    net.close_recv(recv).unwrap();
+    net.close_listen(listen).unwrap();
+}
+
 /// Test a receive (and the send) until the receive fails.
 fn test_until_failure(net: &Arc<dyn Net>, sreq: Request, rreq: Request) -> Error {
     let deadline = Instant::now() + Duration::from_secs(20);
