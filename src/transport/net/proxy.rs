@@ -450,7 +450,7 @@ impl Shared {
     /// ring a silent bell, as the thread would after its pass, so that a yielding launch goes
     /// on (its kernels park again if their waits are still unmet). Whether it rang.
     fn ring_for_held_thread(&self) -> bool {
-        if !self.in_pass_for().is_some_and(|took| took > BELL_SAFETY) {
+        if self.in_pass_for().is_none_or(|took| took <= BELL_SAFETY) {
             return false;
         }
         let live = self.page_live.lock();

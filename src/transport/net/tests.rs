@@ -1060,9 +1060,10 @@ fn the_monitor_rings_the_bell_of_a_proxy_held_in_a_network_call() {
     until("the thread held in its pass", &|| p.stuck_in().is_some());
     for round in 0..3 {
         silence();
-        until(&format!("the bell rung while held (round {round})"), &|| {
-            read_bell() == 1
-        });
+        until(
+            &format!("the bell rung while held (round {round})"),
+            &|| read_bell() == 1,
+        );
     }
     drop(let_go);
     until("the pass to end", &|| p.stuck_in().is_none());

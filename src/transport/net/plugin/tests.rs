@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::error::Error;
-use crate::transport::net::api::{Comm, Handle, MemType, Request, PTR_CUDA, PTR_HOST};
+use crate::transport::net::api::{Comm, Handle, MemHandle, MemType, Request, PTR_CUDA, PTR_HOST};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -250,14 +250,10 @@ fn a_message_longer_than_the_receive_fails_it() {
     let (send, recv, listen) = connect_pair(&net);
     let mut out = vec![7u8; 100];
     let mut into = vec![0u8; 10];
-    let smh = net
-        .reg_mr(send, out.as_mut_ptr(), out.len(), MemType::Host)
-        .unwrap();
-    let rmh = net
-        .reg_mr(recv, into.as_mut_ptr(), into.len(), MemType::Host)
-        .unwrap();
+    let smh = host_mr(&net, send, &mut out);
+    let rmh = host_mr(&net, recv, &mut into);
     let sreq = post(|| net.isend(send, out.as_mut_ptr(), out.len(), 1, smh));
-    // The failure shows in the irecv if the message is already there, else in a test.
+    // The failure shows in a test (an irecv that met it would fail too).
     let deadline = Instant::now() + Duration::from_secs(20);
     let err = loop {
         let _ = net.test(sreq);
@@ -289,12 +285,8 @@ fn a_message_received_before_its_peer_closed_completes_and_the_next_receive_fail
     let (send, recv, listen) = connect_pair(&net);
     let mut out = pattern(1, 4096);
     let mut into = vec![0u8; 2 * 4096];
-    let smh = net
-        .reg_mr(send, out.as_mut_ptr(), out.len(), MemType::Host)
-        .unwrap();
-    let rmh = net
-        .reg_mr(recv, into.as_mut_ptr(), into.len(), MemType::Host)
-        .unwrap();
+    let smh = host_mr(&net, send, &mut out);
+    let rmh = host_mr(&net, recv, &mut into);
     let sreq = post(|| net.isend(send, out.as_mut_ptr(), out.len(), 1, smh));
     assert_eq!(wait(&net, sreq), 4096);
     net.dereg_mr(send, smh).unwrap();
@@ -395,6 +387,12 @@ fn close_pair(net: &Arc<dyn Net>, send: Comm, recv: Comm, listen: Comm) {
     net.close_send(send).unwrap();
     net.close_recv(recv).unwrap();
     net.close_listen(listen).unwrap();
+}
+
+/// Register `buf` (host memory) with `comm`.
+fn host_mr(net: &Arc<dyn Net>, comm: Comm, buf: &mut [u8]) -> MemHandle {
+    net.reg_mr(comm, buf.as_mut_ptr(), buf.len(), MemType::Host)
+        .unwrap()
 }
 
 /// Post until the plugin takes the request.
