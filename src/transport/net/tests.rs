@@ -679,6 +679,15 @@ fn move_schedule_between_two_proxies(net: &Arc<dyn Net>) {
 
 /// The socket network with an `iflush` that takes two tests to finish, counting flushes, and
 /// a `test` that does not return while `hold` is set.
+/// Wait (at most 10 s, else fail naming `what`) until `done`.
+fn wait_for(what: &str, done: &dyn Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Lets a held `FlushingNet` go when dropped: declared after its proxy, it frees the proxy
 /// thread before the proxy's drop joins it, also when the test fails (no hang).
 struct LetGo<'a>(&'a AtomicBool);
@@ -1003,19 +1012,12 @@ fn a_proxy_stuck_in_a_network_call_is_named_by_the_side_it_is_at() {
         channel: 5,
         ..side(&net, rc, Dir::Recv, 2, &rb)
     });
-    let until = |what: &str, done: &dyn Fn() -> bool| {
-        let start = Instant::now();
-        while !done() {
-            assert!(start.elapsed() < Duration::from_secs(10), "{what}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    };
-    until("a stuck pass", &|| p.stuck_in().is_some());
+    wait_for("a stuck pass", &|| p.stuck_in().is_some());
     let (side, took) = p.stuck_in().expect("still stuck: the test holds");
     assert_eq!(side, "receiving from rank 2 (channel 5)");
     assert!(took >= Duration::from_millis(50), "{took:?}");
     drop(let_go);
-    until("the pass to end", &|| p.stuck_in().is_none());
+    wait_for("the pass to end", &|| p.stuck_in().is_none());
     assert!(errors.lock().is_empty(), "{:?}", errors.lock());
 }
 
@@ -1050,23 +1052,16 @@ fn the_monitor_rings_the_bell_of_a_proxy_held_in_a_network_call() {
     p.set_stuck_after(Duration::from_millis(20));
     let let_go = LetGo(&flushing.hold);
     p.add(side(&net, rc, Dir::Recv, 1, &rb));
-    let until = |what: &str, done: &dyn Fn() -> bool| {
-        let start = Instant::now();
-        while !done() {
-            assert!(start.elapsed() < Duration::from_secs(10), "{what}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    };
-    until("the thread held in its pass", &|| p.stuck_in().is_some());
+    wait_for("the thread held in its pass", &|| p.stuck_in().is_some());
     for round in 0..3 {
         silence();
-        until(
+        wait_for(
             &format!("the bell rung while held (round {round})"),
             &|| read_bell() == 1,
         );
     }
     drop(let_go);
-    until("the pass to end", &|| p.stuck_in().is_none());
+    wait_for("the pass to end", &|| p.stuck_in().is_none());
     drop(p);
     drop(page);
     assert!(errors.lock().is_empty(), "{:?}", errors.lock());
