@@ -7,7 +7,9 @@
 #            no NEEDED on libcuda, libcudart, libnvidia-ml, libibverbs
 #   bad      bad_inputs.c against our library (asserted), then NVIDIA's (report only)
 #   plugin   net_plugin/oxtest_net.c (the test net plugin) builds as liboxtest_net.so with
-#            -Wall -Werror and exports ncclNetPlugin_v8 .. _v11
+#            -Wall -Werror and exports ncclNetPlugin_v8 .. _v11; its CUDA memory path moves
+#            400 messages through a stand-in CUDA driver whose copies run late
+#            (net_plugin/cuda_copies.c, net_plugin/cuda_stub.c)
 # Usage: ffi-tests/run.sh [release|debug]   (default release; builds nothing with cargo)
 # Prints 'N passed, M failed' and exits non-zero on any failure.
 set -uo pipefail
@@ -156,6 +158,22 @@ if "$CC" -shared -fPIC -O2 -Wall -Werror -o "$OUT/liboxtest_net.so" "$ROOT/ffi-t
     fail "net plugin exports" "$tables of the 4 ncclNetPlugin_v8..v11 tables"; fi
 else
   fail "net plugin liboxtest_net.so builds" "see $OUT/oxtest_net.log"; cat "$OUT/oxtest_net.log"
+fi
+
+# The plugin's CUDA memory path without a GPU: cuda_copies compiles the plugin in and loads the
+# stand-in driver as libcuda.so.1.
+if "$CC" -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libcuda.so.1 -o "$OUT/libcuda_stub.so" \
+    "$ROOT/ffi-tests/net_plugin/cuda_stub.c" -lpthread 2>"$OUT/cuda_copies.log" &&
+  "$CC" -O2 -Wall -Werror -I "$ROOT/ffi-tests/net_plugin" -o "$OUT/cuda_copies" \
+    "$ROOT/ffi-tests/net_plugin/cuda_copies.c" -ldl -lpthread 2>>"$OUT/cuda_copies.log"; then
+  if timeout 120 "$OUT/cuda_copies" "$OUT/libcuda_stub.so" >>"$OUT/cuda_copies.log" 2>&1; then
+    pass "net plugin CUDA memory path through a stand-in driver ($(grep -E "^[0-9]+ passed" "$OUT/cuda_copies.log"))"
+  else
+    fail "net plugin CUDA memory path through a stand-in driver" "see $OUT/cuda_copies.log"
+    cat "$OUT/cuda_copies.log"
+  fi
+else
+  fail "net plugin CUDA memory test builds" "see $OUT/cuda_copies.log"; cat "$OUT/cuda_copies.log"
 fi
 
 echo
