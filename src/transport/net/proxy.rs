@@ -448,17 +448,15 @@ impl Shared {
 
     /// The monitor's part while the thread is held in one pass longer than `BELL_SAFETY`:
     /// ring a silent bell, as the thread would after its pass, so that a yielding launch goes
-    /// on (its kernels park again if their waits are still unmet). Whether it rang.
-    fn ring_for_held_thread(&self) -> bool {
+    /// on (its kernels park again if their waits are still unmet).
+    fn ring_for_held_thread(&self) {
         if self.in_pass_for().is_none_or(|took| took <= BELL_SAFETY) {
-            return false;
+            return;
         }
         let live = self.page_live.lock();
-        if !*live || !self.bell_silent() {
-            return false;
+        if *live && self.bell_silent() {
+            self.ring_bell();
         }
-        self.ring_bell();
-        true
     }
 
     /// The bell, when there is a status page.
