@@ -446,6 +446,13 @@ impl Shared {
         (took > limit).then(|| (side_name(side), took))
     }
 
+    /// Whether a yielding launch may be waiting for this proxy's bell (it is silent), read
+    /// only while the status page is there.
+    fn bell_awaited(&self) -> bool {
+        let live = self.page_live.lock();
+        *live && self.bell_silent()
+    }
+
     /// The monitor's part while the thread is held in one pass longer than `BELL_SAFETY`:
     /// ring a silent bell, as the thread would after its pass, so that a yielding launch goes
     /// on (its kernels park again if their waits are still unmet).
@@ -741,8 +748,9 @@ fn fail(rank: i32, shared: &Shared, d: &Driven, e: Error) {
     shared.ring_bell();
 }
 
-/// The process's one monitor thread. Every `TICK` while proxies live, for each one whose
-/// thread has been held in one pass over its sides (a network call that does not return):
+/// The process's one monitor thread. Every `TICK` while a bell is silent (a yielding launch
+/// may wait for it), else every `IDLE_TICK`, for each live proxy whose thread has been held
+/// in one pass over its sides (a network call that does not return):
 /// past `BELL_SAFETY` it rings a silent bell in the thread's place (`ring_for_held_thread`),
 /// and past the report delay (`Shared::stuck_in`) it logs, once per pass, the side the thread
 /// is at, which the proxy cannot report itself.
@@ -755,8 +763,8 @@ mod monitor {
 
     static WATCHED: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
     static STARTED: std::sync::Once = std::sync::Once::new();
-    /// How often it looks while proxies live (a held thread's bell is rung this often), and
-    /// while none does.
+    /// How often it looks while some bell is silent (a held thread's bell is rung this
+    /// often), and otherwise.
     const TICK: Duration = Duration::from_millis(1);
     const IDLE_TICK: Duration = Duration::from_millis(100);
 
@@ -780,7 +788,11 @@ mod monitor {
                 w.retain(|s| s.strong_count() > 0);
                 w.iter().filter_map(Weak::upgrade).collect()
             };
-            tick = if live.is_empty() { IDLE_TICK } else { TICK };
+            tick = if live.iter().any(|s| s.bell_awaited()) {
+                TICK
+            } else {
+                IDLE_TICK
+            };
             for s in live {
                 check(&s);
             }
