@@ -351,6 +351,7 @@ pub(super) fn establish(
     if proxy.is_none() {
         *proxy = Some(Proxy::start(
             setup.topo.my_rank,
+            Some(setup.topo.peers[setup.topo.my_rank as usize].cuda_dev),
             setup.abort.clone(),
             setup.device_abort,
             setup.sink.clone(),

@@ -544,8 +544,13 @@ pub struct Proxy {
 impl Proxy {
     /// Start the thread. `device_abort` is the host address of the communicator's status page
     /// (the u32 abort flag kernels poll, then the bell; 0: none); it must outlive the proxy.
+    /// `cuda_dev`: the communicator's device, whose primary context the thread makes current
+    /// (as NVIDIA's progress thread calls `cudaSetDevice`), so a plugin that calls CUDA from
+    /// `isend`/`irecv`/`test` finds the device it expects; `None` (tests on host memory):
+    /// the thread touches no CUDA.
     pub fn start(
         rank: i32,
+        cuda_dev: Option<i32>,
         abort: Arc<AtomicBool>,
         device_abort: usize,
         sink: ErrorSink,
@@ -572,7 +577,12 @@ impl Proxy {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-r{rank}"))
-            .spawn(move || run(rank, &s))
+            .spawn(move || {
+                if let Some(dev) = cuda_dev {
+                    enter_device(dev);
+                }
+                run(rank, &s)
+            })
             .map_err(|e| Error::system(format!("cannot start the proxy thread: {e}")))?;
         Ok(Proxy {
             shared,
@@ -639,6 +649,18 @@ impl Drop for Proxy {
                 let _ = t.join();
             }
         }
+    }
+}
+
+/// Make `dev`'s primary context current on the proxy thread, with NVIDIA's INFO line; a
+/// failure is only logged, as NVIDIA's: the built-in transports never call CUDA from this
+/// thread.
+fn enter_device(dev: i32) {
+    // SAFETY: sched_getcpu takes no arguments and only reads the calling thread's CPU.
+    let cpu = unsafe { libc::sched_getcpu() };
+    crate::info!(INIT, "[Proxy Progress] Device {dev} CPU core {cpu}");
+    if let Err(e) = crate::cuda::use_device(dev) {
+        crate::warn!("[Proxy Progress] Failed to set CUDA device {dev}: {e}");
     }
 }
 

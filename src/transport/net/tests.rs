@@ -610,6 +610,7 @@ fn proxy(rank: i32, errors: &Arc<Mutex<Vec<Error>>>) -> Proxy {
     let e = errors.clone();
     Proxy::start(
         rank,
+        None,
         Arc::new(AtomicBool::new(false)),
         0,
         Arc::new(move |_peer: i32, err: Error| e.lock().push(err)),
@@ -1044,6 +1045,7 @@ fn the_monitor_rings_the_bell_of_a_proxy_held_in_a_network_call() {
     let e = errors.clone();
     let p = Proxy::start(
         4,
+        None,
         Arc::new(AtomicBool::new(false)),
         page.as_ptr() as usize,
         Arc::new(move |_peer: i32, err: Error| e.lock().push(err)),
