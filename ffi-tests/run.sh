@@ -166,12 +166,15 @@ if "$CC" -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libcuda.so.1 -o "$OUT/libcu
     "$ROOT/ffi-tests/net_plugin/cuda_stub.c" -lpthread 2>"$OUT/cuda_copies.log" &&
   "$CC" -O2 -Wall -Werror -I "$ROOT/ffi-tests/net_plugin" -o "$OUT/cuda_copies" \
     "$ROOT/ffi-tests/net_plugin/cuda_copies.c" -ldl -lpthread 2>>"$OUT/cuda_copies.log"; then
-  if timeout 120 "$OUT/cuda_copies" "$OUT/libcuda_stub.so" >>"$OUT/cuda_copies.log" 2>&1; then
-    pass "net plugin CUDA memory path through a stand-in driver ($(grep -E "^[0-9]+ passed" "$OUT/cuda_copies.log"))"
-  else
-    fail "net plugin CUDA memory path through a stand-in driver" "see $OUT/cuda_copies.log"
-    cat "$OUT/cuda_copies.log"
-  fi
+  for context in primary own; do
+    log=$OUT/cuda_copies.$context.log
+    if OXTEST_CUDA_CONTEXT=$context timeout 120 "$OUT/cuda_copies" "$OUT/libcuda_stub.so" >"$log" 2>&1; then
+      pass "net plugin CUDA memory path through a stand-in driver, copies in the $context context ($(grep -E "^[0-9]+ passed" "$log"))"
+    else
+      fail "net plugin CUDA memory path through a stand-in driver, copies in the $context context" "see $log"
+      cat "$log"
+    fi
+  done
 else
   fail "net plugin CUDA memory test builds" "see $OUT/cuda_copies.log"; cat "$OUT/cuda_copies.log"
 fi

@@ -460,7 +460,8 @@ sec_net() {
   # The plugin taking CUDA memory too, as a GPUDirect RDMA plugin (OXTEST_PTR_CUDA=1; it copies
   # through host memory): ours and NVIDIA's receive into GPU memory with it and send from it
   # (NCCL_NET_GDR_LEVEL=SYS: the plugin's device has no PCI path); then sending sides staged in
-  # host memory (NCCL_NET_GDR_READ=0), ranks forced onto it in one process with LL only, and
+  # host memory (NCCL_NET_GDR_READ=0), ranks forced onto it in one process with LL only (the
+  # plugin's copies in a context of their own), and
   # the plugin taking CUDA memory as dma-bufs only (OXTEST_PTR_DMABUF=1).
   local cudaplugin=("$plugin" NCCL_NET=OxTest OXTEST_PTR_CUDA=1 NCCL_NET_GDR_LEVEL=SYS)
   local dmabufplugin=("$plugin" NCCL_NET=OxTest OXTEST_PTR_DMABUF=1 NCCL_NET_GDR_LEVEL=SYS)
@@ -468,8 +469,14 @@ sec_net() {
     -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
   bench_step net "net plugin OxTest CUDA memory GDR_READ=0 R=2 hostid (ours)" 60 "${lo[@]}" "${cudaplugin[@]}" \
     NCCL_NET_GDR_READ=0 -- "${sub[@]}" -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
-  bench_step net "net plugin OxTest CUDA memory R=4 forced LL (ours)" 60 "${forced[@]}" "${cudaplugin[@]}" \
-    NCCL_PROTO=LL -- "${sub[@]}" --devices 0,0,0,0 --sizes 0,12,65540,1048580
+  # Ranks forced into one process: the plugin copies in a CUDA context of its own
+  # (OXTEST_CUDA_CONTEXT=own), or a copy may queue in the GPU behind another rank's stream
+  # waiting for the launch it feeds (docs/gdr.md); the GPU time-slices the two contexts, so
+  # fewer types and ops.
+  # shellcheck disable=SC2054 # commas inside the -d and -o values
+  bench_step net "net plugin OxTest CUDA memory R=4 forced LL (ours)" 90 "${forced[@]}" "${cudaplugin[@]}" \
+    OXTEST_CUDA_CONTEXT=own NCCL_PROTO=LL -- --lib "$OURS" -c all -d float,bfloat16 -o sum,premulsum \
+    --inplace both --check 1 -w 0 -n 1 --timeout 30 --devices 0,0,0,0 --sizes 0,12,65540,1048580
   bench_step net "net plugin OxTest dma-buf R=2 hostid (ours)" 60 "${lo[@]}" "${dmabufplugin[@]}" -- "${sub[@]}" \
     -p 2 --ranks-per-gpu 2 --hostid-per-rank --sizes 0,12,65540,1048580
   if [ -n "$NVLIB" ]; then

@@ -4,7 +4,8 @@
  * their stream finds them due. A sender and a receiver, both with "CUDA" registrations, move
  * messages of many sizes as the proxy does (8 slots, 8 requests in flight each way, each
  * completed in order), and every received slot must hold its message once its test says
- * done; then the sender closes, and a receive posted after the last message fails.
+ * done; then the sender closes, and a receive posted after the last message fails. Run once
+ * per OXTEST_CUDA_CONTEXT (primary, own): the copies' context.
  * Usage: cuda_copies STUB_PATH   (prints "N passed, M failed"; exit 0 when all passed) */
 #include "oxtest_net.c"
 
@@ -43,7 +44,8 @@ static char byteOf(int m, size_t i) { return (char)(i * 31 + (size_t)m * 7 + 1);
 static double now(void) { return oxSeconds(); }
 
 int main(int argc, char** argv) {
-  if (argc != 2 || dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL) == NULL) {
+  void* stub = argc == 2 ? dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL) : NULL;
+  if (stub == NULL) {
     fprintf(stderr, "usage: cuda_copies STUB_PATH (the stand-in libcuda.so.1): %s\n",
             argc == 2 ? dlerror() : "no path");
     return 2;
@@ -128,6 +130,11 @@ int main(int argc, char** argv) {
   check(rc != ncclSuccess && !done, "a receive after the sender closed fails");
   oxDeregMr(recv, rmh);
   oxCloseComm(recv);
+  /* Every context the plugin made current was popped again (the stand-in's pop fails on an
+   * empty stack). */
+  int (*pop)(void**) = (int (*)(void**))dlsym(stub, "cuCtxPopCurrent_v2");
+  void* ctx = NULL;
+  check(pop != NULL && pop(&ctx) != 0, "the plugin left no context current");
 out:
   if (listen) oxCloseListen(listen);
   printf("%d passed, %d failed\n", passed, failed);

@@ -36,13 +36,50 @@ int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
   *ctx = (void*)0x1;
   return 0;
 }
-int cuCtxPushCurrent_v2(void* ctx) { return ctx == (void*)0x1 ? 0 : 201; }
+/* Contexts: 0x1 is device 0's primary context, 0x2 the one context cuCtxCreate makes. Each
+ * thread has a stack of current contexts (its depth is all that is kept); streams and device
+ * memory are made only with a context current, and every push must be popped. */
+#define STUB_PRIMARY ((void*)0x1)
+#define STUB_CREATED ((void*)0x2)
+static __thread int stubDepth;
+static __thread void* stubTop[16];
+static int stubKnown(void* ctx) { return ctx == STUB_PRIMARY || ctx == STUB_CREATED; }
+int cuCtxPushCurrent_v2(void* ctx) {
+  if (!stubKnown(ctx) || stubDepth == 16) return 201;
+  stubTop[stubDepth++] = ctx;
+  return 0;
+}
 int cuCtxPopCurrent_v2(void** ctx) {
-  if (ctx) *ctx = (void*)0x1;
+  if (stubDepth == 0) return 201;
+  stubDepth--;
+  if (ctx) *ctx = stubTop[stubDepth];
+  return 0;
+}
+int cuDeviceGet(int* device, int ordinal) {
+  if (ordinal != 0) return 101;
+  *device = 0;
+  return 0;
+}
+/* As the driver's: the new context is pushed onto the calling thread's stack. */
+int cuCtxCreate_v2(void** ctx, unsigned flags, int device) {
+  (void)flags;
+  if (device != 0) return 101;
+  *ctx = STUB_CREATED;
+  return cuCtxPushCurrent_v2(STUB_CREATED);
+}
+int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) {
+  if (stubDepth == 0) return 201;
+  void* p = malloc(bytes);
+  *dptr = (unsigned long long)(size_t)p;
+  return p ? 0 : 2;
+}
+int cuMemFree_v2(unsigned long long dptr) {
+  free((void*)(size_t)dptr);
   return 0;
 }
 int cuStreamCreate(void** stream, unsigned flags) {
   (void)flags;
+  if (stubDepth == 0) return 201;
   struct stubStream* s = calloc(1, sizeof(*s));
   if (s == NULL) return 2;
   s->tail = &s->head;
@@ -66,6 +103,11 @@ int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t bytes, 
 }
 int cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, size_t bytes, void* stream) {
   return stubQueue(stream, dst, (const void*)(size_t)src, bytes);
+}
+int cuMemcpyPeerAsync(unsigned long long dst, void* dstCtx, unsigned long long src, void* srcCtx,
+                      size_t bytes, void* stream) {
+  if (!stubKnown(dstCtx) || !stubKnown(srcCtx)) return 201;
+  return stubQueue(stream, (void*)(size_t)dst, (const void*)(size_t)src, bytes);
 }
 /* Runs the queued copies once they are due: "not ready" for the first queries after a copy
  * was queued. */
@@ -99,6 +141,7 @@ int cuStreamDestroy_v2(void* stream) {
 }
 int cuMemHostAlloc(void** p, size_t bytes, unsigned flags) {
   (void)flags;
+  if (stubDepth == 0) return 201;
   *p = malloc(bytes);
   return *p ? 0 : 2;
 }

@@ -298,8 +298,10 @@ struct oxMr {
   size_t size;
   int type;     /* OX_PTR_HOST or OX_PTR_CUDA */
   char* shadow; /* CUDA memory: its host shadow, as large (pinned) */
-  void* ctx;    /* CUDA memory: the primary context of its device */
+  void* memCtx; /* CUDA memory: the primary context of its device (the memory's) */
+  void* ctx;    /* CUDA memory: the context the copies run in (see oxCopyContext) */
   void* stream; /* CUDA memory: a non-blocking stream of ctx for the copies */
+  unsigned long long staging; /* own context: as large, device memory of ctx */
 };
 
 struct oxCtx {
@@ -314,14 +316,31 @@ struct oxCtx {
  * a send copies its bytes from the GPU into the shadow when it is posted and sends from
  * there; a receive lands in the shadow and is copied to the GPU before test reports it done,
  * so iflush has nothing to flush. The CUDA driver is opened at run time (libcuda.so.1) at the
- * first CUDA registration; copies run in the primary context of the memory's device, from
- * whichever thread calls the plugin, on a non-blocking stream of the registration's (never
- * behind the kernels waiting for them) into a pinned shadow, and are waited for, polling the
- * stream (a copy still running after 5 s is logged): a copy from pageable memory may return
- * before its bytes reach the GPU. */
+ * first CUDA registration. Copies run from whichever thread calls the plugin, on a
+ * non-blocking stream of the registration's, into a pinned shadow, and are waited for,
+ * polling the stream (a copy still running after 5 s is logged): a copy from pageable memory
+ * may return before its bytes reach the GPU.
+ *
+ * Which context the copies run in (OXTEST_CUDA_CONTEXT) matters with several ranks in one
+ * process. A kernel waiting for a receive's bytes runs until the copy has landed them, and the
+ * GPU feeds the streams of one context through a few hardware queues
+ * (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default): a copy queued behind another stream's work that
+ * waits for that kernel (another rank's stream waiting for the launch that carries it) never
+ * runs. NVIDIA's advice for CUDA calls from a progress thread is a context of its own.
+ *   primary (default)  the primary context of the memory's device, the kernels' own: fast,
+ *                      and safe with one rank per process, whose streams never wait for a
+ *                      running kernel of another stream;
+ *   own                a context the plugin creates per device, whose queues hold only its
+ *                      copies: through a device staging buffer of the registration's and
+ *                      cuMemcpyPeerAsync, since a copy straight into the primary context's
+ *                      memory is queued in that context (measured: it hung with one queue).
+ *                      The GPU time-slices between the contexts, so each copy may wait
+ *                      milliseconds for its turn. */
 
 static int oxCudaPointers; /* set at init */
 static int oxDmaBufPointers; /* set at init (OXTEST_PTR_DMABUF=1) */
+enum { OX_CTX_PRIMARY, OX_CTX_OWN };
+static int oxCopyContext; /* set at init (OXTEST_CUDA_CONTEXT) */
 
 static struct {
   int loaded;
@@ -336,7 +355,17 @@ static struct {
   int (*streamDestroy)(void* stream);
   int (*memHostAlloc)(void** p, size_t bytes, unsigned flags);
   int (*memFreeHost)(void* p);
+  /* an own context only */
+  int (*deviceGet)(int* device, int ordinal);
+  int (*ctxCreate)(void** ctx, unsigned flags, int device);
+  int (*memAlloc)(unsigned long long* dptr, size_t bytes);
+  int (*memFree)(unsigned long long dptr);
+  int (*memcpyPeerAsync)(unsigned long long dst, void* dstCtx, unsigned long long src,
+                         void* srcCtx, size_t bytes, void* stream);
 } oxCu;
+
+#define OX_MAX_CUDA_DEVICES 64
+static void* oxOwnCtx[OX_MAX_CUDA_DEVICES]; /* the plugin's context per device, made once */
 
 #define OX_CU_STREAM_NON_BLOCKING 1
 #define OX_CUDA_ERROR_NOT_READY 600
@@ -368,18 +397,57 @@ static ncclResult_t oxCudaLoadLocked(void) {
     OXWARN("NET/OxTest : libcuda.so.1 lacks a function CUDA memory needs");
     return ncclSystemError;
   }
+  if (oxCopyContext == OX_CTX_OWN) {
+    *(void**)&oxCu.deviceGet = dlsym(lib, "cuDeviceGet");
+    *(void**)&oxCu.ctxCreate = dlsym(lib, "cuCtxCreate_v2");
+    *(void**)&oxCu.memAlloc = dlsym(lib, "cuMemAlloc_v2");
+    *(void**)&oxCu.memFree = dlsym(lib, "cuMemFree_v2");
+    *(void**)&oxCu.memcpyPeerAsync = dlsym(lib, "cuMemcpyPeerAsync");
+    if (!oxCu.deviceGet || !oxCu.ctxCreate || !oxCu.memAlloc || !oxCu.memFree ||
+        !oxCu.memcpyPeerAsync) {
+      OXWARN("NET/OxTest : libcuda.so.1 lacks a function a context of the plugin's needs");
+      return ncclSystemError;
+    }
+  }
   oxCu.loaded = 1;
   return ncclSuccess;
 }
 
+static pthread_mutex_t oxCudaLock = PTHREAD_MUTEX_INITIALIZER;
+
 /* Open the driver once (under a lock: several communicators' proxy threads may register
  * at once). */
 static ncclResult_t oxCudaLoad(void) {
-  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-  pthread_mutex_lock(&lock);
+  pthread_mutex_lock(&oxCudaLock);
   ncclResult_t rc = oxCudaLoadLocked();
-  pthread_mutex_unlock(&lock);
+  pthread_mutex_unlock(&oxCudaLock);
   return rc;
+}
+
+/* The plugin's own context on device dev, created at its first use (cuCtxCreate makes it
+ * current: it is popped at once, so the caller's context stays current). Lives until the
+ * process exits. NULL on failure. */
+static void* oxOwnContext(int dev) {
+  if (dev < 0 || dev >= OX_MAX_CUDA_DEVICES) return NULL;
+  pthread_mutex_lock(&oxCudaLock);
+  if (oxOwnCtx[dev] == NULL) {
+    int device = 0;
+    void* ctx = NULL;
+    void* popped;
+    int rc = oxCu.deviceGet(&device, dev);
+    if (rc == 0) rc = oxCu.ctxCreate(&ctx, 0, device);
+    if (rc == 0) {
+      oxCu.ctxPop(&popped);
+      oxOwnCtx[dev] = ctx;
+      OXLOG(OX_LOG_INFO, "NET/OxTest : copies to and from device %d run in a context of their own",
+            dev);
+    } else {
+      OXWARN("NET/OxTest : creating a context on device %d failed (CUDA error %d)", dev, rc);
+    }
+  }
+  void* ctx = oxOwnCtx[dev];
+  pthread_mutex_unlock(&oxCudaLock);
+  return ctx;
 }
 
 /* Copy between a CUDA registration and its shadow in the registration's context. */
@@ -420,9 +488,21 @@ static ncclResult_t oxCudaCopy(struct oxMr* mr, char* dev, char* host, size_t by
     OXWARN("NET/OxTest : cuCtxPushCurrent failed");
     return ncclSystemError;
   }
-  int rc = toDevice
-               ? oxCu.memcpyHtoDAsync((unsigned long long)(uintptr_t)dev, host, bytes, mr->stream)
-               : oxCu.memcpyDtoHAsync(host, (unsigned long long)(uintptr_t)dev, bytes, mr->stream);
+  unsigned long long gpu = (unsigned long long)(uintptr_t)dev;
+  int rc;
+  if (mr->staging) { /* own context: through the staging buffer, at the same offset */
+    unsigned long long stage = mr->staging + (unsigned long long)(dev - mr->data);
+    if (toDevice) {
+      rc = oxCu.memcpyHtoDAsync(stage, host, bytes, mr->stream);
+      if (rc == 0) rc = oxCu.memcpyPeerAsync(gpu, mr->memCtx, stage, mr->ctx, bytes, mr->stream);
+    } else {
+      rc = oxCu.memcpyPeerAsync(stage, mr->ctx, gpu, mr->memCtx, bytes, mr->stream);
+      if (rc == 0) rc = oxCu.memcpyDtoHAsync(host, stage, bytes, mr->stream);
+    }
+  } else {
+    rc = toDevice ? oxCu.memcpyHtoDAsync(gpu, host, bytes, mr->stream)
+                  : oxCu.memcpyDtoHAsync(host, gpu, bytes, mr->stream);
+  }
   if (rc == 0) rc = oxCudaWait(mr, bytes, toDevice);
   oxCu.ctxPop(&popped);
   if (rc != 0) {
@@ -439,27 +519,33 @@ static void oxCudaRelease(struct oxMr* mr) {
   if (mr->ctx == NULL || oxCu.ctxPush(mr->ctx) != 0) return;
   if (mr->shadow) oxCu.memFreeHost(mr->shadow);
   if (mr->stream) oxCu.streamDestroy(mr->stream);
+  if (mr->staging) oxCu.memFree(mr->staging);
   oxCu.ctxPop(&popped);
   mr->shadow = NULL;
   mr->stream = NULL;
+  mr->staging = 0;
 }
 
-/* A CUDA registration of [data, data + size): its device's context, a stream and a pinned
- * host shadow. */
+/* A CUDA registration of [data, data + size): its device's context, the copies' context, a
+ * stream there, a pinned host shadow and (own context) a device staging buffer. */
 static ncclResult_t oxCudaRegister(struct oxMr* mr) {
   ncclResult_t rc = oxCudaLoad();
   if (rc != ncclSuccess) return rc;
   int dev = -1;
   if (oxCu.pointerGetAttribute(&dev, OX_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                                (unsigned long long)(uintptr_t)mr->data) != 0 ||
-      oxCu.primaryCtxRetain(&mr->ctx, dev) != 0) {
+      oxCu.primaryCtxRetain(&mr->memCtx, dev) != 0) {
     OXWARN("NET/OxTest : %p is not CUDA memory of a device", mr->data);
     return ncclInvalidArgument;
   }
+  mr->ctx = oxCopyContext == OX_CTX_PRIMARY ? mr->memCtx : oxOwnContext(dev);
+  if (mr->ctx == NULL) return ncclSystemError;
   void* popped;
   if (oxCu.ctxPush(mr->ctx) != 0) return ncclSystemError;
   int cu = oxCu.streamCreate(&mr->stream, OX_CU_STREAM_NON_BLOCKING);
   if (cu == 0) cu = oxCu.memHostAlloc((void**)&mr->shadow, mr->size ? mr->size : 1, 0);
+  if (cu == 0 && oxCopyContext == OX_CTX_OWN)
+    cu = oxCu.memAlloc(&mr->staging, mr->size ? mr->size : 1);
   oxCu.ctxPop(&popped);
   if (cu != 0) {
     OXWARN("NET/OxTest : a stream or %lu bytes of pinned memory failed (CUDA error %d)",
@@ -621,6 +707,15 @@ static ncclResult_t oxInit(oxLogger_t logFunction) {
 #endif
   const char* dmaBufPtrs = getenv("OXTEST_PTR_DMABUF");
   oxDmaBufPointers = dmaBufPtrs != NULL && strcmp(dmaBufPtrs, "1") == 0;
+  const char* context = getenv("OXTEST_CUDA_CONTEXT");
+  if (context == NULL || context[0] == '\0' || strcmp(context, "primary") == 0) {
+    oxCopyContext = OX_CTX_PRIMARY;
+  } else if (strcmp(context, "own") == 0) {
+    oxCopyContext = OX_CTX_OWN;
+  } else {
+    OXWARN("NET/OxTest : OXTEST_CUDA_CONTEXT=%s is neither primary nor own", context);
+    return ncclInvalidArgument;
+  }
   OXLOG(OX_LOG_INFO, "NET/OxTest : using %s, %d device(s), %s%s", addr, 1,
         oxCudaPointers ? "host and CUDA memory (CUDA memory copied through host memory)"
                        : "host memory only",
