@@ -120,8 +120,21 @@ impl Connections {
 }
 
 impl Drop for Connections {
+    /// The proxy stops first (at most `STOP_LIMIT`). A proxy thread left behind in a network
+    /// call may still touch the memory of the sides it drives when the call returns: then no
+    /// side's memory is freed (leaked), rather than freed under it.
     fn drop(&mut self) {
-        drop(self.proxy.take());
+        let Some(proxy) = self.proxy.take() else {
+            return;
+        };
+        if !proxy.stop(net::proxy::STOP_LIMIT) {
+            for (_, side) in self.send.drain() {
+                std::mem::forget(side);
+            }
+            for (_, side) in self.recv.drain() {
+                std::mem::forget(side);
+            }
+        }
     }
 }
 

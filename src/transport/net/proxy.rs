@@ -446,11 +446,17 @@ impl Shared {
         (took > limit).then(|| (side_name(side), took))
     }
 
-    /// Whether a yielding launch may be waiting for this proxy's bell (it is silent), read
-    /// only while the status page is there.
-    fn bell_awaited(&self) -> bool {
+    /// `f()` while the status page is there (`Proxy::stop` or drop declares it gone, after
+    /// which it may be freed); `None` once it is gone. Every use of the page (bell, park
+    /// entries) by the thread or the monitor is inside one.
+    fn on_page<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
         let live = self.page_live.lock();
-        *live && self.bell_silent()
+        (*live).then(f)
+    }
+
+    /// Whether a yielding launch may be waiting for this proxy's bell (it is silent).
+    fn bell_awaited(&self) -> bool {
+        self.on_page(|| self.bell_silent()).unwrap_or(false)
     }
 
     /// The monitor's part while the thread is held in one pass longer than `BELL_SAFETY`:
@@ -460,10 +466,11 @@ impl Shared {
         if self.in_pass_for().is_none_or(|took| took <= BELL_SAFETY) {
             return;
         }
-        let live = self.page_live.lock();
-        if *live && self.bell_silent() {
-            self.ring_bell();
-        }
+        self.on_page(|| {
+            if self.bell_silent() {
+                self.ring_bell();
+            }
+        });
     }
 
     /// The bell, when there is a status page.
@@ -478,13 +485,15 @@ impl Shared {
     fn ring_bell(&self) {
         if let Some(bell) = self.bell() {
             fence(Ordering::SeqCst);
-            // SAFETY: the status page outlives the proxy (Proxy::start's contract); the bell
-            // is an aligned u32 in it, written by the GPU concurrently, hence volatile.
+            // SAFETY: called inside `on_page`, so the status page is still there (it outlives
+            // the proxy until declared gone, Proxy::start's contract); the bell is an aligned
+            // u32 in it, written by the GPU concurrently, hence volatile.
             unsafe { std::ptr::write_volatile(bell, 1) };
         }
     }
 
-    /// Whether the bell is silent (a yielding launch's stream waits, or will).
+    /// Whether the bell is silent (a yielding launch's stream waits, or will); inside
+    /// `on_page`.
     fn bell_silent(&self) -> bool {
         // SAFETY: as in ring_bell.
         self.bell()
@@ -492,14 +501,14 @@ impl Shared {
     }
 
     /// The park entry (`PARK_OFFSET`) of CTA `cta`: (counter's device address, value waited
-    /// for) when the CTA is parked now.
+    /// for) when the CTA is parked now; inside `on_page`.
     fn park_entry(&self, cta: u32) -> Option<(u64, u64)> {
         if self.device_abort == 0 {
             return None;
         }
         let at = self.device_abort + (PARK_OFFSET + PARK_ENTRY_BYTES * cta) as usize;
-        // SAFETY: the entry is two aligned u64s within the status page (which outlives the
-        // proxy), written by the GPU concurrently, hence volatile.
+        // SAFETY: the entry is two aligned u64s within the status page (there: inside
+        // `on_page`), written by the GPU concurrently, hence volatile.
         let (addr, value) = unsafe {
             (
                 std::ptr::read_volatile(at as *const u64),
@@ -509,7 +518,7 @@ impl Shared {
         (addr != 0).then_some((addr, value))
     }
 
-    /// Whether a parked CTA's wait is met by a counter of `sides`.
+    /// Whether a parked CTA's wait is met by a counter of `sides`; inside `on_page`.
     fn parked_wait_met(&self, sides: &[Driven]) -> bool {
         (0..PROGRESS_CTAS)
             .filter_map(|cta| self.park_entry(cta))
@@ -637,17 +646,57 @@ impl Proxy {
     }
 }
 
-impl Drop for Proxy {
-    fn drop(&mut self) {
+/// How long `Connections` waits for the proxy thread to stop before leaving it behind.
+pub const STOP_LIMIT: Duration = Duration::from_secs(5);
+
+impl Proxy {
+    /// Tell the thread to stop and declare the status page gone: neither the thread nor the
+    /// monitor touches it afterwards, so it may be freed once this returns. The thread, when
+    /// it is not this one (the last reference may go in the proxy's own thread, through its
+    /// error sink; it then ends by itself).
+    fn signal_stop(&mut self) -> Option<std::thread::JoinHandle<()>> {
         self.shared.stop.store(true, Ordering::Release);
-        // The status page may be freed once this returns: the monitor rings it no more.
         *self.shared.page_live.lock() = false;
-        if let Some(t) = self.thread.take() {
-            // The last reference may go in the proxy's own thread (its error sink); it then
-            // ends by itself.
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
+        self.thread
+            .take()
+            .filter(|t| t.thread().id() != std::thread::current().id())
+    }
+
+    /// Stop the thread and wait for it at most `limit`. true: it has ended. false: it is
+    /// held in a network call that does not return (a plugin's), and is left behind, logged
+    /// with the connection it is at; it ends when the call returns and then only closes its
+    /// connections. It no longer touches the status page, but it may still touch the memory
+    /// of the sides it drives, which the caller must then never free.
+    pub fn stop(mut self, limit: Duration) -> bool {
+        let Some(t) = self.signal_stop() else {
+            return true;
+        };
+        let start = Instant::now();
+        while !t.is_finished() {
+            if start.elapsed() > limit {
+                let side = side_name(self.shared.pass_side.load(Ordering::Acquire));
+                crate::warn!(
+                    "rank {}: the proxy thread did not stop within {} s: it is held in a \
+                     network call at its connection {side}; it is left behind, and its \
+                     connections' memory is not freed",
+                    self.shared.rank,
+                    limit.as_secs_f32()
+                );
+                return false;
             }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = t.join();
+        true
+    }
+}
+
+impl Drop for Proxy {
+    /// Without `stop`, waits for the thread however long it takes: the sides' memory may be
+    /// freed right after.
+    fn drop(&mut self) {
+        if let Some(t) = self.signal_stop() {
+            let _ = t.join();
         }
     }
 }
@@ -703,15 +752,17 @@ fn run(rank: i32, shared: &Shared) {
                 }
             }
             shared.pass_since_us.store(0, Ordering::Release);
-            if shared.bell_silent() {
-                let since = *silent_since.get_or_insert_with(Instant::now);
-                if shared.parked_wait_met(&sides) || since.elapsed() > BELL_SAFETY {
-                    shared.ring_bell();
+            shared.on_page(|| {
+                if shared.bell_silent() {
+                    let since = *silent_since.get_or_insert_with(Instant::now);
+                    if shared.parked_wait_met(&sides) || since.elapsed() > BELL_SAFETY {
+                        shared.ring_bell();
+                        silent_since = None;
+                    }
+                } else {
                     silent_since = None;
                 }
-            } else {
-                silent_since = None;
-            }
+            });
         }
         if shared.drain.load(Ordering::Acquire) && sides.iter().all(|d| d.failed || d.drained()) {
             shared.drain.store(false, Ordering::Release);
@@ -767,7 +818,7 @@ fn fail(rank: i32, shared: &Shared, d: &Driven, e: Error) {
     );
     crate::info!(NET, "{msg}");
     (shared.sink)(d.side.peer, Error::new(e.code, msg));
-    shared.ring_bell();
+    shared.on_page(|| shared.ring_bell());
 }
 
 /// The process's one monitor thread. Every `TICK` while a bell is silent (a yielding launch

@@ -678,8 +678,6 @@ fn move_schedule_between_two_proxies(net: &Arc<dyn Net>) {
     drop((p0, p1));
 }
 
-/// The socket network with an `iflush` that takes two tests to finish, counting flushes, and
-/// a `test` that does not return while `hold` is set.
 /// Wait (at most 10 s, else fail naming `what`) until `done`.
 fn wait_for(what: &str, done: &dyn Fn() -> bool) {
     let start = Instant::now();
@@ -699,12 +697,15 @@ impl Drop for LetGo<'_> {
     }
 }
 
+/// The socket network with an `iflush` that takes two tests to finish, counting flushes, a
+/// `test` that does not return while `hold` is set, and a count of closed comms.
 struct FlushingNet {
     inner: SocketNet,
     /// Flush requests handed out, with the tests each has had.
     flushes: Mutex<std::collections::HashMap<usize, u32>>,
     done: std::sync::atomic::AtomicUsize,
     hold: AtomicBool,
+    closes: std::sync::atomic::AtomicUsize,
 }
 
 impl FlushingNet {
@@ -714,6 +715,7 @@ impl FlushingNet {
             flushes: Mutex::new(Default::default()),
             done: Default::default(),
             hold: AtomicBool::new(hold),
+            closes: Default::default(),
         }
     }
 }
@@ -794,9 +796,11 @@ impl Net for FlushingNet {
         Ok(Some(0))
     }
     fn close_send(&self, comm: Comm) -> Result<()> {
+        self.closes.fetch_add(1, Ordering::AcqRel);
         self.inner.close_send(comm)
     }
     fn close_recv(&self, comm: Comm) -> Result<()> {
+        self.closes.fetch_add(1, Ordering::AcqRel);
         self.inner.close_recv(comm)
     }
     fn close_listen(&self, comm: Comm) -> Result<()> {
@@ -1067,6 +1071,67 @@ fn the_monitor_rings_the_bell_of_a_proxy_held_in_a_network_call() {
     drop(p);
     drop(page);
     assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+}
+
+#[test]
+fn a_proxy_held_in_a_network_call_is_left_behind_by_stop_and_rings_no_gone_page() {
+    // A plugin call that never returns must not hang destroy or abort: stop gives up after
+    // its limit and declares the status page gone. When the call returns at last, the thread
+    // ends its pass without touching the page (a parked CTA's met wait would have it ring the
+    // bell at once) and closes its connection.
+    use crate::sched::device::{BELL_OFFSET, PARK_ENTRY_BYTES, PARK_OFFSET, PROGRESS_CTAS};
+    let page_bytes = (PARK_OFFSET + PARK_ENTRY_BYTES * PROGRESS_CTAS).max(BELL_OFFSET + 4);
+    let mut page = vec![0u64; (page_bytes as usize).div_ceil(8)];
+    const TAIL_AT: u64 = 0x1000;
+    page[PARK_OFFSET as usize / 8] = TAIL_AT; // CTA 0 parked on the side's tail >= 0: met
+    let bell = (page.as_ptr() as usize + BELL_OFFSET as usize) as *mut u32;
+    // SAFETY: bell is an aligned u32 inside `page`, dropped last; the proxy writes it
+    // concurrently, hence volatile.
+    let read_bell = || unsafe { std::ptr::read_volatile(bell) };
+    let flushing = Arc::new(FlushingNet::new(true));
+    let net: Arc<dyn Net> = flushing.clone();
+    let (_sc, rc) = connect_pair(net.as_ref());
+    let rb = Block::new(Dir::Recv);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let e = errors.clone();
+    let p = Proxy::start(
+        4,
+        None,
+        Arc::new(AtomicBool::new(false)),
+        page.as_ptr() as usize,
+        Arc::new(move |_peer: i32, err: Error| e.lock().push(err)),
+    )
+    .unwrap();
+    p.set_stuck_after(Duration::from_millis(20));
+    let let_go = LetGo(&flushing.hold);
+    let mut held = side(&net, rc, Dir::Recv, 1, &rb);
+    held.dev_tail = TAIL_AT;
+    p.add(held);
+    wait_for("the thread held in its pass", &|| p.stuck_in().is_some());
+    let start = Instant::now();
+    assert!(
+        !p.stop(Duration::from_millis(100)),
+        "a held thread cannot have stopped"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "stop waited {:?}",
+        start.elapsed()
+    );
+    // SAFETY: as read_bell; the page stays (the caller of a failed stop frees nothing).
+    unsafe { std::ptr::write_volatile(bell, 0) };
+    drop(let_go);
+    wait_for("the left-behind thread to close its connection", &|| {
+        flushing.closes.load(Ordering::Acquire) == 1
+    });
+    assert_eq!(
+        read_bell(),
+        0,
+        "the thread rang the bell of a page declared gone"
+    );
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+    drop(rb);
+    drop(page);
 }
 
 #[test]
