@@ -50,7 +50,8 @@
 #           2, 4, 8 ranks, --graph) and with one process per rank claiming its own host
 #           (--hostid-per-rank; 2, 4, 8 processes; and 4 and 6 on interleaved hosts,
 #           --hosts 2 / 3: rings grouped by host), net_abort (ffi-tests/gpu/net_abort.c: a
-#           rank waiting on the network is aborted; NVIDIA's hostid cases as a reference), the
+#           rank waiting on the network is aborted; NVIDIA's hostid cases as a reference), abort
+#           with the test plugin hung in a call (scripts/held-plugin-abort.sh), the
 #           test net plugin under ours and NVIDIA's (host memory; then also taking CUDA
 #           memory, which both libraries send from and receive into, also with sends staged in
 #           host memory, NCCL_NET_GDR_READ=0, and LL only; then CUDA memory as dma-bufs only),
@@ -453,6 +454,9 @@ sec_net() {
     test_step net "net_abort hostid (NVIDIA reference)" "$nlim" 1 env LD_LIBRARY_PATH="$NVDIR" \
       "$DEV/bin/net_abort" -c hostid -T $((nlim - 12))
   fi
+  # A plugin hung in a call: ncclCommAbort must still return (scripts/held-plugin-abort.sh).
+  test_step net "net plugin held in a call: abort returns (ours)" 60 0 "$HERE/held-plugin-abort.sh" \
+    "$DEV/bin/oxccl-bench" "$OURS" "$DEV/lib/liboxtest_net.so"
   bench_step net "net R=2 one process forced --graph" 60 "${forced[@]}" -- "${sub[@]}" --devices 0,0 --graph \
     --sizes 0,12,1028,1048580 -w 1 -n 2
   bench_step net "net plugin OxTest R=2 hostid (ours)" 60 "${lo[@]}" "$plugin" NCCL_NET=OxTest -- "${sub[@]}" \

@@ -29,7 +29,9 @@
  *   cc -shared -fPIC -O2 -Wall -Werror -o liboxtest_net.so oxtest_net.c
  * Test variants: -DOXTEST_FAIL_INIT (init fails), -DOXTEST_EXPORT_ONLY=N (exports only
  * ncclNetPlugin_vN, N in 7..11; 7 is a version oxccl does not load), -DOXTEST_PTR_CUDA (CUDA
- * memory without the environment variable).
+ * memory without the environment variable). With OXTEST_HOLD_AFTER=N in the environment, once
+ * N requests of the process have completed every later test call never returns (a plugin
+ * hung in a call: the caller's destroy and abort must still return).
  *
  * The ABI types below are written from NVIDIA's 2.28.9 headers (nccl_net.h, net_v8.h ..
  * net_v11.h, net_device.h, nccl_common.h); NVIDIA's headers are not included.
@@ -337,6 +339,10 @@ struct oxCtx {
  *                      The GPU time-slices between the contexts, so each copy may wait
  *                      milliseconds for its turn. */
 
+/* OXTEST_HOLD_AFTER=N: once N requests of the process have completed, every later test call
+ * never returns (a plugin that hangs in a call, for the caller's abort path). Set at init. */
+static long oxHoldAfter = -1;
+static long oxCompleted; /* requests reported done, process-wide (atomic) */
 static int oxCudaPointers; /* set at init */
 static int oxDmaBufPointers; /* set at init (OXTEST_PTR_DMABUF=1) */
 enum { OX_CTX_PRIMARY, OX_CTX_OWN };
@@ -707,6 +713,8 @@ static ncclResult_t oxInit(oxLogger_t logFunction) {
 #endif
   const char* dmaBufPtrs = getenv("OXTEST_PTR_DMABUF");
   oxDmaBufPointers = dmaBufPtrs != NULL && strcmp(dmaBufPtrs, "1") == 0;
+  const char* hold = getenv("OXTEST_HOLD_AFTER");
+  if (hold != NULL && hold[0] != '\0') oxHoldAfter = strtol(hold, NULL, 10);
   const char* context = getenv("OXTEST_CUDA_CONTEXT");
   if (context == NULL || context[0] == '\0' || strcmp(context, "primary") == 0) {
     oxCopyContext = OX_CTX_PRIMARY;
@@ -971,15 +979,23 @@ static ncclResult_t oxIflush(void* recvComm, int n, void** data, int* sizes, voi
 /* A request that completed is done, whatever happened on its comm since: progress may move
  * on to later requests in the same call (pre-posted receives), and a peer that closed in
  * order after its last message makes the next one fail, not this one. */
+static void oxHoldIfDue(void) {
+  if (oxHoldAfter < 0 || __atomic_load_n(&oxCompleted, __ATOMIC_ACQUIRE) < oxHoldAfter) return;
+  OXWARN("NET/OxTest : OXTEST_HOLD_AFTER=%ld: this test call never returns", oxHoldAfter);
+  for (;;) sleep(1);
+}
+
 static ncclResult_t oxTest(void* request, int* done, int* sizes) {
   struct oxRequest* r = (struct oxRequest*)request;
   *done = 0;
   if (r == NULL || !r->used) return ncclInvalidArgument;
+  oxHoldIfDue();
   ncclResult_t rc = oxProgress(r->comm);
   if (!r->done) return rc;
   *done = 1;
   if (sizes) sizes[0] = (int)(r->comm->isSend ? r->size : r->header);
   r->used = 0;
+  __atomic_add_fetch(&oxCompleted, 1, __ATOMIC_ACQ_REL);
   return ncclSuccess;
 }
 
