@@ -1026,51 +1026,95 @@ fn a_proxy_stuck_in_a_network_call_is_named_by_the_side_it_is_at() {
     assert!(errors.lock().is_empty(), "{:?}", errors.lock());
 }
 
+/// The bed of the held-proxy tests: a status page, a `FlushingNet` whose `test` holds, and a
+/// connected pair whose receiving end a proxy drives.
+struct HeldBed {
+    page: Vec<u64>,
+    flushing: Arc<FlushingNet>,
+    net: Arc<dyn Net>,
+    _sc: Comm,
+    rc: Comm,
+    rb: Block,
+    errors: Arc<Mutex<Vec<Error>>>,
+}
+
+impl HeldBed {
+    /// With CTA 0 parked on a counter at device address `park_on` (0: no CTA parked).
+    fn new(park_on: u64) -> HeldBed {
+        use crate::sched::device::{BELL_OFFSET, PARK_ENTRY_BYTES, PARK_OFFSET, PROGRESS_CTAS};
+        let page_bytes = (PARK_OFFSET + PARK_ENTRY_BYTES * PROGRESS_CTAS).max(BELL_OFFSET + 4);
+        let mut page = vec![0u64; (page_bytes as usize).div_ceil(8)];
+        page[PARK_OFFSET as usize / 8] = park_on; // waiting for a value >= 0: met
+        let flushing = Arc::new(FlushingNet::new(true));
+        let net: Arc<dyn Net> = flushing.clone();
+        let (sc, rc) = connect_pair(net.as_ref());
+        HeldBed {
+            page,
+            flushing,
+            net,
+            _sc: sc,
+            rc,
+            rb: Block::new(Dir::Recv),
+            errors: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// A proxy over the page driving the receiving end (its tail at device address
+    /// `dev_tail`), which holds at its first test; declare a `LetGo` after it.
+    fn proxy(&self, dev_tail: u64) -> Proxy {
+        let e = self.errors.clone();
+        let p = Proxy::start(
+            4,
+            None,
+            Arc::new(AtomicBool::new(false)),
+            self.page.as_ptr() as usize,
+            Arc::new(move |_peer: i32, err: Error| e.lock().push(err)),
+        )
+        .unwrap();
+        p.set_stuck_after(Duration::from_millis(20));
+        let mut held = side(&self.net, self.rc, Dir::Recv, 1, &self.rb);
+        held.dev_tail = dev_tail;
+        p.add(held);
+        p
+    }
+
+    fn bell(&self) -> *mut u32 {
+        (self.page.as_ptr() as usize + crate::sched::device::BELL_OFFSET as usize) as *mut u32
+    }
+
+    fn read_bell(&self) -> u32 {
+        // SAFETY: an aligned u32 inside the page, which outlives every proxy of the bed; the
+        // proxy and the monitor write it concurrently, hence volatile.
+        unsafe { std::ptr::read_volatile(self.bell()) }
+    }
+
+    fn silence(&self) {
+        // SAFETY: as read_bell.
+        unsafe { std::ptr::write_volatile(self.bell(), 0) }
+    }
+}
+
 #[test]
 fn the_monitor_rings_the_bell_of_a_proxy_held_in_a_network_call() {
     // A yielding launch's stream waits for the bell, which the proxy rings after each pass; a
     // plugin's CUDA copy queued behind that wait (same hardware queue) would hold the proxy in
     // its call for good. While the thread is held, the monitor rings a silent bell in its
     // place, again each time a parking kernel silences it.
-    use crate::sched::device::{BELL_OFFSET, PARK_ENTRY_BYTES, PARK_OFFSET, PROGRESS_CTAS};
-    let page_bytes = (PARK_OFFSET + PARK_ENTRY_BYTES * PROGRESS_CTAS).max(BELL_OFFSET + 4);
-    let page = vec![0u64; (page_bytes as usize).div_ceil(8)];
-    let bell = (page.as_ptr() as usize + BELL_OFFSET as usize) as *mut u32;
-    // SAFETY: bell is an aligned u32 inside `page`, which outlives the proxy (dropped first,
-    // below); the proxy and monitor write it concurrently, hence volatile.
-    let read_bell = || unsafe { std::ptr::read_volatile(bell) };
-    // SAFETY: as above.
-    let silence = || unsafe { std::ptr::write_volatile(bell, 0) };
-    let flushing = Arc::new(FlushingNet::new(true));
-    let net: Arc<dyn Net> = flushing.clone();
-    let (_sc, rc) = connect_pair(net.as_ref());
-    let rb = Block::new(Dir::Recv);
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let e = errors.clone();
-    let p = Proxy::start(
-        4,
-        None,
-        Arc::new(AtomicBool::new(false)),
-        page.as_ptr() as usize,
-        Arc::new(move |_peer: i32, err: Error| e.lock().push(err)),
-    )
-    .unwrap();
-    p.set_stuck_after(Duration::from_millis(20));
-    let let_go = LetGo(&flushing.hold);
-    p.add(side(&net, rc, Dir::Recv, 1, &rb));
+    let bed = HeldBed::new(0);
+    let p = bed.proxy(0);
+    let let_go = LetGo(&bed.flushing.hold);
     wait_for("the thread held in its pass", &|| p.stuck_in().is_some());
     for round in 0..3 {
-        silence();
+        bed.silence();
         wait_for(
             &format!("the bell rung while held (round {round})"),
-            &|| read_bell() == 1,
+            &|| bed.read_bell() == 1,
         );
     }
     drop(let_go);
     wait_for("the pass to end", &|| p.stuck_in().is_none());
     drop(p);
-    drop(page);
-    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+    assert!(bed.errors.lock().is_empty(), "{:?}", bed.errors.lock());
 }
 
 #[test]
@@ -1079,34 +1123,10 @@ fn a_proxy_held_in_a_network_call_is_left_behind_by_stop_and_rings_no_gone_page(
     // its limit and declares the status page gone. When the call returns at last, the thread
     // ends its pass without touching the page (a parked CTA's met wait would have it ring the
     // bell at once) and closes its connection.
-    use crate::sched::device::{BELL_OFFSET, PARK_ENTRY_BYTES, PARK_OFFSET, PROGRESS_CTAS};
-    let page_bytes = (PARK_OFFSET + PARK_ENTRY_BYTES * PROGRESS_CTAS).max(BELL_OFFSET + 4);
-    let mut page = vec![0u64; (page_bytes as usize).div_ceil(8)];
     const TAIL_AT: u64 = 0x1000;
-    page[PARK_OFFSET as usize / 8] = TAIL_AT; // CTA 0 parked on the side's tail >= 0: met
-    let bell = (page.as_ptr() as usize + BELL_OFFSET as usize) as *mut u32;
-    // SAFETY: bell is an aligned u32 inside `page`, dropped last; the proxy writes it
-    // concurrently, hence volatile.
-    let read_bell = || unsafe { std::ptr::read_volatile(bell) };
-    let flushing = Arc::new(FlushingNet::new(true));
-    let net: Arc<dyn Net> = flushing.clone();
-    let (_sc, rc) = connect_pair(net.as_ref());
-    let rb = Block::new(Dir::Recv);
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let e = errors.clone();
-    let p = Proxy::start(
-        4,
-        None,
-        Arc::new(AtomicBool::new(false)),
-        page.as_ptr() as usize,
-        Arc::new(move |_peer: i32, err: Error| e.lock().push(err)),
-    )
-    .unwrap();
-    p.set_stuck_after(Duration::from_millis(20));
-    let let_go = LetGo(&flushing.hold);
-    let mut held = side(&net, rc, Dir::Recv, 1, &rb);
-    held.dev_tail = TAIL_AT;
-    p.add(held);
+    let bed = HeldBed::new(TAIL_AT);
+    let p = bed.proxy(TAIL_AT);
+    let let_go = LetGo(&bed.flushing.hold);
     wait_for("the thread held in its pass", &|| p.stuck_in().is_some());
     let start = Instant::now();
     assert!(
@@ -1118,20 +1138,17 @@ fn a_proxy_held_in_a_network_call_is_left_behind_by_stop_and_rings_no_gone_page(
         "stop waited {:?}",
         start.elapsed()
     );
-    // SAFETY: as read_bell; the page stays (the caller of a failed stop frees nothing).
-    unsafe { std::ptr::write_volatile(bell, 0) };
+    bed.silence(); // the bed stays: the caller of a failed stop frees nothing
     drop(let_go);
     wait_for("the left-behind thread to close its connection", &|| {
-        flushing.closes.load(Ordering::Acquire) == 1
+        bed.flushing.closes.load(Ordering::Acquire) == 1
     });
     assert_eq!(
-        read_bell(),
+        bed.read_bell(),
         0,
         "the thread rang the bell of a page declared gone"
     );
-    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
-    drop(rb);
-    drop(page);
+    assert!(bed.errors.lock().is_empty(), "{:?}", bed.errors.lock());
 }
 
 #[test]
