@@ -520,6 +520,9 @@ fn connection_line(
 mod tests;
 
 #[cfg(test)]
+mod hosts_tests;
+
+#[cfg(test)]
 mod layout_tests {
     use super::*;
 
