@@ -736,6 +736,7 @@ impl Runtime {
                 topo: &self.topo,
                 slot_bytes,
                 nslots,
+                nchannels: self.nchannels,
                 comm_hash: self.comm_hash,
                 abort: &self.abort,
                 device_abort: self.device_abort.host() as usize,

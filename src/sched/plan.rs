@@ -148,6 +148,20 @@ pub fn conn_channels(nchannels: u32) -> u32 {
     2 * nchannels + cost::DIRECT_MAX_CHANNELS
 }
 
+/// How NVIDIA's INFO lines name connection row `row` (`Channel CC/I`): (channel, connection
+/// index). Ring rows are connection 0 of their channel; P2P rows connection 1 of channel
+/// `row - nchannels`, as NVIDIA's P2P connections are; the one-shot rows (never over the
+/// network) connection 0 of their own numbers.
+pub fn logged_channel(nchannels: u32, row: u32) -> (u32, u32) {
+    if row < nchannels {
+        (row, 0)
+    } else if row < 2 * nchannels {
+        (row - nchannels, 1)
+    } else {
+        (row - 2 * nchannels, 0)
+    }
+}
+
 /// The connection row of channel `d` of the one-shot all-reduce.
 pub fn direct_channel(nchannels: u32, d: u32) -> u32 {
     2 * nchannels + d

@@ -144,6 +144,9 @@ pub struct Setup<'a> {
     pub topo: &'a Topology,
     pub slot_bytes: u32,
     pub nslots: u32,
+    /// The communicator's channels (connection rows past them are P2P and one-shot rows,
+    /// `sched::plan::conn_channels`).
+    pub nchannels: u32,
     /// Makes shared-memory names unique per communicator.
     pub comm_hash: u64,
     /// The communicator's abort flag (stops connection waits and the proxy).

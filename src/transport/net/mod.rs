@@ -438,7 +438,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
             .map_or(-1, |p| p.cuda_dev)
     };
     let line = connection_line(
-        ch,
+        crate::sched::plan::logged_channel(setup.nchannels, ch),
         (me, dev_of(me)),
         (peer, dev_of(peer)),
         dir,
@@ -490,11 +490,12 @@ fn register_gpu(
     net.reg_mr_dma_buf(comm, ptr, bytes, 0, fd.as_raw_fd())
 }
 
-/// NVIDIA's INFO line for a network connection on channel `ch` between this rank and `peer`
-/// (each `(rank, device)`), sender first: `Channel 00/0 : 1[0] -> 0[0] [receive] via
-/// NET/Socket/0`, and `/GDRDMA` when the side's slots are in GPU memory (either direction).
+/// NVIDIA's INFO line for a network connection `(channel, connection index)` between this
+/// rank and `peer` (each `(rank, device)`), sender first: `Channel 00/0 : 1[0] -> 0[0]
+/// [receive] via NET/Socket/0`, and `/GDRDMA` when the side's slots are in GPU memory (either
+/// direction).
 fn connection_line(
-    ch: u32,
+    (ch, conn): (u32, u32),
     me: (i32, i32),
     peer: (i32, i32),
     dir: Dir,
@@ -507,7 +508,7 @@ fn connection_line(
         Dir::Recv => (peer, me, "receive"),
     };
     format!(
-        "Channel {ch:02}/0 : {}[{}] -> {}[{}] [{what}] via NET/{net}/{dev}{}",
+        "Channel {ch:02}/{conn} : {}[{}] -> {}[{}] [{what}] via NET/{net}/{dev}{}",
         from.0,
         from.1,
         to.0,
@@ -554,13 +555,28 @@ mod layout_tests {
     #[test]
     fn connection_lines_are_nvidias() {
         assert_eq!(
-            connection_line(0, (0, 0), (1, 0), Dir::Recv, "OxTest", 0, true),
+            connection_line((0, 0), (0, 0), (1, 0), Dir::Recv, "OxTest", 0, true),
             "Channel 00/0 : 1[0] -> 0[0] [receive] via NET/OxTest/0/GDRDMA"
         );
         assert_eq!(
-            connection_line(13, (2, 1), (5, 3), Dir::Send, "Socket", 1, false),
+            connection_line((13, 0), (2, 1), (5, 3), Dir::Send, "Socket", 1, false),
             "Channel 13/0 : 2[1] -> 5[3] [send] via NET/Socket/1"
         );
+        // A P2P row (channel 2 of 4 channels' P2P rows): NVIDIA's P2P connection index 1.
+        assert_eq!(
+            connection_line(
+                crate::sched::plan::logged_channel(4, 6),
+                (0, 0),
+                (1, 0),
+                Dir::Send,
+                "Socket",
+                0,
+                false
+            ),
+            "Channel 02/1 : 0[0] -> 1[0] [send] via NET/Socket/0"
+        );
+        assert_eq!(crate::sched::plan::logged_channel(4, 3), (3, 0));
+        assert_eq!(crate::sched::plan::logged_channel(4, 9), (1, 0));
     }
 
     #[test]
