@@ -55,7 +55,8 @@
 #           test net plugin under ours and NVIDIA's (host memory; then also taking CUDA
 #           memory, which both libraries send from and receive into, also with sends staged in
 #           host memory, NCCL_NET_GDR_READ=0, and LL only; then CUDA memory as dma-bufs only),
-#           ours vs NVIDIA's sockets side by side, oxccl-netbench (the socket network
+#           ours vs NVIDIA's sockets side by side, two "machines" in network namespaces with
+#           hostnames of their own (scripts/two-hosts.sh, torch, both libraries), oxccl-netbench (the socket network
 #           against a plain TCP pair, reference rows), and torch-hostid (scripts/torch-all.sh
 #           --hostid: DDP on 2 and 4 ranks over the network, loss curves against NVIDIA's).
 #           MATRIX_ONLY=REGEX runs only its steps that match.
@@ -503,6 +504,18 @@ sec_net() {
     test_step net "netbench default shape" 60 1 "$nb" --sizes 64K,1M,16M --total 512M --reps 5
     test_step net "netbench 2x2" 60 1 env NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=2 \
       "$nb" --sizes 64K,1M,16M --total 512M --reps 5
+  fi
+  # Two "machines": ranks in network namespaces of their own, with hostnames of their own,
+  # joined by a veth pair, interfaces found by the libraries (scripts/two-hosts.sh; needs
+  # iproute2: IP=path, else ip on PATH, else the one scripts/stage-device puts in .device).
+  local ipcmd=${IP:-ip}
+  command -v "$ipcmd" >/dev/null 2>&1 || ipcmd=$DEV/iproute/ipw
+  if ! [ -x "$ipcmd" ] && ! command -v "$ipcmd" >/dev/null 2>&1; then
+    only net "two hosts in network namespaces" &&
+      row net "two hosts in network namespaces" SKIP - 0 "no iproute2 (set IP=/path/to/ip)"
+  else
+    test_step net "two hosts in network namespaces" 150 0 env IP="$ipcmd" OUTDIR="$OUT/two-hosts" \
+      "$HERE/two-hosts.sh" "$OURS" ${NVLIB:+"$NVLIB"}
   fi
   # PyTorch DDP over the network: 2 and 4 ranks on cuda:0, each claiming its own host, ours
   # against NVIDIA's (loss curves identical at 2 ranks, within 1e-4 at 4).
