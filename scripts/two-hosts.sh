@@ -25,6 +25,9 @@ if ! { "$IP" netns add "$a" && "$IP" netns add "$b" &&
   exit 0
 fi
 passed=0 failed=0
+# What would pin the ranks to one host or one interface (the one-GPU suite exports
+# NCCL_SOCKET_IFNAME=lo): the ranks start without them.
+UNSET="NCCL_SOCKET_IFNAME NCCL_SOCKET_FAMILY NCCL_HOSTID NCCL_COMM_ID NCCL_NET NCCL_NET_PLUGIN"
 # run LABEL ENV... : both ranks, each in its namespace and hostname; pass iff both print OK
 # and each names its veth interface in NCCL's INFO lines.
 run() {
@@ -34,9 +37,9 @@ run() {
   for r in 0 1; do
     ns=$a
     [ "$r" = 1 ] && ns=$b
-    "$IP" netns exec "$ns" unshare --uts sh -c "unset LD_LIBRARY_PATH; hostname two-hosts-$r && exec env $* \
+    "$IP" netns exec "$ns" unshare --uts sh -c "unset LD_LIBRARY_PATH $UNSET; hostname two-hosts-$r && exec env $* \
       MASTER_ADDR=10.213.77.1 MASTER_PORT=$port NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,BOOTSTRAP \
-      NCCL_NVLS_ENABLE=0 timeout 120 $py $here/two-hosts.py $r" >"$OUTDIR/$label-$r.log" 2>&1 &
+      NCCL_NVLS_ENABLE=0 timeout 60 $py $here/two-hosts.py $r" >"$OUTDIR/$label-$r.log" 2>&1 &
     pids+=($!)
   done
   for r in 0 1; do wait "${pids[$r]}" || ok=0; done
