@@ -1,27 +1,48 @@
-//! Two "hosts" on this machine: two network namespaces joined by a veth pair, one process in
-//! each, as two machines on one link would be. Each process finds its interface without
-//! `NCCL_SOCKET_IFNAME` (the veth end, not loopback), bootstraps through `NCCL_COMM_ID` at
-//! rank 0's address, and moves data over the built-in socket network between the namespaces.
+//! Two "hosts" on this machine: two network namespaces joined by veth pairs, one process in
+//! each, as two machines on one or two links would be. Each process finds its interfaces
+//! without `NCCL_SOCKET_IFNAME` (the veth ends, not loopback), bootstraps through
+//! `NCCL_COMM_ID` at rank 0's address, and moves data over the built-in socket network
+//! between the namespaces, on every device it found (each interface a device, as NVIDIA's).
 //! Needs root and `ip` (iproute2); skipped, saying so, where namespaces cannot be made.
 
 use super::api::{Comm, Handle, MemType, Net, Request, HANDLE_BYTES};
-use super::socket::SocketNet;
+use super::socket::{handle_address, SocketNet};
 use crate::bootstrap::{get_unique_id_with, Bootstrap, BootstrapConfig};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The addresses of the veth ends (a private /30 that exists only inside the namespaces).
-const ADDRS: [&str; 2] = ["10.213.77.1", "10.213.77.2"];
-/// The veth ends' names inside their namespaces.
-const LINKS: [&str; 2] = ["oxv0", "oxv1"];
 const CHILD_ENV: &str = "OXCCL_TWO_HOSTS_CHILD";
-/// Bytes rank 0 sends rank 1 over the socket network.
+/// Bytes rank 0 sends rank 1 on each device.
 const MESSAGE: usize = 3 << 20;
 
-/// Two namespaces joined by a veth pair, each end addressed and up, loopback up too; removed
-/// (with the pair) on drop.
+/// One veth pair: its ends' names (in namespace a, b) and their addresses with prefix.
+struct Link {
+    ends: [&'static str; 2],
+    addrs: [&'static str; 2],
+}
+
+/// Private addresses that exist only inside the namespaces.
+const V4: Link = Link {
+    ends: ["oxv0", "oxv1"],
+    addrs: ["10.213.77.1/30", "10.213.77.2/30"],
+};
+const V4_SECOND: Link = Link {
+    ends: ["oxw0", "oxw1"],
+    addrs: ["10.213.78.1/30", "10.213.78.2/30"],
+};
+const V6: Link = Link {
+    ends: ["oxv0", "oxv1"],
+    addrs: ["fd00:213:77::1/64", "fd00:213:77::2/64"],
+};
+
+fn address(with_prefix: &str) -> &str {
+    with_prefix.split('/').next().unwrap()
+}
+
+/// Two namespaces joined by `links`, each end addressed and up, loopback up too; removed
+/// (with the pairs) on drop.
 struct TwoHosts {
     names: [String; 2],
 }
@@ -31,30 +52,44 @@ fn ip(args: &[&str]) -> std::io::Result<Output> {
 }
 
 impl TwoHosts {
-    /// The namespaces, or why they cannot be made here.
-    fn create() -> Result<TwoHosts, String> {
+    /// The namespaces (`tag` tells apart those of tests running at once), or why they cannot
+    /// be made here.
+    fn create(tag: &str, links: &[&Link]) -> Result<TwoHosts, String> {
         let pid = std::process::id();
         let hosts = TwoHosts {
-            names: [format!("oxccl-{pid}-a"), format!("oxccl-{pid}-b")],
-        };
-        let [a, b] = [hosts.names[0].as_str(), hosts.names[1].as_str()];
-        let a_addr = format!("{}/30", ADDRS[0]);
-        let b_addr = format!("{}/30", ADDRS[1]);
-        let steps: [&[&str]; 9] = [
-            &["netns", "add", a],
-            &["netns", "add", b],
-            &[
-                "link", "add", LINKS[0], "netns", a, "type", "veth", "peer", "name", LINKS[1],
-                "netns", b,
+            names: [
+                format!("oxccl-{pid}-{tag}-a"),
+                format!("oxccl-{pid}-{tag}-b"),
             ],
-            &["-n", a, "addr", "add", &a_addr, "dev", LINKS[0]],
-            &["-n", b, "addr", "add", &b_addr, "dev", LINKS[1]],
-            &["-n", a, "link", "set", LINKS[0], "up"],
-            &["-n", b, "link", "set", LINKS[1], "up"],
-            &["-n", a, "link", "set", "lo", "up"],
-            &["-n", b, "link", "set", "lo", "up"],
-        ];
-        for step in steps {
+        };
+        let ns = [hosts.names[0].as_str(), hosts.names[1].as_str()];
+        let mut steps: Vec<Vec<&str>> =
+            vec![vec!["netns", "add", ns[0]], vec!["netns", "add", ns[1]]];
+        for link in links {
+            steps.push(vec![
+                "link",
+                "add",
+                link.ends[0],
+                "netns",
+                ns[0],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                link.ends[1],
+                "netns",
+                ns[1],
+            ]);
+            for ((side, end), addr) in ns.iter().zip(link.ends).zip(link.addrs) {
+                // nodad: an IPv6 address is usable at once, without duplicate detection.
+                steps.push(vec!["-n", side, "addr", "add", addr, "dev", end, "nodad"]);
+                steps.push(vec!["-n", side, "link", "set", end, "up"]);
+            }
+        }
+        for side in ns {
+            steps.push(vec!["-n", side, "link", "set", "lo", "up"]);
+        }
+        for step in &steps {
             let out = ip(step).map_err(|e| format!("cannot run ip: {e}"))?;
             if !out.status.success() {
                 return Err(format!(
@@ -67,8 +102,25 @@ impl TwoHosts {
         Ok(hosts)
     }
 
-    /// This test binary's `two_hosts_child` as rank `rank` of 2 in namespace `rank`, with
-    /// `env` and no interface settings.
+    /// Both ranks (rank r in namespace r) of this test binary's `two_hosts_child`, with `env`
+    /// and no interface settings; each one's output (stdout then stderr), once both passed.
+    fn run(&self, env: &[(&str, &str)]) -> [String; 2] {
+        let children: Vec<_> = (0..2).map(|rank| self.spawn(rank, env)).collect();
+        let mut outputs = [String::new(), String::new()];
+        for (rank, child) in children.into_iter().enumerate() {
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            outputs[rank] = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success() && stdout.contains(&format!("TWO_HOSTS_OK rank {rank}")),
+                "rank {rank} failed: {}\n{}",
+                out.status,
+                outputs[rank]
+            );
+        }
+        outputs
+    }
+
     fn spawn(&self, rank: usize, env: &[(&str, &str)]) -> std::process::Child {
         let exe = std::env::current_exe().unwrap();
         Command::new("ip")
@@ -116,19 +168,62 @@ fn until<T>(what: &str, mut f: impl FnMut() -> crate::error::Result<Option<T>>) 
     }
 }
 
-fn pattern(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 131 + 7) as u8).collect()
+fn pattern(dev: i32, n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 131 + 7 + dev as usize) as u8).collect()
 }
 
-/// Wait for `req` to finish; the bytes it moved.
-fn finish(net: &dyn Net, req: Request) -> usize {
-    until("test", || net.test(req))
+/// Rank 0 sends `MESSAGE` bytes to rank 1 on device `dev` of `net`, whose listening handle
+/// (rank 1's) goes through the bootstrap; rank 1 checks them. The address rank 1 listened on.
+fn move_on_device(b: &Bootstrap, net: &SocketNet, dev: i32) -> String {
+    let rank = b.rank();
+    let tag = 100 + dev as u64;
+    let (comm, listened): (Comm, Handle) = if rank == 1 {
+        let (handle, listen) = net.listen(dev).unwrap();
+        b.send(0, tag, &handle.0).unwrap();
+        let comm = until("accept", || net.accept(listen));
+        net.close_listen(listen).unwrap();
+        (comm, handle)
+    } else {
+        let mut handle = Handle([0u8; HANDLE_BYTES]);
+        handle.0.copy_from_slice(&b.recv(1, tag).unwrap());
+        (until("connect", || net.connect(dev, &handle)), handle)
+    };
+    let mut data = if rank == 0 {
+        pattern(dev, MESSAGE)
+    } else {
+        vec![0u8; MESSAGE]
+    };
+    let mh = net
+        .reg_mr(comm, data.as_mut_ptr(), MESSAGE, MemType::Host)
+        .unwrap();
+    let req: Request = if rank == 0 {
+        until("isend", || {
+            net.isend(comm, data.as_mut_ptr(), MESSAGE, 7, mh)
+        })
+    } else {
+        until("irecv", || {
+            net.irecv(comm, data.as_mut_ptr(), MESSAGE, 7, mh)
+        })
+    };
+    let moved = until("test", || net.test(req));
+    assert_eq!(moved, MESSAGE, "rank {rank}, device {dev}: bytes moved");
+    if rank == 1 {
+        assert!(data == pattern(dev, MESSAGE), "device {dev}: other bytes");
+    }
+    b.barrier().unwrap();
+    net.dereg_mr(comm, mh).unwrap();
+    if rank == 0 {
+        net.close_send(comm).unwrap();
+    } else {
+        net.close_recv(comm).unwrap();
+    }
+    handle_address(&listened).ip().to_string()
 }
 
 /// In a child process (its namespace's one rank): bootstrap with the other namespace through
-/// `NCCL_COMM_ID`, then rank 0 sends `MESSAGE` bytes to rank 1 over the socket network, whose
-/// listening handle goes through the bootstrap; rank 1 checks them and says so. In the normal
-/// test run (no variable) it does nothing.
+/// `NCCL_COMM_ID`, then move data on every device of the socket network, printing `DEVICE i
+/// NAME ADDRESS` (rank 1's listening address) for each. In the normal test run (no variable)
+/// it does nothing.
 #[test]
 fn two_hosts_child() {
     let Ok(rank) = std::env::var(CHILD_ENV) else {
@@ -142,83 +237,97 @@ fn two_hosts_child() {
     let b = Bootstrap::init_with(&[id], rank, 2, Arc::new(AtomicBool::new(false)), &cfg)
         .unwrap_or_else(|e| panic!("rank {rank}: bootstrap: {e}"));
     let net = SocketNet::from_env().unwrap();
-    assert_eq!(net.devices().unwrap(), 1, "one interface besides loopback");
-    let mut data = if rank == 0 {
-        pattern(MESSAGE)
-    } else {
-        vec![0u8; MESSAGE]
-    };
-    let comm: Comm;
-    if rank == 1 {
-        let (handle, listen) = net.listen(0).unwrap();
-        b.send(0, 1, &handle.0).unwrap();
-        comm = until("accept", || net.accept(listen));
-        net.close_listen(listen).unwrap();
-    } else {
-        let bytes = b.recv(1, 1).unwrap();
-        let mut handle = Handle([0u8; HANDLE_BYTES]);
-        handle.0.copy_from_slice(&bytes);
-        comm = until("connect", || net.connect(0, &handle));
-    }
-    let mh = net
-        .reg_mr(comm, data.as_mut_ptr(), MESSAGE, MemType::Host)
-        .unwrap();
-    let moved = if rank == 0 {
-        let req = until("isend", || {
-            net.isend(comm, data.as_mut_ptr(), MESSAGE, 7, mh)
-        });
-        finish(&net, req)
-    } else {
-        let req = until("irecv", || {
-            net.irecv(comm, data.as_mut_ptr(), MESSAGE, 7, mh)
-        });
-        finish(&net, req)
-    };
-    assert_eq!(moved, MESSAGE, "rank {rank}: bytes moved");
-    if rank == 1 {
-        assert!(data == pattern(MESSAGE), "rank 1 received other bytes");
-    }
-    b.barrier().unwrap();
-    net.dereg_mr(comm, mh).unwrap();
-    if rank == 0 {
-        net.close_send(comm).unwrap();
-    } else {
-        net.close_recv(comm).unwrap();
+    for dev in 0..net.devices().unwrap() {
+        let listened = move_on_device(&b, &net, dev);
+        let name = net.properties(dev).unwrap().name;
+        println!("DEVICE {dev} {name} {listened}");
     }
     println!("TWO_HOSTS_OK rank {rank}");
 }
 
+/// Whether `out` (a rank's output) has NVIDIA's INFO lines for bootstrap and socket network
+/// on `dev0` (the first device) at `addr`.
+fn chose(out: &str, dev0: &str, addr: &str) -> bool {
+    out.contains(&format!("Bootstrap: Using {dev0}:{addr}<0>"))
+        && out.contains(&format!("NET/Socket : Using [0]{dev0}:{addr}<0>"))
+}
+
+/// A port for rank 0's root: nothing else listens inside a fresh namespace.
+fn port() -> u32 {
+    20000 + std::process::id() % 20000
+}
+
 #[test]
 fn two_namespaces_bootstrap_and_move_data_over_their_veth_link() {
-    let hosts = match TwoHosts::create() {
+    let hosts = match TwoHosts::create("v4", &[&V4]) {
         Ok(hosts) => hosts,
-        Err(why) => {
-            eprintln!("two hosts in network namespaces: skipped ({why})");
-            return;
-        }
+        Err(why) => return eprintln!("two hosts in network namespaces: skipped ({why})"),
     };
-    // Nothing else listens inside a fresh namespace: any port is free there.
-    let comm_id = format!("{}:{}", ADDRS[0], 20000 + std::process::id() % 20000);
-    let env = [("NCCL_COMM_ID", comm_id.as_str())];
-    let children: Vec<_> = (0..2).map(|rank| hosts.spawn(rank, &env)).collect();
-    for (rank, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let all = format!("{stdout}{stderr}");
+    let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
+    let outs = hosts.run(&[("NCCL_COMM_ID", comm_id.as_str())]);
+    for (rank, out) in outs.iter().enumerate() {
+        let addr = address(V4.addrs[rank]);
         assert!(
-            out.status.success() && stdout.contains(&format!("TWO_HOSTS_OK rank {rank}")),
-            "rank {rank} failed: {}\n{all}",
-            out.status
+            chose(out, V4.ends[rank], addr),
+            "rank {rank} chose elsewhere:\n{out}"
         );
-        let (link, addr) = (LINKS[rank], ADDRS[rank]);
+        let theirs = address(V4.addrs[1]);
         assert!(
-            all.contains(&format!("Bootstrap: Using {link}:{addr}<0>")),
-            "rank {rank} bootstrapped elsewhere:\n{all}"
+            out.contains(&format!("DEVICE 0 {} {theirs}", V4.ends[rank])),
+            "rank {rank}: one device, on the veth:\n{out}"
         );
         assert!(
-            all.contains(&format!("NET/Socket : Using [0]{link}:{addr}<0>")),
-            "rank {rank}'s socket network is elsewhere:\n{all}"
+            !out.contains("DEVICE 1"),
+            "rank {rank}: loopback taken too:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn two_namespaces_over_ipv6_with_socket_family_inet6() {
+    let hosts = match TwoHosts::create("v6", &[&V6]) {
+        Ok(hosts) => hosts,
+        Err(why) => return eprintln!("two hosts over IPv6 in network namespaces: skipped ({why})"),
+    };
+    let comm_id = format!("[{}]:{}", address(V6.addrs[0]), port());
+    let outs = hosts.run(&[
+        ("NCCL_COMM_ID", comm_id.as_str()),
+        ("NCCL_SOCKET_FAMILY", "AF_INET6"),
+    ]);
+    for (rank, out) in outs.iter().enumerate() {
+        let addr = address(V6.addrs[rank]);
+        assert!(
+            chose(out, V6.ends[rank], addr),
+            "rank {rank} chose elsewhere:\n{out}"
+        );
+        let theirs = address(V6.addrs[1]);
+        assert!(
+            out.contains(&format!("DEVICE 0 {} {theirs}", V6.ends[rank])),
+            "rank {rank}:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn two_namespaces_joined_twice_use_both_links_as_devices() {
+    let hosts = match TwoHosts::create("2l", &[&V4, &V4_SECOND]) {
+        Ok(hosts) => hosts,
+        Err(why) => return eprintln!("two links in network namespaces: skipped ({why})"),
+    };
+    let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
+    let outs = hosts.run(&[("NCCL_COMM_ID", comm_id.as_str())]);
+    for (rank, out) in outs.iter().enumerate() {
+        for link in [&V4, &V4_SECOND] {
+            let theirs = address(link.addrs[1]);
+            assert!(
+                out.contains(&format!(" {} {theirs}\n", link.ends[rank])),
+                "rank {rank}: no device on {} moved data:\n{out}",
+                link.ends[rank]
+            );
+        }
+        assert!(
+            !out.contains("DEVICE 2"),
+            "rank {rank}: loopback taken too:\n{out}"
         );
     }
 }
