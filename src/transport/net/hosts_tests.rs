@@ -7,11 +7,12 @@
 
 use super::api::{Comm, Handle, MemType, Net, Request, HANDLE_BYTES};
 use super::socket::{handle_address, SocketNet};
+use super::tests::until;
 use crate::bootstrap::{get_unique_id_with, Bootstrap, BootstrapConfig};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CHILD_ENV: &str = "OXCCL_TWO_HOSTS_CHILD";
 /// Bytes rank 0 sends rank 1 on each device.
@@ -153,21 +154,6 @@ impl Drop for TwoHosts {
     }
 }
 
-/// `f` until it gives a value, at most 20 s.
-fn until<T>(what: &str, mut f: impl FnMut() -> crate::error::Result<Option<T>>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().unwrap_or_else(|e| panic!("{what}: {e}")) {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what}: timed out"
-        );
-        std::thread::yield_now();
-    }
-}
-
 fn pattern(dev: i32, n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 131 + 7 + dev as usize) as u8).collect()
 }
@@ -257,24 +243,31 @@ fn port() -> u32 {
     20000 + std::process::id() % 20000
 }
 
-#[test]
-fn two_namespaces_bootstrap_and_move_data_over_their_veth_link() {
-    let hosts = match TwoHosts::create("v4", &[&V4]) {
-        Ok(hosts) => hosts,
-        Err(why) => return eprintln!("two hosts in network namespaces: skipped ({why})"),
+/// The namespaces joined by `links`, or `None` after saying why they cannot be made here.
+fn hosts_or_skip(tag: &str, links: &[&Link]) -> Option<TwoHosts> {
+    TwoHosts::create(tag, links)
+        .inspect_err(|why| eprintln!("two hosts ({tag}) in network namespaces: skipped ({why})"))
+        .ok()
+}
+
+/// Both ranks over `link` alone, rank 0's root at `comm_id`, with `env`: each chose its end
+/// for the bootstrap and the socket network, whose one device (no loopback) moved the data.
+fn over_one_link(tag: &str, link: &Link, comm_id: &str, env: &[(&str, &str)]) {
+    let Some(hosts) = hosts_or_skip(tag, &[link]) else {
+        return;
     };
-    let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
-    let outs = hosts.run(&[("NCCL_COMM_ID", comm_id.as_str())]);
-    for (rank, out) in outs.iter().enumerate() {
-        let addr = address(V4.addrs[rank]);
+    let mut env = env.to_vec();
+    env.push(("NCCL_COMM_ID", comm_id));
+    for (rank, out) in hosts.run(&env).iter().enumerate() {
+        let addr = address(link.addrs[rank]);
         assert!(
-            chose(out, V4.ends[rank], addr),
+            chose(out, link.ends[rank], addr),
             "rank {rank} chose elsewhere:\n{out}"
         );
-        let theirs = address(V4.addrs[1]);
+        let theirs = address(link.addrs[1]);
         assert!(
-            out.contains(&format!("DEVICE 0 {} {theirs}", V4.ends[rank])),
-            "rank {rank}: one device, on the veth:\n{out}"
+            out.contains(&format!("DEVICE 0 {} {theirs}\n", link.ends[rank])),
+            "rank {rank}: no device on the link moved data:\n{out}"
         );
         assert!(
             !out.contains("DEVICE 1"),
@@ -284,35 +277,21 @@ fn two_namespaces_bootstrap_and_move_data_over_their_veth_link() {
 }
 
 #[test]
+fn two_namespaces_bootstrap_and_move_data_over_their_veth_link() {
+    let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
+    over_one_link("v4", &V4, &comm_id, &[]);
+}
+
+#[test]
 fn two_namespaces_over_ipv6_with_socket_family_inet6() {
-    let hosts = match TwoHosts::create("v6", &[&V6]) {
-        Ok(hosts) => hosts,
-        Err(why) => return eprintln!("two hosts over IPv6 in network namespaces: skipped ({why})"),
-    };
     let comm_id = format!("[{}]:{}", address(V6.addrs[0]), port());
-    let outs = hosts.run(&[
-        ("NCCL_COMM_ID", comm_id.as_str()),
-        ("NCCL_SOCKET_FAMILY", "AF_INET6"),
-    ]);
-    for (rank, out) in outs.iter().enumerate() {
-        let addr = address(V6.addrs[rank]);
-        assert!(
-            chose(out, V6.ends[rank], addr),
-            "rank {rank} chose elsewhere:\n{out}"
-        );
-        let theirs = address(V6.addrs[1]);
-        assert!(
-            out.contains(&format!("DEVICE 0 {} {theirs}", V6.ends[rank])),
-            "rank {rank}:\n{out}"
-        );
-    }
+    over_one_link("v6", &V6, &comm_id, &[("NCCL_SOCKET_FAMILY", "AF_INET6")]);
 }
 
 #[test]
 fn two_namespaces_joined_twice_use_both_links_as_devices() {
-    let hosts = match TwoHosts::create("2l", &[&V4, &V4_SECOND]) {
-        Ok(hosts) => hosts,
-        Err(why) => return eprintln!("two links in network namespaces: skipped ({why})"),
+    let Some(hosts) = hosts_or_skip("2l", &[&V4, &V4_SECOND]) else {
+        return;
     };
     let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
     let outs = hosts.run(&[("NCCL_COMM_ID", comm_id.as_str())]);

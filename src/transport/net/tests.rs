@@ -25,7 +25,7 @@ pub(super) fn lo() -> NetIf {
 }
 
 /// Call `f` until it gives a value; panics after 20 s.
-fn until<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> T {
+pub(super) fn until<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> T {
     let start = Instant::now();
     loop {
         if let Some(v) = f().unwrap_or_else(|e| panic!("{what}: {e}")) {
