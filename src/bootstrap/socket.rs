@@ -251,7 +251,36 @@ pub struct IfAddr {
     pub name: String,
     pub ip: IpAddr,
     pub scope_id: u32,
+    /// Bits of its netmask.
+    pub prefix: u32,
+    /// Running (`IFF_RUNNING`: up with a carrier), as NVIDIA requires of a chosen interface.
     pub up: bool,
+}
+
+/// The bits set in the netmask `mask` points to (a sockaddr of `family`; null: none).
+///
+/// # Safety
+/// `mask` is null or points to a `sockaddr_in` (AF_INET) or `sockaddr_in6` (AF_INET6).
+unsafe fn prefix_bits(mask: *const libc::sockaddr, family: libc::c_int) -> u32 {
+    if mask.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's contract names the struct behind `mask`.
+    unsafe {
+        match family {
+            libc::AF_INET => (*(mask as *const libc::sockaddr_in))
+                .sin_addr
+                .s_addr
+                .count_ones(),
+            libc::AF_INET6 => (*(mask as *const libc::sockaddr_in6))
+                .sin6_addr
+                .s6_addr
+                .iter()
+                .map(|b| b.count_ones())
+                .sum(),
+            _ => 0,
+        }
+    }
 }
 
 /// Every IPv4/IPv6 address of every interface, in getifaddrs order.
@@ -277,8 +306,10 @@ pub fn list_interfaces() -> Result<Vec<IfAddr>> {
                 continue;
             }
             let name = CStr::from_ptr(ifa.ifa_name).to_string_lossy().into_owned();
-            let up = ifa.ifa_flags & libc::IFF_UP as libc::c_uint != 0;
-            match (*ifa.ifa_addr).sa_family as libc::c_int {
+            let up = ifa.ifa_flags & libc::IFF_RUNNING as libc::c_uint != 0;
+            let family = (*ifa.ifa_addr).sa_family as libc::c_int;
+            let prefix = prefix_bits(ifa.ifa_netmask, family);
+            match family {
                 libc::AF_INET => {
                     let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
                     let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
@@ -286,6 +317,7 @@ pub fn list_interfaces() -> Result<Vec<IfAddr>> {
                         name,
                         ip: IpAddr::V4(ip),
                         scope_id: 0,
+                        prefix,
                         up,
                     });
                 }
@@ -296,6 +328,7 @@ pub fn list_interfaces() -> Result<Vec<IfAddr>> {
                         name,
                         ip: IpAddr::V6(ip),
                         scope_id: sin6.sin6_scope_id,
+                        prefix,
                         up,
                     });
                 }
@@ -362,34 +395,73 @@ pub fn parse_family(value: Option<&str>) -> Option<bool> {
     }
 }
 
-/// Choose the bootstrap interface among `ifaces`: with `spec`, the first up address whose
-/// interface matches it; otherwise the first up non-loopback non-docker one, then docker,
-/// then loopback. `want_v6` restricts the family. IPv6 link-local addresses are skipped.
+/// Choose one interface among `ifaces` by the rules of `choose_interfaces`.
 pub fn choose_interface(
     ifaces: &[IfAddr],
     spec: Option<&str>,
     want_v6: Option<bool>,
+    comm_id: Option<SocketAddr>,
 ) -> Option<NetIf> {
-    choose_interfaces(ifaces, spec, want_v6, 1)
+    choose_interfaces(ifaces, spec, want_v6, comm_id, 1)
         .into_iter()
         .next()
 }
 
-/// Up to `max` interfaces among `ifaces`, each with its first usable address, by the rules of
-/// `choose_interface` (NVIDIA's `ncclFindInterfaces`): with `spec`, every interface that
-/// matches it; otherwise the non-loopback non-docker ones, or if there are none the docker
-/// ones, or if none loopback.
+/// Whether address `a` is in the subnet of `remote`: equal under `a`'s netmask, and for IPv6
+/// of the same scope (NVIDIA's `matchSubnet`).
+fn same_subnet(a: &IfAddr, remote: &SocketAddr) -> bool {
+    let masked = |bytes: &[u8]| -> Vec<u8> {
+        bytes
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let bits = a.prefix.saturating_sub(8 * i as u32).min(8);
+                b & (0xffu16 << (8 - bits)) as u8
+            })
+            .collect()
+    };
+    match (a.ip, remote) {
+        (IpAddr::V4(mine), SocketAddr::V4(r)) => masked(&mine.octets()) == masked(&r.ip().octets()),
+        (IpAddr::V6(mine), SocketAddr::V6(r)) => {
+            masked(&mine.octets()) == masked(&r.ip().octets()) && a.scope_id == r.scope_id()
+        }
+        _ => false,
+    }
+}
+
+/// The first address among `ifaces` (of any interface, in any state) in the subnet of
+/// `remote` (NVIDIA's `ncclFindInterfaceMatchSubnet`).
+pub fn interface_in_subnet(ifaces: &[IfAddr], remote: &SocketAddr) -> Option<NetIf> {
+    ifaces
+        .iter()
+        .find(|a| same_subnet(a, remote))
+        .map(|a| NetIf {
+            name: a.name.clone(),
+            ip: a.ip,
+            scope_id: a.scope_id,
+        })
+}
+
+/// Up to `max` interfaces among `ifaces`, each with its first usable address (running, of
+/// the family `want_v6` asks for, not IPv6 link-local), as NVIDIA's `ncclFindInterfaces`:
+/// with `spec` (`NCCL_SOCKET_IFNAME`, taken when longer than one character) every interface
+/// that matches it; otherwise the IPoIB ones (`ib*`), else the one in the subnet of
+/// `comm_id` (`NCCL_COMM_ID`'s address), else every one but docker, loopback and libvirt
+/// bridges (`virbr*`), else docker, else loopback, else `virbr`. Unlike NVIDIA's, an IPv6
+/// loopback address may be chosen (with `NCCL_SOCKET_FAMILY=AF_INET6` and only loopback).
 pub fn choose_interfaces(
     ifaces: &[IfAddr],
     spec: Option<&str>,
     want_v6: Option<bool>,
+    comm_id: Option<SocketAddr>,
     max: usize,
 ) -> Vec<NetIf> {
     let usable = |a: &&IfAddr| {
         a.up && want_v6.is_none_or(|v6| a.ip.is_ipv6() == v6)
             && !matches!(a.ip, IpAddr::V6(ip) if (ip.segments()[0] & 0xffc0) == 0xfe80)
     };
-    let pick = |filter: IfFilter| {
+    let pick = |filter: &str| {
+        let filter = IfFilter::parse(filter);
         let mut found: Vec<NetIf> = Vec::new();
         for a in ifaces
             .iter()
@@ -406,24 +478,43 @@ pub fn choose_interfaces(
         }
         found
     };
-    match spec {
-        Some(spec) => pick(IfFilter::parse(spec)),
-        None => [
-            pick(IfFilter::parse("^docker,lo")),
-            pick(IfFilter::parse("docker")),
-            pick(IfFilter::parse("lo")),
-        ]
-        .into_iter()
-        .find(|found| !found.is_empty())
-        .unwrap_or_default(),
+    if let Some(spec) = spec.filter(|s| s.len() > 1) {
+        return pick(spec);
     }
+    let ib = pick("ib");
+    if !ib.is_empty() {
+        return ib;
+    }
+    if let Some(found) = comm_id.and_then(|remote| interface_in_subnet(ifaces, &remote)) {
+        return vec![found];
+    }
+    ["^docker,lo,virbr", "docker", "lo", "virbr"]
+        .into_iter()
+        .map(pick)
+        .find(|found| !found.is_empty())
+        .unwrap_or_default()
+}
+
+/// `NCCL_COMM_ID`'s address, when set (an error when it is not an address or a host name).
+fn comm_id_address() -> Result<Option<SocketAddr>> {
+    crate::env::get("NCCL_COMM_ID")
+        .map(|text| {
+            super::id::parse_comm_id(&text).inspect_err(|_| {
+                crate::warn!(
+                    "Invalid NCCL_COMM_ID, please use format: <ipv4>:<port> or [<ipv6>]:<port> \
+                     or <hostname>:<port>"
+                )
+            })
+        })
+        .transpose()
 }
 
 /// Most interfaces the built-in socket network uses (NVIDIA's `MAX_IFS`).
 pub const MAX_NET_INTERFACES: usize = 16;
 
-/// The interfaces of the built-in socket network, by `NCCL_SOCKET_IFNAME` and
-/// `NCCL_SOCKET_FAMILY` as for the bootstrap, up to `MAX_NET_INTERFACES`: each is a device.
+/// The interfaces of the built-in socket network, up to `MAX_NET_INTERFACES`, by
+/// `choose_interfaces` (`NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`, `NCCL_COMM_ID`): each is a
+/// device.
 pub fn net_interfaces() -> Result<Vec<NetIf>> {
     let spec = crate::env::get("NCCL_SOCKET_IFNAME");
     let family = parse_family(crate::env::get("NCCL_SOCKET_FAMILY").as_deref());
@@ -431,6 +522,7 @@ pub fn net_interfaces() -> Result<Vec<NetIf>> {
         &list_interfaces()?,
         spec.as_deref(),
         family,
+        comm_id_address()?,
         MAX_NET_INTERFACES,
     );
     if found.is_empty() {
@@ -446,7 +538,10 @@ pub fn net_interfaces() -> Result<Vec<NetIf>> {
 /// chosen in: `ncclResetDebugInit` (which reloads the settings) makes the next use choose again.
 static BOOTSTRAP_IF: Mutex<Option<(u64, NetIf)>> = Mutex::new(None);
 
-/// The process's bootstrap interface, chosen once per generation of the settings and logged.
+/// The process's bootstrap interface, chosen once per generation of the settings and logged:
+/// with `NCCL_COMM_ID`, the interface in the subnet of its address (NVIDIA's rule, which
+/// ignores `NCCL_SOCKET_IFNAME` then); otherwise, or when none is, as `choose_interface`
+/// chooses by `NCCL_SOCKET_IFNAME` and `NCCL_SOCKET_FAMILY`.
 pub fn bootstrap_interface() -> Result<NetIf> {
     let generation = crate::env::generation();
     let mut cached = BOOTSTRAP_IF.lock();
@@ -458,7 +553,24 @@ pub fn bootstrap_interface() -> Result<NetIf> {
     let spec = crate::env::get("NCCL_SOCKET_IFNAME");
     let family = parse_family(crate::env::get("NCCL_SOCKET_FAMILY").as_deref());
     let ifaces = list_interfaces()?;
-    let chosen = choose_interface(&ifaces, spec.as_deref(), family).ok_or_else(|| {
+    // As NVIDIA's: with NCCL_COMM_ID, the interface in its subnet, whatever else is set.
+    // NVIDIA's fails when there is none (a rank routed to rank 0's subnet); this one then
+    // chooses as without NCCL_COMM_ID.
+    if let Some(remote) = comm_id_address()? {
+        if let Some(chosen) = interface_in_subnet(&ifaces, &remote) {
+            return Ok(remember_bootstrap_interface(
+                &mut cached,
+                generation,
+                chosen,
+            ));
+        }
+        crate::info!(
+            BOOTSTRAP,
+            "Bootstrap: no interface in the subnet of NCCL_COMM_ID {remote}; choosing by \
+             NCCL_SOCKET_IFNAME and NCCL_SOCKET_FAMILY"
+        );
+    }
+    let chosen = choose_interface(&ifaces, spec.as_deref(), family, None).ok_or_else(|| {
         let msg = match &spec {
             Some(s) => {
                 format!("Bootstrap: no socket interface found matching NCCL_SOCKET_IFNAME={s}")
@@ -468,6 +580,19 @@ pub fn bootstrap_interface() -> Result<NetIf> {
         crate::warn!("{msg}");
         Error::system(msg)
     })?;
+    Ok(remember_bootstrap_interface(
+        &mut cached,
+        generation,
+        chosen,
+    ))
+}
+
+/// Log the bootstrap interface as NVIDIA's does and keep it for `generation`.
+fn remember_bootstrap_interface(
+    cached: &mut Option<(u64, NetIf)>,
+    generation: u64,
+    chosen: NetIf,
+) -> NetIf {
     crate::info!(
         BOOTSTRAP,
         "Bootstrap: Using {}:{}<0>",
@@ -475,7 +600,7 @@ pub fn bootstrap_interface() -> Result<NetIf> {
         chosen.ip
     );
     *cached = Some((generation, chosen.clone()));
-    Ok(chosen)
+    chosen
 }
 
 /// A listener on `ip` with a kernel-chosen port.
@@ -489,13 +614,24 @@ pub fn listen_on(netif: &NetIf) -> Result<TcpListener> {
 mod tests {
     use super::*;
 
+    /// An address with a /24 (IPv4) or /64 (IPv6) netmask.
     fn ifa(name: &str, ip: &str, up: bool) -> IfAddr {
+        let ip: IpAddr = ip.parse().unwrap();
         IfAddr {
             name: name.into(),
-            ip: ip.parse().unwrap(),
+            ip,
             scope_id: 0,
+            prefix: if ip.is_ipv6() { 64 } else { 24 },
             up,
         }
+    }
+
+    fn name_ip(n: Option<NetIf>) -> Option<String> {
+        n.map(|n| format!("{}:{}", n.name, n.ip))
+    }
+
+    fn names(v: Vec<NetIf>) -> Vec<String> {
+        v.iter().map(|n| format!("{}:{}", n.name, n.ip)).collect()
     }
 
     #[test]
@@ -507,44 +643,95 @@ mod tests {
             ifa("eth1", "fe80::1", true),
             ifa("eth1", "10.0.0.2", true),
             ifa("eth1", "fd00::2", true),
+            ifa("virbr0", "192.168.122.1", true),
+        ];
+        let choose = |spec, v6| name_ip(choose_interface(&list, spec, v6, None));
+        assert_eq!(choose(None, None).unwrap(), "eth1:10.0.0.2");
+        assert_eq!(choose(None, Some(true)).unwrap(), "eth1:fd00::2");
+        assert_eq!(choose(Some("virbr"), None).unwrap(), "virbr0:192.168.122.1");
+        assert_eq!(choose(Some("^eth,lo"), None).unwrap(), "docker0:172.17.0.1");
+        assert_eq!(choose(Some("=eth"), None), None);
+        assert_eq!(choose(Some("=lo,=eth1"), None).unwrap(), "lo:127.0.0.1");
+        assert_eq!(choose(Some("eth0"), None), None, "eth0 is not running");
+        // A setting of one character is no setting (NVIDIA's `strlen(env) > 1`).
+        assert_eq!(choose(Some("l"), None).unwrap(), "eth1:10.0.0.2");
+        let only_lo = vec![ifa("lo", "127.0.0.1", true), ifa("lo", "::1", true)];
+        let only = |v6| name_ip(choose_interface(&only_lo, None, v6, None));
+        assert_eq!(only(None).unwrap(), "lo:127.0.0.1");
+        assert_eq!(only(Some(true)).unwrap(), "lo:::1");
+    }
+
+    #[test]
+    fn ipoib_first_then_the_comm_id_subnet_then_all_but_docker_loopback_and_libvirt() {
+        let mut list = vec![
+            ifa("lo", "127.0.0.1", true),
+            ifa("virbr0", "192.168.122.1", true),
+            ifa("eth0", "10.0.0.1", true),
+            ifa("eth1", "10.0.1.1", true),
             ifa("ib0", "10.1.0.1", true),
         ];
-        let name_ip = |n: Option<NetIf>| n.map(|n| format!("{}:{}", n.name, n.ip));
+        let id = |text: &str| Some(text.parse::<SocketAddr>().unwrap());
+        // IPoIB first, even with NCCL_COMM_ID elsewhere.
         assert_eq!(
-            name_ip(choose_interface(&list, None, None)).unwrap(),
-            "eth1:10.0.0.2"
+            names(choose_interfaces(&list, None, None, id("10.0.1.9:80"), 16)),
+            ["ib0:10.1.0.1"]
+        );
+        list.pop();
+        // Then the one interface in NCCL_COMM_ID's subnet.
+        assert_eq!(
+            names(choose_interfaces(&list, None, None, id("10.0.1.9:80"), 16)),
+            ["eth1:10.0.1.1"]
+        );
+        // A COMM_ID in no subnet of ours, or none: every one but lo, docker and virbr.
+        for comm_id in [id("10.9.9.9:80"), None] {
+            assert_eq!(
+                names(choose_interfaces(&list, None, None, comm_id, 16)),
+                ["eth0:10.0.0.1", "eth1:10.0.1.1"]
+            );
+        }
+        // libvirt's bridge only after loopback.
+        let bridged = vec![
+            ifa("virbr0", "192.168.122.1", true),
+            ifa("lo", "127.0.0.1", true),
+        ];
+        assert_eq!(
+            names(choose_interfaces(&bridged, None, None, None, 16)),
+            ["lo:127.0.0.1"]
         );
         assert_eq!(
-            name_ip(choose_interface(&list, None, Some(true))).unwrap(),
-            "eth1:fd00::2"
+            names(choose_interfaces(&bridged[..1], None, None, None, 16)),
+            ["virbr0:192.168.122.1"]
         );
-        assert_eq!(
-            name_ip(choose_interface(&list, Some("ib"), None)).unwrap(),
-            "ib0:10.1.0.1"
-        );
-        assert_eq!(
-            name_ip(choose_interface(&list, Some("^eth,lo"), None)).unwrap(),
-            "docker0:172.17.0.1"
-        );
-        assert_eq!(name_ip(choose_interface(&list, Some("=eth"), None)), None);
-        assert_eq!(
-            name_ip(choose_interface(&list, Some("=lo,=eth1"), None)).unwrap(),
-            "lo:127.0.0.1"
-        );
-        assert_eq!(
-            name_ip(choose_interface(&list, Some("eth0"), None)),
-            None,
-            "eth0 is down"
-        );
-        let only_lo = vec![ifa("lo", "127.0.0.1", true), ifa("lo", "::1", true)];
-        assert_eq!(
-            name_ip(choose_interface(&only_lo, None, None)).unwrap(),
-            "lo:127.0.0.1"
-        );
-        assert_eq!(
-            name_ip(choose_interface(&only_lo, None, Some(true))).unwrap(),
-            "lo:::1"
-        );
+    }
+
+    #[test]
+    fn the_comm_id_subnet_is_nvidias_match() {
+        let mut list = vec![
+            ifa("eth0", "10.0.0.1", false),
+            ifa("eth1", "fe80::5", true),
+            ifa("eth1", "fd00:1:2:3::5", true),
+        ];
+        list[1].scope_id = 3;
+        let find = |text: &str| {
+            name_ip(interface_in_subnet(
+                &list,
+                &text.parse::<SocketAddr>().unwrap(),
+            ))
+        };
+        // Any state: NVIDIA's match looks at the address and netmask only.
+        assert_eq!(find("10.0.0.200:1").unwrap(), "eth0:10.0.0.1");
+        assert_eq!(find("10.0.1.1:1"), None, "outside the /24");
+        assert_eq!(find("[fd00:1:2:3::77]:1").unwrap(), "eth1:fd00:1:2:3::5");
+        assert_eq!(find("[fd00:1:2:4::77]:1"), None, "outside the /64");
+        // A link-local address matches only a remote of the same scope.
+        assert_eq!(find("[fe80::9]:1"), None);
+        assert_eq!(find("[fe80::9%3]:1").unwrap(), "eth1:fe80::5");
+        let odd = IfAddr {
+            prefix: 20,
+            ..ifa("eth2", "10.16.0.1", true)
+        };
+        assert!(same_subnet(&odd, &"10.16.15.254:1".parse().unwrap()));
+        assert!(!same_subnet(&odd, &"10.16.16.1:1".parse().unwrap()));
     }
 
     #[test]
@@ -556,22 +743,13 @@ mod tests {
             ifa("docker0", "172.17.0.1", true),
             ifa("eth1", "10.0.1.1", true),
             ifa("eth2", "10.0.2.1", false),
-            ifa("ib0", "10.1.0.1", true),
         ];
-        let names = |v: Vec<NetIf>| -> Vec<String> {
-            v.iter().map(|n| format!("{}:{}", n.name, n.ip)).collect()
-        };
+        let choose = |spec, max| names(choose_interfaces(&list, spec, None, None, max));
+        assert_eq!(choose(None, 16), ["eth0:10.0.0.1", "eth1:10.0.1.1"]);
+        assert_eq!(choose(None, 1).len(), 1);
+        assert_eq!(choose(Some("eth"), 16), ["eth0:10.0.0.1", "eth1:10.0.1.1"]);
         assert_eq!(
-            names(choose_interfaces(&list, None, None, 16)),
-            ["eth0:10.0.0.1", "eth1:10.0.1.1", "ib0:10.1.0.1"]
-        );
-        assert_eq!(names(choose_interfaces(&list, None, None, 2)).len(), 2);
-        assert_eq!(
-            names(choose_interfaces(&list, Some("eth"), None, 16)),
-            ["eth0:10.0.0.1", "eth1:10.0.1.1"]
-        );
-        assert_eq!(
-            names(choose_interfaces(&list, Some("^eth,ib"), None, 16)),
+            choose(Some("^eth,ib"), 16),
             ["lo:127.0.0.1", "docker0:172.17.0.1"]
         );
         let only = vec![
@@ -579,10 +757,10 @@ mod tests {
             ifa("docker0", "172.17.0.1", true),
         ];
         assert_eq!(
-            names(choose_interfaces(&only, None, None, 16)),
+            names(choose_interfaces(&only, None, None, None, 16)),
             ["docker0:172.17.0.1"]
         );
-        assert!(choose_interfaces(&list, Some("=eth"), None, 16).is_empty());
+        assert!(choose(Some("=eth"), 16).is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::bootstrap::{get_unique_id_with, Bootstrap, BootstrapConfig};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "OXCCL_TWO_HOSTS_CHILD";
 /// Bytes rank 0 sends rank 1 on each device.
@@ -100,7 +100,30 @@ impl TwoHosts {
                 ));
             }
         }
+        for link in links {
+            for (side, end) in ns.iter().zip(link.ends) {
+                hosts.wait_running(side, end)?;
+            }
+        }
         Ok(hosts)
+    }
+
+    /// Wait (at most 10 s) until `end` in namespace `ns` is running: the kernel raises a
+    /// link's carrier, which the libraries require (`IFF_RUNNING`), a moment after it is up.
+    fn wait_running(&self, ns: &str, end: &str) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            let out = ip(&["-n", ns, "-o", "link", "show", "dev", end])
+                .map_err(|e| format!("cannot run ip: {e}"))?;
+            let flags = String::from_utf8_lossy(&out.stdout).into_owned();
+            if flags.contains(",LOWER_UP") || flags.contains("<LOWER_UP") {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err(format!("{end} in {ns} is not running after 10 s: {flags}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Both ranks (rank r in namespace r) of this test binary's `two_hosts_child`, with `env`
@@ -288,25 +311,70 @@ fn two_namespaces_over_ipv6_with_socket_family_inet6() {
     over_one_link("v6", &V6, &comm_id, &[("NCCL_SOCKET_FAMILY", "AF_INET6")]);
 }
 
-#[test]
-fn two_namespaces_joined_twice_use_both_links_as_devices() {
-    let Some(hosts) = hosts_or_skip("2l", &[&V4, &V4_SECOND]) else {
+/// The `(device name, rank 1's address)` lines of a rank's output, in device order.
+fn devices(out: &str) -> Vec<(String, String)> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("DEVICE "))
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f[1].to_string(), f[2].to_string())
+        })
+        .collect()
+}
+
+/// Both ranks over `links`, rank 0's root at `comm_id`'s address (the first address of
+/// `links[root]`), with `env`: each rank bootstrapped on its end of `links[root]`, and its
+/// socket network's devices are its ends of `links[i]` for i in `nics`, in that order, each of
+/// which moved data.
+fn over_links(tag: &str, links: &[&Link], root: usize, nics: &[usize], env: &[(&str, &str)]) {
+    let Some(hosts) = hosts_or_skip(tag, links) else {
         return;
     };
-    let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
-    let outs = hosts.run(&[("NCCL_COMM_ID", comm_id.as_str())]);
-    for (rank, out) in outs.iter().enumerate() {
-        for link in [&V4, &V4_SECOND] {
-            let theirs = address(link.addrs[1]);
-            assert!(
-                out.contains(&format!(" {} {theirs}\n", link.ends[rank])),
-                "rank {rank}: no device on {} moved data:\n{out}",
-                link.ends[rank]
-            );
-        }
-        assert!(
-            !out.contains("DEVICE 2"),
-            "rank {rank}: loopback taken too:\n{out}"
+    let comm_id = format!("{}:{}", address(links[root].addrs[0]), port());
+    let mut env = env.to_vec();
+    env.push(("NCCL_COMM_ID", &comm_id));
+    for (rank, out) in hosts.run(&env).iter().enumerate() {
+        let boot = links[root];
+        let wanted = format!(
+            "Bootstrap: Using {}:{}<0>",
+            boot.ends[rank],
+            address(boot.addrs[rank])
         );
+        assert!(out.contains(&wanted), "rank {rank}: not {wanted}:\n{out}");
+        let want: Vec<(String, String)> = nics
+            .iter()
+            .map(|&i| {
+                let l = links[i];
+                (l.ends[rank].to_string(), address(l.addrs[1]).to_string())
+            })
+            .collect();
+        assert_eq!(devices(out), want, "rank {rank}:\n{out}");
     }
+}
+
+/// A link whose ends are named as IPoIB interfaces are (NVIDIA's first choice).
+const IPOIB: Link = Link {
+    ends: ["ibx0", "ibx1"],
+    addrs: ["10.213.79.1/30", "10.213.79.2/30"],
+};
+
+#[test]
+fn two_links_with_socket_ifname_are_two_devices_and_the_bootstrap_follows_the_comm_id() {
+    // NCCL_SOCKET_IFNAME=ox takes both links for the network; the bootstrap uses the link in
+    // NCCL_COMM_ID's subnet, whatever NCCL_SOCKET_IFNAME says (as NVIDIA's).
+    let links = [&V4, &V4_SECOND];
+    over_links("2l", &links, 1, &[0, 1], &[("NCCL_SOCKET_IFNAME", "ox")]);
+}
+
+#[test]
+fn without_socket_ifname_the_network_takes_the_comm_id_link_alone() {
+    // As NVIDIA's: no IPoIB interface, so the one interface in NCCL_COMM_ID's subnet.
+    over_links("ci", &[&V4, &V4_SECOND], 1, &[1], &[]);
+}
+
+#[test]
+fn without_socket_ifname_an_ipoib_link_comes_first() {
+    // As NVIDIA's: IPoIB interfaces (ib*) before the NCCL_COMM_ID subnet; the bootstrap
+    // still follows NCCL_COMM_ID.
+    over_links("ib", &[&V4, &IPOIB], 0, &[1], &[]);
 }
