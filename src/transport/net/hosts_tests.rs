@@ -19,27 +19,46 @@ const CHILD_ENV: &str = "OXCCL_TWO_HOSTS_CHILD";
 const MESSAGE: usize = 3 << 20;
 
 /// One veth pair: its ends' names (in namespace a, b) and their addresses with prefix.
+/// Ends in different subnets get a host route to each other (`routed`), as hosts reached
+/// through a router are.
 struct Link {
     ends: [&'static str; 2],
     addrs: [&'static str; 2],
+    routed: bool,
 }
 
 /// Private addresses that exist only inside the namespaces.
 const V4: Link = Link {
     ends: ["oxv0", "oxv1"],
     addrs: ["10.213.77.1/30", "10.213.77.2/30"],
+    routed: false,
 };
 const V4_SECOND: Link = Link {
     ends: ["oxw0", "oxw1"],
     addrs: ["10.213.78.1/30", "10.213.78.2/30"],
+    routed: false,
 };
 const V6: Link = Link {
     ends: ["oxv0", "oxv1"],
     addrs: ["fd00:213:77::1/64", "fd00:213:77::2/64"],
+    routed: false,
+};
+/// Rank 1 in another subnet than rank 0 (and NCCL_COMM_ID), reached by a route.
+const ROUTED: Link = Link {
+    ends: ["oxv0", "oxv1"],
+    addrs: ["10.213.77.1/30", "10.213.80.2/30"],
+    routed: true,
 };
 
 fn address(with_prefix: &str) -> &str {
     with_prefix.split('/').next().unwrap()
+}
+
+impl Link {
+    /// Each end's host route to the other end: `[b's address, a's address]`.
+    fn hosts(&self) -> [&'static str; 2] {
+        [address(self.addrs[1]), address(self.addrs[0])]
+    }
 }
 
 /// Two namespaces joined by `links`, each end addressed and up, loopback up too; removed
@@ -85,6 +104,11 @@ impl TwoHosts {
                 // nodad: an IPv6 address is usable at once, without duplicate detection.
                 steps.push(vec!["-n", side, "addr", "add", addr, "dev", end, "nodad"]);
                 steps.push(vec!["-n", side, "link", "set", end, "up"]);
+            }
+            if link.routed {
+                for (side, (end, peer)) in ns.iter().zip(link.ends.iter().zip(link.hosts())) {
+                    steps.push(vec!["-n", side, "route", "add", peer, "dev", end]);
+                }
             }
         }
         for side in ns {
@@ -356,6 +380,7 @@ fn over_links(tag: &str, links: &[&Link], root: usize, nics: &[usize], env: &[(&
 const IPOIB: Link = Link {
     ends: ["ibx0", "ibx1"],
     addrs: ["10.213.79.1/30", "10.213.79.2/30"],
+    routed: false,
 };
 
 #[test]
@@ -377,4 +402,23 @@ fn without_socket_ifname_an_ipoib_link_comes_first() {
     // As NVIDIA's: IPoIB interfaces (ib*) before the NCCL_COMM_ID subnet; the bootstrap
     // still follows NCCL_COMM_ID.
     over_links("ib", &[&V4, &IPOIB], 0, &[1], &[]);
+}
+
+#[test]
+fn a_rank_in_no_subnet_of_the_comm_id_chooses_as_without_it() {
+    // NVIDIA's bootstrap fails there ("No usable listening interface found"); ours takes the
+    // interface it would take without NCCL_COMM_ID and reaches rank 0 through the route.
+    let Some(hosts) = hosts_or_skip("rt", &[&ROUTED]) else {
+        return;
+    };
+    let comm_id = format!("{}:{}", address(ROUTED.addrs[0]), port());
+    for (rank, out) in hosts.run(&[("NCCL_COMM_ID", &comm_id)]).iter().enumerate() {
+        let addr = address(ROUTED.addrs[rank]);
+        assert!(
+            chose(out, ROUTED.ends[rank], addr),
+            "rank {rank} chose elsewhere:\n{out}"
+        );
+        let want = vec![(ROUTED.ends[rank].into(), address(ROUTED.addrs[1]).into())];
+        assert_eq!(devices(out), want, "rank {rank}:\n{out}");
+    }
 }
