@@ -129,6 +129,14 @@ impl TwoHosts {
                 hosts.wait_running(side, end)?;
             }
         }
+        // `ip netns exec` also remounts /sys, which a confined container may refuse.
+        let exec = ip(&["netns", "exec", ns[0], "true"]).map_err(|e| e.to_string())?;
+        if !exec.status.success() {
+            return Err(format!(
+                "ip netns exec: {}",
+                String::from_utf8_lossy(&exec.stderr).trim()
+            ));
+        }
         Ok(hosts)
     }
 
