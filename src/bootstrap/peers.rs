@@ -288,6 +288,7 @@ impl Peers {
             }
             e => e.into_error(limits, &what),
         })?;
+        let _ = socket::detect_dead_peer(&stream, socket::dead_peer_secs());
         let mut hello = [0u8; HELLO_LEN];
         hello[..8].copy_from_slice(HELLO_MAGIC);
         hello[8..8 + SECRET_LEN].copy_from_slice(&self.shared.secret);
@@ -576,6 +577,9 @@ fn io_loop(listener: TcpListener, wake_rx: UnixStream, shared: Arc<Shared>) {
             loop {
                 match listener.accept() {
                     Ok((stream, from)) => {
+                        // A peer host that dies or is cut off ends this connection as a
+                        // killed process's close does (socket::detect_dead_peer).
+                        let _ = socket::detect_dead_peer(&stream, socket::dead_peer_secs());
                         if stream.set_nonblocking(true).is_ok() {
                             conns.push(Conn {
                                 stream,

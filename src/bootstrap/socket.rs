@@ -226,6 +226,74 @@ pub fn ready(p: &libc::pollfd) -> bool {
     p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }
 
+/// Seconds after which a peer host that answers nothing counts as dead on a TCP connection
+/// (`OXCCL_DEAD_PEER_S`, default 60; 0: never, as NVIDIA's library).
+pub fn dead_peer_secs() -> u32 {
+    crate::env::int("OXCCL_DEAD_PEER_S", 60).clamp(0, 86_400) as u32
+}
+
+/// Make `stream` fail once its peer's host has answered nothing for about `secs` seconds:
+/// keepalive probes while it is idle, and the same bound on data left unacknowledged. A host
+/// that died or a network that split then ends the connection with an error, as a killed
+/// process's closed connection does, instead of leaving its reader waiting for good. The
+/// peer's kernel answers the probes, so a live process that is merely busy never trips it.
+/// `secs` 0: the connection is left as it is.
+///
+/// For the bootstrap's connections only (the watchdog's view of dead ranks): their reader
+/// drains them at once. A data connection whose receiver posts late would fill its window,
+/// and the same bound applies to a zero window, which would end a healthy connection.
+pub fn detect_dead_peer(stream: &TcpStream, secs: u32) -> std::io::Result<()> {
+    if secs == 0 {
+        return Ok(());
+    }
+    let idle = (secs / 2).max(1);
+    let interval = (secs / 10).max(1);
+    let options = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle as libc::c_int),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPINTVL,
+            interval as libc::c_int,
+        ),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 5),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (secs.saturating_mul(1000)).min(i32::MAX as u32) as libc::c_int,
+        ),
+    ];
+    for (level, name, value) in options {
+        set_int_option(stream, level, name, value)?;
+    }
+    Ok(())
+}
+
+fn set_int_option(
+    stream: &TcpStream,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is the stream's, open while it lives; the option value is one
+    // c_int read by the kernel during the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// The interface the bootstrap uses: its name and address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetIf {
@@ -761,6 +829,41 @@ mod tests {
             ["docker0:172.17.0.1"]
         );
         assert!(choose(Some("=eth"), 16).is_empty());
+    }
+
+    fn int_option(stream: &TcpStream, level: libc::c_int, name: libc::c_int) -> libc::c_int {
+        use std::os::fd::AsRawFd;
+        let mut value: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: reads one c_int option of the stream's open descriptor into `value`.
+        let rc = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                level,
+                name,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "getsockopt");
+        value
+    }
+
+    #[test]
+    fn a_dead_peer_bound_sets_keepalive_and_the_user_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        detect_dead_peer(&stream, 0).unwrap();
+        assert_eq!(int_option(&stream, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);
+        detect_dead_peer(&stream, 30).unwrap();
+        let tcp = |name| int_option(&stream, libc::IPPROTO_TCP, name);
+        assert_ne!(int_option(&stream, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);
+        assert_eq!(tcp(libc::TCP_KEEPIDLE), 15);
+        assert_eq!(tcp(libc::TCP_KEEPINTVL), 3);
+        assert_eq!(tcp(libc::TCP_KEEPCNT), 5);
+        assert_eq!(tcp(libc::TCP_USER_TIMEOUT), 30_000);
+        detect_dead_peer(&stream, 3).unwrap();
+        assert_eq!((tcp(libc::TCP_KEEPIDLE), tcp(libc::TCP_KEEPINTVL)), (1, 1));
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! to its destroy or abort, watching what the user's thread cannot see while it waits in a
 //! collective, over the bootstrap's connections (never through the GPU) (issue #13):
 //! - dead ranks: a peer's bootstrap connection that closes without a farewell (its process was
-//!   killed or crashed), a lost-rank notice from another rank, or a failure a transport
-//!   reports ([`report_peer_failure`]) gives the communicator `ncclRemoteError` naming the
-//!   rank, stops its kernels and tells the other ranks;
+//!   killed or crashed, or its host answered nothing for `OXCCL_DEAD_PEER_S`,
+//!   `bootstrap::socket::detect_dead_peer`), a lost-rank notice from another rank, or a
+//!   failure a transport reports ([`report_peer_failure`]) gives the communicator
+//!   `ncclRemoteError` naming the rank, stops its kernels and tells the other ranks;
 //! - departed ranks: a peer that left in order (`ncclCommDestroy`/`ncclCommAbort`: its
 //!   farewell says how far it got) fails the communicator only once this rank has work it
 //!   can never complete;

@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "OXCCL_TWO_HOSTS_CHILD";
+/// Set in the children of the cut-off test (`wait_to_be_cut_off`).
+const CUT_ENV: &str = "OXCCL_TWO_HOSTS_CUT";
 /// Bytes rank 0 sends rank 1 on each device.
 const MESSAGE: usize = 3 << 20;
 
@@ -277,6 +279,9 @@ fn two_hosts_child() {
     let id = get_unique_id_with(&cfg).unwrap();
     let b = Bootstrap::init_with(&[id], rank, 2, Arc::new(AtomicBool::new(false)), &cfg)
         .unwrap_or_else(|e| panic!("rank {rank}: bootstrap: {e}"));
+    if std::env::var(CUT_ENV).is_ok() {
+        return wait_to_be_cut_off(&b);
+    }
     let net = SocketNet::from_env().unwrap();
     for dev in 0..net.devices().unwrap() {
         let listened = move_on_device(&b, &net, dev);
@@ -429,4 +434,86 @@ fn a_rank_in_no_subnet_of_the_comm_id_chooses_as_without_it() {
         let want = vec![(ROUTED.ends[rank].into(), address(ROUTED.addrs[1]).into())];
         assert_eq!(devices(out), want, "rank {rank}:\n{out}");
     }
+}
+
+/// The cut-off test's child: once bootstrapped, say READY; then rank 1 waits to be killed,
+/// and rank 0 waits (at most 30 s) until its bootstrap connection from rank 1 has ended
+/// without a farewell, as the watchdog sees a dead rank, and says how long that took.
+fn wait_to_be_cut_off(b: &Bootstrap) {
+    b.barrier().unwrap();
+    println!("READY rank {}", b.rank());
+    if b.rank() == 1 {
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let start = Instant::now();
+    let link = b.link();
+    while matches!(link.state(1), crate::bootstrap::peers::LinkState::Open) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "rank 1's connection still open 30 s after READY"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        matches!(
+            link.state(1),
+            crate::bootstrap::peers::LinkState::Closed { farewell: None }
+        ),
+        "rank 1 left in order?"
+    );
+    println!("LOST rank 1 after {:.1} s", start.elapsed().as_secs_f64());
+}
+
+#[test]
+fn a_peer_host_cut_off_ends_its_bootstrap_connection_within_the_dead_peer_bound() {
+    // A host that dies or is cut off sends no close: without OXCCL_DEAD_PEER_S its peers
+    // would wait on its connections for good (NVIDIA's too). The link goes down after both
+    // ranks bootstrapped; rank 0 must see rank 1's connection end in seconds.
+    let Some(hosts) = hosts_or_skip("cut", &[&V4]) else {
+        return;
+    };
+    let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
+    let env = [
+        ("NCCL_COMM_ID", comm_id.as_str()),
+        ("OXCCL_DEAD_PEER_S", "3"),
+        (CUT_ENV, "1"),
+    ];
+    let mut children: Vec<_> = (0..2).map(|rank| hosts.spawn(rank, &env)).collect();
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, String)>();
+    for (rank, child) in children.iter_mut().enumerate() {
+        let out = child.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
+                let _ = tx.send((rank, line));
+            }
+        });
+    }
+    let mut ready = [false; 2];
+    let mut seen = Vec::new();
+    while !(ready[0] && ready[1]) {
+        let (rank, line) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no READY from both ranks: {seen:?}"));
+        ready[rank] |= line.starts_with("READY");
+        seen.push(line);
+    }
+    let down = ip(&["-n", &hosts.names[1], "link", "set", V4.ends[1], "down"]).unwrap();
+    assert!(down.status.success(), "cutting the link failed");
+    let lost = loop {
+        match rx.recv_timeout(Duration::from_secs(40)) {
+            Ok((0, line)) if line.starts_with("LOST") => break line,
+            Ok((_, line)) => seen.push(line),
+            Err(_) => break String::new(),
+        }
+    };
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(!lost.is_empty(), "rank 0 never lost rank 1: {seen:?}");
+    let secs: f64 = lost.split(' ').nth(4).unwrap().parse().unwrap();
+    assert!(secs < 20.0, "{lost}");
 }
