@@ -463,14 +463,14 @@ pub fn parse_family(value: Option<&str>) -> Option<bool> {
     }
 }
 
-/// Choose one interface among `ifaces` by the rules of `choose_interfaces`.
+/// Choose the bootstrap's interface among `ifaces` by the rules of `choose_interfaces`,
+/// without `NCCL_COMM_ID` (with it, `bootstrap_interface` takes the one in its subnet first).
 pub fn choose_interface(
     ifaces: &[IfAddr],
     spec: Option<&str>,
     want_v6: Option<bool>,
-    comm_id: Option<SocketAddr>,
 ) -> Option<NetIf> {
-    choose_interfaces(ifaces, spec, want_v6, comm_id, 1)
+    choose_interfaces(ifaces, spec, want_v6, None, 1)
         .into_iter()
         .next()
 }
@@ -638,7 +638,7 @@ pub fn bootstrap_interface() -> Result<NetIf> {
              NCCL_SOCKET_IFNAME and NCCL_SOCKET_FAMILY"
         );
     }
-    let chosen = choose_interface(&ifaces, spec.as_deref(), family, None).ok_or_else(|| {
+    let chosen = choose_interface(&ifaces, spec.as_deref(), family).ok_or_else(|| {
         let msg = match &spec {
             Some(s) => {
                 format!("Bootstrap: no socket interface found matching NCCL_SOCKET_IFNAME={s}")
@@ -713,7 +713,7 @@ mod tests {
             ifa("eth1", "fd00::2", true),
             ifa("virbr0", "192.168.122.1", true),
         ];
-        let choose = |spec, v6| name_ip(choose_interface(&list, spec, v6, None));
+        let choose = |spec, v6| name_ip(choose_interface(&list, spec, v6));
         assert_eq!(choose(None, None).unwrap(), "eth1:10.0.0.2");
         assert_eq!(choose(None, Some(true)).unwrap(), "eth1:fd00::2");
         assert_eq!(choose(Some("virbr"), None).unwrap(), "virbr0:192.168.122.1");
@@ -724,7 +724,7 @@ mod tests {
         // A setting of one character is no setting (NVIDIA's `strlen(env) > 1`).
         assert_eq!(choose(Some("l"), None).unwrap(), "eth1:10.0.0.2");
         let only_lo = vec![ifa("lo", "127.0.0.1", true), ifa("lo", "::1", true)];
-        let only = |v6| name_ip(choose_interface(&only_lo, None, v6, None));
+        let only = |v6| name_ip(choose_interface(&only_lo, None, v6));
         assert_eq!(only(None).unwrap(), "lo:127.0.0.1");
         assert_eq!(only(Some(true)).unwrap(), "lo:::1");
     }

@@ -3,7 +3,9 @@
 //! without `NCCL_SOCKET_IFNAME` (the veth ends, not loopback), bootstraps through
 //! `NCCL_COMM_ID` at rank 0's address, and moves data over the built-in socket network
 //! between the namespaces, on every device it found (each interface a device, as NVIDIA's).
-//! Needs root and `ip` (iproute2); skipped, saying so, where namespaces cannot be made.
+//! One more cuts the link after the bootstrap: the silent peer's connection must end within
+//! `OXCCL_DEAD_PEER_S`. Needs root and `ip` (iproute2); skipped, saying so, where namespaces
+//! cannot be made.
 
 use super::api::{Comm, Handle, MemType, Net, Request, HANDLE_BYTES};
 use super::socket::{handle_address, SocketNet};
