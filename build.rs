@@ -45,6 +45,7 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl.so.2");
     println!("cargo:rerun-if-changed=build.rs");
     export_aliases();
+    link_soname();
     println!("cargo:rerun-if-changed=kernels");
     for var in BUILD_ENV.iter().chain(&NVCC_ENV) {
         println!("cargo:rerun-if-env-changed={var}");
@@ -142,6 +143,30 @@ fn emit_warnings(log: &str, cached: bool) {
 /// The `pncclX` aliases are assembler symbols that rustc does not know about, so its version
 /// script (`local: *`) would hide them; a second version script keeps every `pnccl*` global.
 /// GNU ld merges the two.
+/// Leave `libnccl.so.2 -> libnccl.so` in the profile directory (`target/release/`), beside the
+/// library cargo writes there: programs linked with `-lnccl` and `LD_PRELOAD` users look for
+/// the SONAME. The link is relative, so it points at each new build of the library.
+fn link_soname() {
+    let Some(out) = std::env::var_os("OUT_DIR") else {
+        return;
+    };
+    // OUT_DIR is <profile dir>/build/<package>-<hash>/out.
+    let Some(profile_dir) = Path::new(&out).ancestors().nth(3) else {
+        return;
+    };
+    let link = profile_dir.join("libnccl.so.2");
+    if fs::read_link(&link).is_ok_and(|target| target == Path::new("libnccl.so")) {
+        return;
+    }
+    let _ = fs::remove_file(&link);
+    if let Err(e) = std::os::unix::fs::symlink("libnccl.so", &link) {
+        println!(
+            "cargo:warning=cannot link {} to libnccl.so: {e}",
+            link.display()
+        );
+    }
+}
+
 fn export_aliases() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let script = out.join("pnccl_aliases.map");

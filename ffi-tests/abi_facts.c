@@ -19,7 +19,19 @@ int main(void) {
   /* Types */
   SIZE(ncclUniqueId);
   SIZE(ncclConfig_t);
-  SIZE(struct ncclConfig_v22800);
+  SIZE(struct ncclConfig_v23100);
+  SIZE(ncclCollConfig_t);
+  SIZE(struct ncclCollConfig_v23200);
+  SIZE(ncclConfigExt_t);
+  SIZE(struct ncclConfigExt);
+  SIZE(ncclWaitSignalDesc_t);
+  SIZE(ncclEncryptionConfig_t);
+  SIZE(struct ncclEncryptionConfig_v23200);
+  SIZE(ncclEncryptionMode_t);
+  SIZE(ncclCommMemStat_t);
+  SIZE(ncclHostCftMode_t);
+  SIZE(ncclNvlsHostMode_t);
+  SIZE(ncclParamHandle_t);
   SIZE(ncclSimInfo_t);
   SIZE(struct ncclSimInfo_v22200);
   SIZE(ncclResult_t);
@@ -49,6 +61,45 @@ int main(void) {
   OFFSET(ncclConfig_t, nvlsCTAs);
   OFFSET(ncclConfig_t, nChannelsPerNetPeer);
   OFFSET(ncclConfig_t, nvlinkCentricSched);
+  OFFSET(ncclConfig_t, graphUsageMode);
+  OFFSET(ncclConfig_t, numRmaCtx);
+  OFFSET(ncclConfig_t, maxP2pPeers);
+  OFFSET(ncclConfig_t, graphStreamOrdering);
+  OFFSET(ncclConfig_t, launchOrderImplicit);
+  OFFSET(ncclConfig_t, numRmaSig);
+  OFFSET(ncclConfig_t, rmaEagerInit);
+  OFFSET(ncclConfig_t, hostCftMode);
+  OFFSET(ncclConfig_t, nvlsHostMode);
+  OFFSET(ncclCollConfig_t, size);
+  OFFSET(ncclCollConfig_t, magic);
+  OFFSET(ncclCollConfig_t, version);
+  OFFSET(ncclCollConfig_t, ext);
+  OFFSET(ncclCollConfig_t, minCTAs);
+  OFFSET(ncclCollConfig_t, maxCTAs);
+  OFFSET(ncclCollConfig_t, nvlsCTAs);
+  OFFSET(ncclCollConfig_t, cgaClusterSize);
+  OFFSET(ncclCollConfig_t, algSelection);
+  OFFSET(ncclCollConfig_t, forceAlgSelection);
+  OFFSET(ncclCollConfig_t, CTAPolicy);
+  OFFSET(ncclCollConfig_t, userProfilerTag);
+  OFFSET(ncclCollConfig_t, launchCompletionEvent);
+  OFFSET(ncclConfigExt_t, next);
+  OFFSET(ncclConfigExt_t, key);
+  OFFSET(ncclConfigExt_t, key.vendorId);
+  OFFSET(ncclConfigExt_t, key.optionId);
+  OFFSET(ncclConfigExt_t, val);
+  OFFSET(ncclConfigExt_t, val.i);
+  OFFSET(ncclConfigExt_t, val.s);
+  OFFSET(ncclConfigExt_t, val.raw);
+  OFFSET(ncclWaitSignalDesc_t, opCnt);
+  OFFSET(ncclWaitSignalDesc_t, peer);
+  OFFSET(ncclWaitSignalDesc_t, sigIdx);
+  OFFSET(ncclWaitSignalDesc_t, ctx);
+  OFFSET(ncclEncryptionConfig_t, size);
+  OFFSET(ncclEncryptionConfig_t, magic);
+  OFFSET(ncclEncryptionConfig_t, version);
+  OFFSET(ncclEncryptionConfig_t, mode);
+  OFFSET(ncclEncryptionConfig_t, psk);
   OFFSET(ncclSimInfo_t, size);
   OFFSET(ncclSimInfo_t, magic);
   OFFSET(ncclSimInfo_t, version);
@@ -63,6 +114,7 @@ int main(void) {
   VALUE(ncclInvalidUsage);
   VALUE(ncclRemoteError);
   VALUE(ncclInProgress);
+  VALUE(ncclTimeout);
   VALUE(ncclNumResults);
   VALUE(ncclNumOps_dummy);
   VALUE(ncclSum);
@@ -92,6 +144,21 @@ int main(void) {
   VALUE(ncclNumTypes);
   VALUE(ncclScalarDevice);
   VALUE(ncclScalarHostImmediate);
+  VALUE(ncclHostCftDefault);
+  VALUE(ncclHostCftEnable);
+  VALUE(ncclHostCftDisable);
+  VALUE(ncclHostCftFallback);
+  VALUE(ncclNvlsHostModeDefault);
+  VALUE(ncclNvlsHostModeEnable);
+  VALUE(ncclNvlsHostModeDisableTransport);
+  VALUE(ncclNvlsHostModeDisableSymmetricMultimem);
+  VALUE(ncclNvlsHostModeDisable);
+  VALUE(ncclStatGpuMemSuspend);
+  VALUE(ncclStatGpuMemSuspended);
+  VALUE(ncclStatGpuMemPersist);
+  VALUE(ncclStatGpuMemTotal);
+  VALUE(NCCL_ENCRYPTION_MODE_NONE);
+  VALUE(NCCL_ENCRYPTION_MODE_PSK);
 
   /* Macros */
   VALUE(NCCL_MAJOR);
@@ -113,7 +180,13 @@ int main(void) {
   printf("NCCL_UNDEF_FLOAT = %a (sizeof %zu)\n", (double)NCCL_UNDEF_FLOAT, sizeof(NCCL_UNDEF_FLOAT));
   VALUE(NCCL_WIN_DEFAULT);
   VALUE(NCCL_WIN_COLL_SYMMETRIC);
+  VALUE(NCCL_WIN_STRICT_ORDERING);
+  VALUE(NCCL_WIN_GIN_ONLY);
+  VALUE(NCCL_WIN_CFT_COUNTED);
   VALUE(NCCL_WIN_REQUIRED_ALIGNMENT);
+  printf("NCCL_API_MAGIC = %#llx (sizeof %zu)\n", (unsigned long long)NCCL_API_MAGIC,
+         sizeof(NCCL_API_MAGIC));
+  VALUE(NCCL_SUSPEND_MEM);
   VALUE(NCCL_CTA_POLICY_DEFAULT);
   VALUE(NCCL_CTA_POLICY_EFFICIENCY);
   VALUE(NCCL_CTA_POLICY_ZERO);
@@ -133,6 +206,25 @@ int main(void) {
            config.trafficClass, (const void *)config.commName, config.collnetEnable,
            config.CTAPolicy, config.shrinkShare, config.nvlsCTAs, config.nChannelsPerNetPeer,
            config.nvlinkCentricSched);
+    printf("config (2.31+): graphUsageMode %d numRmaCtx %d maxP2pPeers %d graphStreamOrdering %d "
+           "launchOrderImplicit %d numRmaSig %d rmaEagerInit %d hostCftMode %d nvlsHostMode %d\n",
+           config.graphUsageMode, config.numRmaCtx, config.maxP2pPeers, config.graphStreamOrdering,
+           config.launchOrderImplicit, config.numRmaSig, config.rmaEagerInit, config.hostCftMode,
+           config.nvlsHostMode);
+  }
+  {
+    ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+    printf("collConfig: size %zu magic %#x version %u ext %p minCTAs %d maxCTAs %d nvlsCTAs %d "
+           "cgaClusterSize %d algSelection %p forceAlgSelection %d CTAPolicy %d "
+           "userProfilerTag %llu launchCompletionEvent %p\n",
+           cc.size, cc.magic, cc.version, (void *)cc.ext, cc.minCTAs, cc.maxCTAs, cc.nvlsCTAs,
+           cc.cgaClusterSize, (const void *)cc.algSelection, cc.forceAlgSelection, cc.CTAPolicy,
+           (unsigned long long)cc.userProfilerTag, (void *)cc.launchCompletionEvent);
+  }
+  {
+    ncclEncryptionConfig_t ec = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+    printf("encryptionConfig: size %zu magic %#x version %u mode %d psk %p\n", ec.size, ec.magic,
+           ec.version, ec.mode, (const void *)ec.psk);
   }
   {
     ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;

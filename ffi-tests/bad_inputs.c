@@ -45,6 +45,7 @@ static int version_value(void) {
   int v = 0;
   int r = ncclGetVersion(&v);
   snprintf(detail, sizeof detail, "version %d", v);
+  /* 22809 until every 2.32.3 entry point is real (src/abi.rs RUNTIME_VERSION_CODE). */
   return r == ncclSuccess && v != 22809 ? WRONG_VALUE : r;
 }
 static int error_string(int code) {
@@ -53,7 +54,13 @@ static int error_string(int code) {
   return s && strcmp(s, "unknown result code") == 0 ? 0 : WRONG_VALUE;
 }
 static int errstr_minus1(void) { return error_string(-1); }
-static int errstr_8(void) { return error_string(8); }
+/* ncclTimeout (2.32): a known code with its own text. */
+static int errstr_8(void) {
+  const char *s = ncclGetErrorString(ncclTimeout);
+  snprintf(detail, sizeof detail, "\"%s\"", s ? s : "(null)");
+  return s && strcmp(s, "timeout") == 0 ? 0 : WRONG_VALUE;
+}
+static int errstr_9(void) { return error_string(9); }
 static int errstr_100(void) { return error_string(100); }
 static int errstr_int_min(void) { return error_string(INT_MIN); }
 static int errstr_known(void) {
@@ -247,6 +254,7 @@ static const Case cases[] = {
     CASE(version_value, ncclSuccess),
     CASE(errstr_minus1, 0),
     CASE(errstr_8, 0),
+    CASE(errstr_9, 0),
     CASE(errstr_100, 0),
     CASE(errstr_int_min, 0),
     CASE(errstr_known, 0),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds and runs the C-level checks of oxccl's ABI against NVIDIA's NCCL 2.28.9:
+# Builds and runs the C-level checks of oxccl's ABI against NVIDIA's NCCL 2.32.3:
 #   header   include/nccl.h compiles alone as C and C++ with -Wall -Wextra -Werror
 #   facts    abi_facts.c prints the same sizes/offsets/values against both headers (C, C++)
 #   protos   our nccl.h followed by NVIDIA's prototypes, verbatim, compiles (C, C++)
@@ -19,7 +19,7 @@ PROFILE="${1:-release}"
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 LIBDIR="$TARGET_DIR/$PROFILE"
 OUT="$TARGET_DIR/ffi-tests"
-NV_NCCL="$ROOT/.toolchain/py/nvidia/nccl"
+NV_NCCL="$ROOT/.toolchain/nccl-2.32.3/nvidia/nccl"
 if [[ -n "${CUDA_HOME:-}" ]]; then CUDA_INC="$CUDA_HOME/include"; else CUDA_INC="$ROOT/.toolchain/py/nvidia/cu13/include"; fi
 CC="${CC:-gcc}"
 CXX="${CXX:-g++}"
@@ -80,7 +80,10 @@ done
   echo '#endif'
   echo 'typedef struct ncclComm* ncclComm_t;'
   echo 'typedef struct ncclWindow_vidmem* ncclWindow_t;'
-  echo 'typedef struct ncclConfig_v22800 ncclConfig_t;'
+  echo 'typedef struct ncclConfig_v23100 ncclConfig_t;'
+  echo 'typedef struct ncclCollConfig_v23200 ncclCollConfig_t;'
+  echo 'typedef struct ncclEncryptionConfig_v23200 ncclEncryptionConfig_t;'
+  echo 'typedef struct ncclParamHandle* ncclParamHandle_t;'
   echo 'typedef struct ncclSimInfo_v22200 ncclSimInfo_t;'
   # Every prototype statement: from a line starting with its return type or attribute
   # to the line that ends it with ';'.
@@ -134,7 +137,7 @@ fi
 if build_bad nvidia "$NV_NCCL/include" "$NV_NCCL/lib" -l:libnccl.so.2; then
   NCCL_DEBUG=NONE "$OUT/bad_inputs_nvidia" --report >"$OUT/bad_inputs_nvidia.txt" 2>"$OUT/bad_inputs_nvidia.stderr" || true
   {
-    printf '%-36s %-8s %-10s %s\n' "case" "oxccl" "NVIDIA" "expected (NVIDIA 2.28.9 with a GPU)"
+    printf '%-36s %-8s %-10s %s\n' "case" "oxccl" "NVIDIA" "expected (NVIDIA 2.32.3 with a GPU)"
     join -t $'\t' <(grep '^RESULT' "$OUT/bad_inputs_ours.txt" | cut -f2-4 | sort) \
                   <(grep '^RESULT' "$OUT/bad_inputs_nvidia.txt" | cut -f2-3 | sort) |
       awk -F'\t' '{ mark = ($2 == $4) ? "" : "   <- differs here"; printf "%-36s %-8s %-10s %s%s\n", $1, $2, $4, $3, mark }'

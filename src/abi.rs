@@ -1,4 +1,4 @@
-//! The C ABI of NCCL 2.28.9: every `#[repr(C)]` type, enum and constant that crosses the
+//! The C ABI of NCCL 2.32.3: every `#[repr(C)]` type, enum and constant that crosses the
 //! library boundary. cbindgen generates `include/nccl.h` from these definitions (see
 //! `cbindgen.toml`), so names follow NVIDIA's header exactly.
 //!
@@ -15,15 +15,24 @@
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 pub const NCCL_MAJOR: c_int = 2;
-pub const NCCL_MINOR: c_int = 28;
-pub const NCCL_PATCH: c_int = 9;
-pub const NCCL_VERSION_CODE: c_int = 22809;
+pub const NCCL_MINOR: c_int = 32;
+pub const NCCL_PATCH: c_int = 3;
+/// The version of the header (the ABI): NVIDIA's 2.32.3.
+pub const NCCL_VERSION_CODE: c_int = 23203;
+/// The version `ncclGetVersion` reports: the newest NVIDIA release whose every entry point
+/// oxccl answers for real (callers test it to decide which features to use).
+pub const RUNTIME_VERSION_CODE: c_int = 22809;
 pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 pub const NCCL_UNDEF_FLOAT: f32 = -1.0;
 pub const NCCL_WIN_DEFAULT: c_int = 0x00;
 pub const NCCL_WIN_COLL_SYMMETRIC: c_int = 0x01;
+pub const NCCL_WIN_STRICT_ORDERING: c_int = 0x02;
+/// Restrict window registration to GIN only.
+pub const NCCL_WIN_GIN_ONLY: c_int = 0x04;
+/// Restrict window registration to CFT COUNTED only.
+pub const NCCL_WIN_CFT_COUNTED: c_int = 0x08;
 pub const NCCL_WIN_REQUIRED_ALIGNMENT: usize = 4096;
 pub const NCCL_CTA_POLICY_DEFAULT: c_int = 0x00;
 pub const NCCL_CTA_POLICY_EFFICIENCY: c_int = 0x01;
@@ -31,8 +40,12 @@ pub const NCCL_CTA_POLICY_ZERO: c_int = 0x02;
 pub const NCCL_SHRINK_DEFAULT: c_int = 0x00;
 pub const NCCL_SHRINK_ABORT: c_int = 0x01;
 pub const NCCL_REVOKE_DEFAULT: c_int = 0x00;
+/// `ncclCommSuspend` flag: release the communicator's dynamic GPU memory.
+pub const NCCL_SUSPEND_MEM: c_int = 0x01;
+/// The `magic` of every initialised versioned struct (config, per-call config, encryption).
+pub const NCCL_API_MAGIC: c_uint = 0xcafe_beef;
 /// `ncclConfig_t::magic` of an initialised config.
-pub const NCCL_CONFIG_MAGIC: c_uint = 0xcafe_beef;
+pub const NCCL_CONFIG_MAGIC: c_uint = NCCL_API_MAGIC;
 /// `ncclSimInfo_t::magic` of an initialised sim info.
 pub const NCCL_SIM_INFO_MAGIC: c_uint = 0x7468_5283;
 
@@ -77,7 +90,8 @@ pub enum ncclResult_t {
     ncclInvalidUsage = 5,
     ncclRemoteError = 6,
     ncclInProgress = 7,
-    ncclNumResults = 8,
+    ncclTimeout = 8,
+    ncclNumResults = 9,
 }
 
 impl ncclResult_t {
@@ -93,7 +107,8 @@ impl ncclResult_t {
             5 => ncclInvalidUsage,
             6 => ncclRemoteError,
             7 => ncclInProgress,
-            8 => ncclNumResults,
+            8 => ncclTimeout,
+            9 => ncclNumResults,
             _ => return None,
         })
     }
@@ -159,11 +174,11 @@ pub struct RawRedOp(pub c_int);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawScalarResidence(pub c_int);
 
-/// Communicator configuration, NCCL 2.28 layout (`struct ncclConfig_v22800`).
+/// Communicator configuration, NCCL 2.31+ layout (`struct ncclConfig_v23100`).
 /// Callers built against older headers pass a shorter struct: read only `size` bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct ncclConfig_v22800 {
+pub struct ncclConfig_v23100 {
     pub size: usize,
     pub magic: c_uint,
     pub version: c_uint,
@@ -181,16 +196,25 @@ pub struct ncclConfig_v22800 {
     pub nvlsCTAs: c_int,
     pub nChannelsPerNetPeer: c_int,
     pub nvlinkCentricSched: c_int,
+    pub graphUsageMode: c_int,
+    pub numRmaCtx: c_int,
+    pub maxP2pPeers: c_int,
+    pub graphStreamOrdering: c_int,
+    pub launchOrderImplicit: c_int,
+    pub numRmaSig: c_int,
+    pub rmaEagerInit: c_int,
+    pub hostCftMode: c_int,
+    pub nvlsHostMode: c_int,
 }
-pub type ncclConfig_t = ncclConfig_v22800;
+pub type ncclConfig_t = ncclConfig_v23100;
 
-impl Default for ncclConfig_v22800 {
+impl Default for ncclConfig_v23100 {
     /// The same values as `NCCL_CONFIG_INITIALIZER`.
     fn default() -> Self {
         let u = NCCL_CONFIG_UNDEF_INT;
-        ncclConfig_v22800 {
+        ncclConfig_v23100 {
             size: std::mem::size_of::<ncclConfig_t>(),
-            magic: NCCL_CONFIG_MAGIC,
+            magic: NCCL_API_MAGIC,
             version: NCCL_VERSION_CODE as c_uint,
             blocking: u,
             cgaClusterSize: u,
@@ -206,9 +230,174 @@ impl Default for ncclConfig_v22800 {
             nvlsCTAs: u,
             nChannelsPerNetPeer: u,
             nvlinkCentricSched: u,
+            graphUsageMode: u,
+            numRmaCtx: u,
+            maxP2pPeers: u,
+            graphStreamOrdering: u,
+            launchOrderImplicit: u,
+            numRmaSig: u,
+            rmaEagerInit: u,
+            hostCftMode: u,
+            nvlsHostMode: u,
         }
     }
 }
+
+/// `ncclConfig_t::hostCftMode` values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ncclHostCftMode_t {
+    ncclHostCftDefault = -2147483648,
+    ncclHostCftEnable = 1,
+    ncclHostCftDisable = 2,
+    ncclHostCftFallback = 3,
+}
+
+/// `ncclConfig_t::nvlsHostMode` flags (host NVLS components to disable; may be combined).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ncclNvlsHostMode_t {
+    ncclNvlsHostModeDefault = -2147483648,
+    ncclNvlsHostModeEnable = 0,
+    ncclNvlsHostModeDisableTransport = 1,
+    ncclNvlsHostModeDisableSymmetricMultimem = 2,
+    ncclNvlsHostModeDisable = 2147483647,
+}
+
+/// The key of one vendor option of an `ncclConfigExt_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ncclConfigExtKey {
+    pub vendorId: c_int,
+    pub optionId: c_int,
+}
+
+/// The value of one vendor option of an `ncclConfigExt_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ncclConfigExtVal {
+    pub i: c_int,
+    pub s: *const c_char,
+    pub raw: *mut c_void,
+}
+
+/// One vendor-specific option of a per-call configuration, chained through `next`. oxccl
+/// has no options of its own and ignores every one, as NVIDIA's library does.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ncclConfigExt {
+    pub next: *mut ncclConfigExt,
+    pub key: ncclConfigExtKey,
+    pub val: ncclConfigExtVal,
+}
+pub type ncclConfigExt_t = ncclConfigExt;
+
+/// CUDA's event type; the header takes `cudaEvent_t` from `cuda_runtime.h`.
+#[repr(C)]
+pub struct CUevent_st {
+    _opaque: [u8; 0],
+}
+pub type cudaEvent_t = *mut CUevent_st;
+
+/// Per-call configuration of the `ncclXConfig` collectives (`struct ncclCollConfig_v23200`).
+/// Read by the caller's `size`, like `ncclConfig_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ncclCollConfig_v23200 {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub ext: *mut ncclConfigExt_t,
+    pub minCTAs: c_int,
+    pub maxCTAs: c_int,
+    pub nvlsCTAs: c_int,
+    pub cgaClusterSize: c_int,
+    pub algSelection: *const c_char,
+    pub forceAlgSelection: c_int,
+    pub CTAPolicy: c_int,
+    pub userProfilerTag: u64,
+    pub launchCompletionEvent: cudaEvent_t,
+}
+pub type ncclCollConfig_t = ncclCollConfig_v23200;
+
+impl Default for ncclCollConfig_v23200 {
+    /// The same values as `NCCL_COLLCONFIG_INITIALIZER`.
+    fn default() -> Self {
+        let u = NCCL_CONFIG_UNDEF_INT;
+        ncclCollConfig_v23200 {
+            size: std::mem::size_of::<ncclCollConfig_t>(),
+            magic: NCCL_API_MAGIC,
+            version: NCCL_VERSION_CODE as c_uint,
+            ext: std::ptr::null_mut(),
+            minCTAs: u,
+            maxCTAs: u,
+            nvlsCTAs: u,
+            cgaClusterSize: u,
+            algSelection: std::ptr::null(),
+            forceAlgSelection: 1,
+            CTAPolicy: u,
+            userProfilerTag: 0,
+            launchCompletionEvent: std::ptr::null_mut(),
+        }
+    }
+}
+
+/// The statistics `ncclCommMemStats` reports.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ncclCommMemStat_t {
+    /// Allocated GPU memory that can be suspended (bytes).
+    ncclStatGpuMemSuspend = 0,
+    /// Whether the GPU memory is suspended (0 active, 1 suspended).
+    ncclStatGpuMemSuspended = 1,
+    /// Allocated GPU memory that cannot be suspended (bytes).
+    ncclStatGpuMemPersist = 2,
+    /// Total GPU memory tracked by the communicator (bytes).
+    ncclStatGpuMemTotal = 3,
+}
+
+/// A memory statistic as C passes it (rendered `ncclCommMemStat_t`).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawCommMemStat(pub c_int);
+
+/// How many signals to wait for from one peer on one signal index and context.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ncclWaitSignalDesc_t {
+    pub opCnt: c_int,
+    pub peer: c_int,
+    pub sigIdx: c_int,
+    pub ctx: c_int,
+}
+
+/// `ncclEncryptionConfig_t::mode`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ncclEncryptionMode_t {
+    NCCL_ENCRYPTION_MODE_NONE = 0,
+    NCCL_ENCRYPTION_MODE_PSK = 1,
+}
+
+/// Encryption of the library's TCP sockets (`struct ncclEncryptionConfig_v23200`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ncclEncryptionConfig_v23200 {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub mode: c_int,
+    pub psk: *const c_char,
+}
+pub type ncclEncryptionConfig_t = ncclEncryptionConfig_v23200;
+
+/// Opaque handle of one parameter (`struct ncclParamHandle*`).
+/// cbindgen:no-export
+#[repr(C)]
+pub struct ncclParamHandle {
+    _opaque: [u8; 0],
+}
+pub type ncclParamHandle_t = *mut ncclParamHandle;
 
 /// Simulation results of `ncclGroupSimulateEnd` (`struct ncclSimInfo_v22200`).
 #[repr(C)]
@@ -258,6 +447,63 @@ pub struct ncclGinBarrierHandle {
 pub struct ncclLLA2AHandle {
     _opaque: [u8; 0],
 }
+
+/// A multimem handle (`struct ncclMultimemHandle`), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ncclMultimemHandle {
+    pub mcBasePtr: *mut c_void,
+}
+pub type ncclMultimemHandle_t = ncclMultimemHandle;
+
+/// The CFT team layouts of `ncclTeamCft` (`ncclCftTeamMode_t`), as C passes them.
+pub type ncclCftTeamMode_t = c_int;
+/// A CFT load/store endpoint id.
+pub type ncclCftLeId = u32;
+
+/// GIN outbox and all-to-all inbox handles: never filled, GIN is not built.
+#[repr(C)]
+pub struct ncclGinOutboxHandle {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct ncclGinInboxA2AHandle {
+    _opaque: [u8; 0],
+}
+
+/// GIN backends (`ncclGinType_t`).
+pub const NCCL_GIN_TYPE_NONE: c_int = 0;
+/// GIN connection layouts (`ncclGinConnectionType_t`).
+pub const NCCL_GIN_CONNECTION_NONE: c_int = 0;
+
+/// What a communicator supports (`struct ncclCommProperties`, nccl_device/host.h), written by
+/// `ncclCommQueryProperties` up to the caller's `size`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ncclCommProperties {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub rank: c_int,
+    pub nRanks: c_int,
+    pub cudaDev: c_int,
+    pub nvmlDev: c_int,
+    pub deviceApiSupport: bool,
+    pub multimemSupport: bool,
+    pub ginType: c_int,
+    pub nLsaTeams: c_int,
+    pub hostRmaSupport: bool,
+    pub railedGinType: c_int,
+    pub commHash: u64,
+    pub ginMinStride: c_int,
+    pub ginConnectionType: c_int,
+    pub ginSupport: [bool; 64],
+    pub devCommRuntimeVersionSize: usize,
+    pub cftSupport: bool,
+    pub cftMulticastSupport: bool,
+    pub cftCountedSupport: bool,
+}
+pub type ncclCommProperties_t = ncclCommProperties;
 
 /// Untyped pointer alias used by the allocation entry points.
 pub type VoidPtr = *mut c_void;
@@ -354,9 +600,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layouts_match_nvidia_2_28_9() {
+    fn layouts_match_nvidia_2_32_3() {
         assert_eq!(std::mem::size_of::<ncclUniqueId>(), 128);
-        assert_eq!(std::mem::size_of::<ncclConfig_t>(), 80);
+        assert_eq!(std::mem::size_of::<ncclConfig_t>(), 120);
+        assert_eq!(std::mem::offset_of!(ncclConfig_t, graphUsageMode), 80);
+        assert_eq!(std::mem::offset_of!(ncclConfig_t, nvlsHostMode), 112);
+        assert_eq!(std::mem::size_of::<ncclCollConfig_t>(), 72);
+        assert_eq!(std::mem::offset_of!(ncclCollConfig_t, algSelection), 40);
+        assert_eq!(std::mem::offset_of!(ncclCollConfig_t, userProfilerTag), 56);
+        assert_eq!(std::mem::size_of::<ncclConfigExt_t>(), 24);
+        assert_eq!(std::mem::size_of::<ncclEncryptionConfig_t>(), 32);
+        assert_eq!(std::mem::size_of::<ncclWaitSignalDesc_t>(), 16);
+        assert_eq!(std::mem::size_of::<ncclCommProperties_t>(), 152);
+        assert_eq!(std::mem::offset_of!(ncclCommProperties_t, commHash), 56);
+        assert_eq!(std::mem::offset_of!(ncclCommProperties_t, ginSupport), 72);
+        assert_eq!(
+            std::mem::offset_of!(ncclCommProperties_t, cftCountedSupport),
+            146
+        );
         assert_eq!(std::mem::offset_of!(ncclConfig_t, netName), 32);
         assert_eq!(std::mem::offset_of!(ncclConfig_t, commName), 48);
         assert_eq!(std::mem::offset_of!(ncclConfig_t, nvlinkCentricSched), 76);

@@ -90,6 +90,7 @@ pub fn error_cstr(code: i32) -> &'static std::ffi::CStr {
         5 => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
         6 => c"remote process exited or there was a network error",
         7 => c"NCCL operation in progress",
+        8 => c"timeout",
         _ => c"unknown result code",
     }
 }

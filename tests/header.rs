@@ -146,15 +146,22 @@ fn header_keeps_nvidia_names() {
         assert!(!header.contains(raw), "{raw} leaked into nccl.h");
     }
     // Device-API host functions belong to nccl_device/*.h, not nccl.h.
-    for device_fn in ["ncclDevCommCreate", "ncclTeamWorld", "ncclLLA2ACalcSlots"] {
+    for device_fn in [
+        "ncclDevCommCreate",
+        "ncclTeamWorld",
+        "ncclLLA2ACalcSlots",
+        "ncclCommQueryProperties",
+        "ncclGetPeerDevicePointer",
+    ] {
         assert!(!header.contains(device_fn), "{device_fn} is in nccl.h");
     }
     for needed in [
         "typedef struct ncclComm *ncclComm_t;",
-        "typedef struct ncclConfig_v22800 ncclConfig_t;",
+        "typedef struct ncclConfig_v23100 ncclConfig_t;",
+        "typedef struct ncclCollConfig_v23200 ncclCollConfig_t;",
         "typedef struct ncclSimInfo_v22200 ncclSimInfo_t;",
         "const char *ncclGetErrorString(ncclResult_t result);",
-        "void ncclResetDebugInit(void);",
+        "void  ncclResetDebugInit();",
         "extern \"C\"",
         "#include <cuda_runtime.h>",
     ] {

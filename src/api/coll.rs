@@ -1,7 +1,9 @@
 //! Collectives: argument checks shared by all of them, then a task for the group machinery.
 
 use super::{entry, export, find_comm};
-use crate::abi::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclResult_t, RawDataType, RawRedOp};
+use crate::abi::{
+    cudaStream_t, ncclCollConfig_t, ncclComm_t, ncclDataType_t, ncclResult_t, RawDataType, RawRedOp,
+};
 use crate::core::redop::RedOp;
 use crate::error::{Error, Result};
 use crate::sched::{CollKind, Task};
@@ -24,43 +26,62 @@ pub(crate) struct Call {
 
 /// Validate a call as NVIDIA's library does and hand it to the communicator.
 pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
+    entry(name, call.comm, || submit_call(call))
+}
+
+/// `submit` with the caller's per-call configuration (NULL: the plain call).
+pub(crate) fn submit_configured(
+    name: &str,
+    call: Call,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
     entry(name, call.comm, || {
-        let c = find_comm(call.comm)?;
-        c.check_usable()?;
-        let dtype = ncclDataType_t::from_raw(call.dtype).ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "invalid type {}, comm {:p}",
-                call.dtype.0, call.comm
-            ))
-        })?;
-        let op = match call.op {
-            Some(raw) => c.redops.resolve(raw, dtype)?,
-            None => RedOp::Sum,
-        };
-        if call.kind.has_root() && (call.root < 0 || call.root >= c.nranks()) {
-            let what = if matches!(call.kind, CollKind::Send | CollKind::Recv) {
-                "peer"
-            } else {
-                "root"
-            };
-            return Err(Error::invalid_argument(format!(
-                "invalid {what} {}, nranks {}",
-                call.root,
-                c.nranks()
+        if !config.is_null() {
+            find_comm(call.comm)?;
+            return Err(Error::unsupported(&format!(
+                "{name} with a non-NULL config"
             )));
         }
-        check_buffers(&call, c.rank(), c.nranks())?;
-        let task = Task {
-            kind: call.kind,
-            dtype,
-            op,
-            count: call.count,
-            sendbuff: call.sendbuff as u64,
-            recvbuff: call.recvbuff as u64,
-            root: call.root,
-        };
-        crate::core::enqueue::enqueue(&c, task, call.stream)
+        submit_call(call)
     })
+}
+
+fn submit_call(call: Call) -> Result<()> {
+    let c = find_comm(call.comm)?;
+    c.check_usable()?;
+    let dtype = ncclDataType_t::from_raw(call.dtype).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "invalid type {}, comm {:p}",
+            call.dtype.0, call.comm
+        ))
+    })?;
+    let op = match call.op {
+        Some(raw) => c.redops.resolve(raw, dtype)?,
+        None => RedOp::Sum,
+    };
+    if call.kind.has_root() && (call.root < 0 || call.root >= c.nranks()) {
+        let what = if matches!(call.kind, CollKind::Send | CollKind::Recv) {
+            "peer"
+        } else {
+            "root"
+        };
+        return Err(Error::invalid_argument(format!(
+            "invalid {what} {}, nranks {}",
+            call.root,
+            c.nranks()
+        )));
+    }
+    check_buffers(&call, c.rank(), c.nranks())?;
+    let task = Task {
+        kind: call.kind,
+        dtype,
+        op,
+        count: call.count,
+        sendbuff: call.sendbuff as u64,
+        recvbuff: call.recvbuff as u64,
+        root: call.root,
+    };
+    crate::core::enqueue::enqueue(&c, task, call.stream)
 }
 
 /// Buffers a rank actually touches must not be NULL when there is data to move.

@@ -3,7 +3,7 @@
 use super::{entry, export, find_comm, out, Out};
 use crate::abi::{
     ncclComm_t, ncclConfig_t, ncclDataType_t, ncclResult_t, ncclScalarResidence_t, ncclUniqueId,
-    RawDataType, RawRedOp, RawScalarResidence,
+    RawCommMemStat, RawDataType, RawRedOp, RawScalarResidence,
 };
 use crate::core::{lifecycle, redop::Scalar, Comm};
 use crate::error::{Error, Result};
@@ -333,4 +333,79 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
 pub extern "C" fn ncclRedOpDestroy(op: RawRedOp, comm: ncclComm_t) -> ncclResult_t {
     export!(ncclRedOpDestroy, name);
     entry(name, comm, || find_comm(comm)?.redops.destroy(op))
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommGetUniqueId(
+    comm: ncclComm_t,
+    uniqueId: *mut ncclUniqueId,
+) -> ncclResult_t {
+    export!(ncclCommGetUniqueId, name);
+    entry(name, comm, || {
+        let c = find_comm(comm)?;
+        let slot = out(uniqueId, "uniqueId")?;
+        c.check_usable()?;
+        slot.write(crate::core::grow::unique_id(&c)?);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommGrow(
+    comm: ncclComm_t,
+    nRanks: c_int,
+    uniqueId: *const ncclUniqueId,
+    rank: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    export!(ncclCommGrow, name);
+    entry(name, comm, || {
+        let slot = new_comm_slot(newcomm)?;
+        // SAFETY: config is NULL or the caller's initialised config (NCCL's contract).
+        let cfg = unsafe { crate::core::config::read_user_config(config) }?;
+        // SAFETY: uniqueId is NULL or points to the caller's id (NCCL's contract).
+        let id = (!uniqueId.is_null()).then(|| unsafe { uniqueId.read_unaligned() });
+        let parent = if comm.is_null() {
+            None
+        } else {
+            Some(find_comm(comm)?)
+        };
+        crate::core::grow::grow(parent, nRanks, id, rank, slot.as_ptr(), cfg.as_ref())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
+    export!(ncclCommSuspend, name);
+    entry(name, comm, || {
+        let c = find_comm(comm)?;
+        c.check_usable()?;
+        crate::core::memory::suspend(&c, flags)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommResume(comm: ncclComm_t) -> ncclResult_t {
+    export!(ncclCommResume, name);
+    entry(name, comm, || {
+        let c = find_comm(comm)?;
+        c.check_live()?;
+        crate::core::memory::resume(&c)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommMemStats(
+    comm: ncclComm_t,
+    stat: RawCommMemStat,
+    value: *mut u64,
+) -> ncclResult_t {
+    export!(ncclCommMemStats, name);
+    entry(name, comm, || {
+        let c = find_comm(comm)?;
+        let value = out(value, "value")?;
+        value.write(crate::core::memory::stat(&c, stat.0)?);
+        Ok(())
+    })
 }

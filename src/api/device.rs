@@ -4,11 +4,13 @@
 
 use super::{entry, export, find_comm, out};
 use crate::abi::{
-    ncclComm_t, ncclDevComm, ncclDevCommRequirements, ncclDevResourceRequirements,
-    ncclGinBarrierHandle, ncclLLA2AHandle, ncclLsaBarrierHandle, ncclResult_t, ncclTeam_t,
+    ncclCftLeId, ncclCftTeamMode_t, ncclCommProperties_t, ncclComm_t, ncclDevComm,
+    ncclDevCommRequirements, ncclDevResourceRequirements, ncclGinBarrierHandle,
+    ncclGinInboxA2AHandle, ncclGinOutboxHandle, ncclLLA2AHandle, ncclLsaBarrierHandle,
+    ncclMultimemHandle_t, ncclResult_t, ncclTeam_t, ncclWindow_t,
 };
 use crate::error::Error;
-use std::os::raw::c_int;
+use std::os::raw::{c_int, c_void};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// `name (the device API) is not yet supported`, for the functions that need windows.
@@ -196,4 +198,197 @@ pub extern "C" fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int
         return 0;
     }
     maxElts.saturating_mul((maxEltSize + 7) / 8)
+}
+
+/// `name` needs hardware oxccl does not drive (NVLink multicast, GIN or CFT).
+fn no_hardware(name: &str, what: &str) -> Error {
+    Error::invalid_usage(format!(
+        "{name}: {what} is not available (oxccl does not drive it)"
+    ))
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommQueryProperties(
+    comm: ncclComm_t,
+    props: *mut ncclCommProperties_t,
+) -> ncclResult_t {
+    export!(ncclCommQueryProperties, name);
+    entry(name, comm, || {
+        let c = find_comm(comm)?;
+        out(props, "props")?;
+        // SAFETY: props is non-NULL and the caller's initialised struct (NCCL's contract).
+        unsafe { crate::core::window::query_properties(&c, props) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetLsaMultimemDevicePointer(
+    window: ncclWindow_t,
+    offset: usize,
+    outPtr: *mut *mut c_void,
+) -> ncclResult_t {
+    export!(ncclGetLsaMultimemDevicePointer, name);
+    let _ = offset;
+    entry(name, std::ptr::null_mut(), || {
+        out(outPtr, "outPtr")?;
+        crate::core::window::find(window)?;
+        Err(no_hardware(name, "NVLink multicast"))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetMultimemDevicePointer(
+    window: ncclWindow_t,
+    offset: usize,
+    multimem: ncclMultimemHandle_t,
+    outPtr: *mut *mut c_void,
+) -> ncclResult_t {
+    export!(ncclGetMultimemDevicePointer, name);
+    let _ = (offset, multimem);
+    entry(name, std::ptr::null_mut(), || {
+        out(outPtr, "outPtr")?;
+        crate::core::window::find(window)?;
+        Err(no_hardware(name, "NVLink multicast"))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetLsaDevicePointer(
+    window: ncclWindow_t,
+    offset: usize,
+    lsaRank: c_int,
+    outPtr: *mut *mut c_void,
+) -> ncclResult_t {
+    export!(ncclGetLsaDevicePointer, name);
+    entry(name, std::ptr::null_mut(), || {
+        let out = out(outPtr, "outPtr")?;
+        let w = crate::core::window::find(window)?;
+        out.write(w.lsa_pointer(offset, lsaRank)? as *mut c_void);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetPeerDevicePointer(
+    window: ncclWindow_t,
+    offset: usize,
+    peer: c_int,
+    outPtr: *mut *mut c_void,
+) -> ncclResult_t {
+    export!(ncclGetPeerDevicePointer, name);
+    entry(name, std::ptr::null_mut(), || {
+        let out = out(outPtr, "outPtr")?;
+        let w = crate::core::window::find(window)?;
+        out.write(w.peer_pointer(offset, peer)? as *mut c_void);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetMultimemDeviceLeInfo(
+    window: ncclWindow_t,
+    offset: usize,
+    leId: *mut ncclCftLeId,
+    leOffset: *mut usize,
+) -> ncclResult_t {
+    export!(ncclGetMultimemDeviceLeInfo, name);
+    let _ = offset;
+    entry(name, std::ptr::null_mut(), || {
+        out(leId, "leId")?;
+        out(leOffset, "leOffset")?;
+        crate::core::window::find(window)?;
+        Err(no_hardware(name, "CFT"))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetCftDeviceLeInfo(
+    window: ncclWindow_t,
+    offset: usize,
+    peerCft: c_int,
+    cftTeam: ncclTeam_t,
+    leId: *mut ncclCftLeId,
+    leOffset: *mut usize,
+) -> ncclResult_t {
+    export!(ncclGetCftDeviceLeInfo, name);
+    let _ = (offset, peerCft, cftTeam);
+    entry(name, std::ptr::null_mut(), || {
+        out(leId, "leId")?;
+        out(leOffset, "leOffset")?;
+        crate::core::window::find(window)?;
+        Err(no_hardware(name, "CFT"))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetPeerDeviceLeInfo(
+    window: ncclWindow_t,
+    offset: usize,
+    peerWorld: c_int,
+    leId: *mut ncclCftLeId,
+    leOffset: *mut usize,
+) -> ncclResult_t {
+    export!(ncclGetPeerDeviceLeInfo, name);
+    let _ = (offset, peerWorld);
+    entry(name, std::ptr::null_mut(), || {
+        out(leId, "leId")?;
+        out(leOffset, "leOffset")?;
+        crate::core::window::find(window)?;
+        Err(no_hardware(name, "CFT"))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclTeamCft(comm: ncclComm_t, mode: ncclCftTeamMode_t) -> ncclTeam_t {
+    export!(ncclTeamCft, name);
+    let _ = mode;
+    // No CFT team exists on this hardware: the empty team.
+    team(name, comm, |_| ncclTeam_t {
+        nRanks: 0,
+        rank: 0,
+        stride: 0,
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclTeamCftMultimem(comm: ncclComm_t) -> ncclTeam_t {
+    export!(ncclTeamCftMultimem, name);
+    team(name, comm, |_| ncclTeam_t {
+        nRanks: 0,
+        rank: 0,
+        stride: 0,
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGinOutboxCreateRequirement(
+    nBlocks: c_int,
+    size_log2: c_int,
+    outHandle: *mut ncclGinOutboxHandle,
+    outReq: *mut ncclDevResourceRequirements,
+) -> ncclResult_t {
+    export!(ncclGinOutboxCreateRequirement, name);
+    let _ = (nBlocks, size_log2);
+    entry(name, std::ptr::null_mut(), || {
+        out(outHandle, "outHandle")?;
+        out(outReq, "outReq")?;
+        Err(device_api(name))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGinInboxA2ACreateRequirement(
+    peers: ncclTeam_t,
+    nBlocks: c_int,
+    size_log2: c_int,
+    outHandle: *mut ncclGinInboxA2AHandle,
+    outReq: *mut ncclDevResourceRequirements,
+) -> ncclResult_t {
+    export!(ncclGinInboxA2ACreateRequirement, name);
+    let _ = (peers, nBlocks, size_log2);
+    entry(name, std::ptr::null_mut(), || {
+        out(outHandle, "outHandle")?;
+        out(outReq, "outReq")?;
+        Err(device_api(name))
+    })
 }

@@ -105,3 +105,19 @@ pub extern "C" fn ncclCommWindowDeregister(c: ncclComm_t, win: ncclWindow_t) -> 
         Err(Error::unsupported(name))
     })
 }
+
+#[no_mangle]
+pub extern "C" fn ncclWinGetUserPtr(
+    comm: ncclComm_t,
+    win: ncclWindow_t,
+    outUserPtr: *mut *mut c_void,
+) -> ncclResult_t {
+    export!(ncclWinGetUserPtr, name);
+    entry(name, comm, || {
+        find_comm(comm)?;
+        let slot = out(outUserPtr, "outUserPtr")?;
+        let w = crate::core::window::find(win)?;
+        slot.write(w.user_ptr as *mut c_void);
+        Ok(())
+    })
+}

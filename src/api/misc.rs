@@ -1,7 +1,9 @@
 //! Version, error strings, last error, debug reset and unique ids.
 
 use super::{entry, export, out};
-use crate::abi::{ncclComm_t, ncclResult_t, ncclUniqueId, RawResult, NCCL_VERSION_CODE};
+use crate::abi::{
+    ncclComm_t, ncclEncryptionConfig_t, ncclResult_t, ncclUniqueId, RawResult, RUNTIME_VERSION_CODE,
+};
 use crate::core::Comm;
 use std::os::raw::{c_char, c_int};
 
@@ -9,7 +11,7 @@ use std::os::raw::{c_char, c_int};
 pub extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
     export!(ncclGetVersion, name);
     entry(name, std::ptr::null_mut(), || {
-        out(version, "version")?.write(NCCL_VERSION_CODE);
+        out(version, "version")?.write(RUNTIME_VERSION_CODE);
         Ok(())
     })
 }
@@ -64,5 +66,15 @@ pub extern "C" fn ncclGetUniqueId(out: *mut ncclUniqueId) -> ncclResult_t {
         let slot = self::out(out, "uniqueId")?;
         slot.write(crate::bootstrap::get_unique_id()?);
         Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclSetEncryption(config: *const ncclEncryptionConfig_t) -> ncclResult_t {
+    export!(ncclSetEncryption, name);
+    entry(name, std::ptr::null_mut(), || {
+        // SAFETY: config is NULL or the caller's initialised config (NCCL's contract).
+        let cfg = unsafe { crate::bootstrap::crypt::read_config(config) }?;
+        crate::bootstrap::set_encryption(cfg)
     })
 }

@@ -9,12 +9,15 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 pub mod coll;
+pub mod coll_config;
 pub mod comm;
 pub mod device;
 pub mod group;
 pub mod mem;
 pub mod misc;
 pub mod p2p;
+pub mod param;
+pub mod rma;
 
 use crate::abi::{ncclComm_t, ncclResult_t};
 use crate::core::Comm;

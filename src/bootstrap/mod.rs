@@ -12,6 +12,7 @@
 //! in NCCL; `send`/`recv` may be used from any thread. While the communicator lives, its
 //! watchdog uses the same connections through a `Link` (`link.rs`).
 
+pub mod crypt;
 pub mod id;
 pub mod link;
 pub mod peers;
@@ -62,6 +63,12 @@ impl BootstrapConfig {
 }
 
 /// A fresh unique id for a new communicator.
+/// `ncclSetEncryption`: the encryption of connections made from now on.
+pub fn set_encryption(mode: crypt::Encryption) -> Result<()> {
+    crypt::set(mode);
+    Ok(())
+}
+
 pub fn get_unique_id() -> Result<ncclUniqueId> {
     get_unique_id_with(&BootstrapConfig::from_env())
 }
@@ -128,6 +135,7 @@ impl Bootstrap {
         if nranks < 1 || rank < 0 || rank >= nranks {
             crate::bail_arg!("bootstrap: rank {rank} is not within nranks {nranks}");
         }
+        crypt::check_plaintext("bootstrap")?;
         if nranks > root::MAX_NRANKS {
             crate::bail_arg!(
                 "bootstrap: nranks {nranks} is more than the {} ranks supported",

@@ -4,11 +4,14 @@
 pub mod config;
 pub mod enqueue;
 pub mod group;
+pub mod grow;
 pub mod lifecycle;
+pub mod memory;
 pub mod progress;
 pub mod registry;
 pub mod runtime;
 pub mod watchdog;
+pub mod window;
 pub mod yielding;
 
 /// Reduction operators live with the scheduler (which must import nothing above it).

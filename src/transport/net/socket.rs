@@ -958,6 +958,7 @@ impl Net for SocketNet {
 
     fn connect(&self, _dev: i32, handle: &Handle) -> Result<Option<Comm>> {
         let (addr, shape) = decode_handle(handle)?;
+        crate::bootstrap::crypt::check_plaintext("NET/Socket")?;
         let id = connection_id();
         let mut streams = Vec::with_capacity(shape.nsocks);
         for index in 0..shape.nsocks {
