@@ -30,11 +30,12 @@ pub fn set(mode: Encryption) {
     };
 }
 
-/// Fail where a connection would need TLS: NVIDIA's answer when built without it.
+/// Fail where a connection would need TLS: NVIDIA's answer when built without it
+/// (`ncclInvalidUsage` from communicator creation, with this message).
 pub fn check_plaintext(what: &str) -> Result<()> {
     if PSK.read().is_some() {
-        return Err(Error::internal(format!(
-            "{what}: TLS connection requested without TLS support (oxccl was built without TLS support but a pre-shared key was configured with ncclSetEncryption)"
+        return Err(Error::invalid_usage(format!(
+            "{what}: oxccl was built without TLS support but a pre-shared key was configured (ncclSetEncryption)"
         )));
     }
     Ok(())
@@ -102,6 +103,7 @@ mod tests {
         set(Encryption::Psk(vec![7; MIN_PSK_BYTES]));
         let e = check_plaintext("bootstrap").unwrap_err();
         assert!(e.msg.contains("without TLS support"), "{}", e.msg);
+        assert_eq!(e.code, crate::abi::ncclResult_t::ncclInvalidUsage);
         set(Encryption::None);
         assert!(check_plaintext("bootstrap").is_ok());
     }

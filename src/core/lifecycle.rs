@@ -72,6 +72,7 @@ pub fn init_rank(
     cfg: Option<&ncclConfig_t>,
 ) -> Result<()> {
     let config = CommConfig::resolve(cfg, None)?;
+    crate::bootstrap::crypt::check_plaintext("communicator init")?;
     cuda::driver()?;
     let dev = cuda::current_device()?;
     let comm = Arc::new(Comm::new(rank, nranks, dev, config));
@@ -86,6 +87,7 @@ pub fn init_rank(
 
 /// `ncclCommInitAll`: one communicator per listed device, in this process.
 pub fn init_all(devs: &[i32]) -> Result<Vec<ncclComm_t>> {
+    crate::bootstrap::crypt::check_plaintext("communicator init")?;
     cuda::driver()?;
     let n = cuda::device_count()?;
     for (i, &d) in devs.iter().enumerate() {
