@@ -68,12 +68,13 @@ static const char *last(ncclComm_t c) {
   return s ? s : "";
 }
 
-#define CASE(name, rc, ...)                                   \
-  do {                                                        \
-    printf("CASE %-28s rc=%d ", name, (int)(rc));             \
-    printf(__VA_ARGS__);                                      \
-    printf(" | %s\n", (rc) == ncclSuccess ? "" : last(NULL)); \
-    fflush(stdout);                                           \
+#define CASE(name, rc, ...)                                     \
+  do {                                                          \
+    int rc_ = (int)(rc);                                        \
+    printf("CASE %-28s rc=%d ", name, rc_);                     \
+    printf(__VA_ARGS__);                                        \
+    printf(" | %s\n", rc_ == ncclSuccess ? "" : last(NULL));    \
+    fflush(stdout);                                             \
   } while (0)
 
 /* Printed before a call that may block, so that a hang names where it happened. */
@@ -231,9 +232,9 @@ static void windows(void) {
   }
   step("window register");
   ncclGroupStart();
-  for (int r = 0; r < NR; r++) ncclCommWindowRegister(comms[r], wbuf[r], WBYTES, &wins[r], NCCL_WIN_DEFAULT);
+  for (int r = 0; r < NR; r++) ncclCommWindowRegister(comms[r], wbuf[r], WBYTES, &wins[r], NCCL_WIN_COLL_SYMMETRIC);
   rc = ncclGroupEnd();
-  CASE("window_register", rc, "flags 0, %zu bytes from ncclMemAlloc", WBYTES);
+  CASE("window_register", rc, "symmetric, %zu bytes from ncclMemAlloc", WBYTES);
   if (rc != ncclSuccess) { wins[0] = NULL; return; }
   for (int r = 0; r < NR; r++) {
     void *p = NULL;
@@ -272,17 +273,17 @@ static void windows(void) {
     CASE("peer_le_info", ncclGetPeerDeviceLeInfo(wins[0], 0, 0, &le, &leOff), "-");
     CASE("win_get_user_ptr_null_win", ncclWinGetUserPtr(comms[0], NULL, &p), "-");
   }
-  /* Symmetric registration too (flag 0x01), then deregistration of both. */
+  /* A second registration (default flags) inside the first window's memory, deregistered. */
   ncclWindow_t sym[MAXR];
   step("symmetric window register");
   ncclGroupStart();
-  for (int r = 0; r < NR; r++) ncclCommWindowRegister(comms[r], (char *)wbuf[r] + (2 << 20), 1 << 20, &sym[r], NCCL_WIN_COLL_SYMMETRIC);
+  for (int r = 0; r < NR; r++) ncclCommWindowRegister(comms[r], (char *)wbuf[r] + (2 << 20), 1 << 20, &sym[r], NCCL_WIN_DEFAULT);
   rc = ncclGroupEnd();
-  CASE("window_register_symmetric", rc, "second half, 1 MiB");
+  CASE("window_register_second", rc, "flags 0, second half, 1 MiB");
   if (rc == ncclSuccess) {
     ncclGroupStart();
     for (int r = 0; r < NR; r++) ncclCommWindowDeregister(comms[r], sym[r]);
-    CASE("window_deregister_symmetric", ncclGroupEnd(), "-");
+    CASE("window_deregister_second", ncclGroupEnd(), "-");
   }
   {
     float *plain[MAXR];
@@ -305,8 +306,8 @@ static void windows(void) {
 static void rma(void) {
   if (!wins[0] || NR < 2) { printf("CASE rma skipped: no window\n"); return; }
   size_t n = 1 << 18; /* 1 MiB of floats */
-  float *src;
-  cudaMalloc((void **)&src, n * sizeof(float));
+  /* NVIDIA's library takes the source from a registered window too: rank 0's own copy. */
+  float *src = (float *)((char *)wbuf[0] + (2 << 20));
   float *h = malloc(n * sizeof(float));
   for (size_t i = 0; i < n; i++) h[i] = (float)(i % 1000) + 0.5f;
   cudaMemcpy(src, h, n * sizeof(float), cudaMemcpyHostToDevice);
@@ -346,7 +347,7 @@ static void rma(void) {
        cudaStreamSynchronize(streams[1]));
   /* Outside a group: each call on its own (the wait is stream-ordered, so it is issued last). */
   step("put, then wait, no group");
-  rp = ncclPutSignal(src, 256, ncclFloat, 0, wins[1], 0, 0, 0, 0, comms[1], streams[1]);
+  rp = ncclPutSignal((char *)wbuf[1] + (2 << 20), 256, ncclFloat, 0, wins[1], 0, 0, 0, 0, comms[1], streams[1]);
   ncclWaitSignalDesc_t d4 = {1, 1, 0, 0};
   rw = ncclWaitSignal(1, &d4, comms[0], streams[0]);
   CASE("put_wait_no_group", rp | rw, "put %d wait %d sync %d %d", rp, rw, cudaStreamSynchronize(streams[0]),
@@ -368,7 +369,6 @@ static void rma(void) {
   CASE("window_deregister", ncclGroupEnd(), "-");
   for (int r = 0; r < NR; r++) ncclMemFree(wbuf[r]);
   free(h);
-  cudaFree(src);
 }
 
 static void config_one(const char *name, ncclCollConfig_t *cfg) {

@@ -200,11 +200,10 @@ pub extern "C" fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int
     maxElts.saturating_mul((maxEltSize + 7) / 8)
 }
 
-/// `name` needs hardware oxccl does not drive (NVLink multicast, GIN or CFT).
-fn no_hardware(name: &str, what: &str) -> Error {
-    Error::invalid_usage(format!(
-        "{name}: {what} is not available (oxccl does not drive it)"
-    ))
+/// A call that needs hardware oxccl does not drive (NVLink multicast, GIN or CFT): NVIDIA's
+/// answer on an H200 with NVLS off is `ncclInvalidArgument`.
+fn no_hardware(what: &str) -> Error {
+    Error::invalid_argument(format!("{what} is not available (oxccl does not drive it)"))
 }
 
 #[no_mangle]
@@ -230,9 +229,14 @@ pub extern "C" fn ncclGetLsaMultimemDevicePointer(
     export!(ncclGetLsaMultimemDevicePointer, name);
     let _ = offset;
     entry(name, std::ptr::null_mut(), || {
-        out(outPtr, "outPtr")?;
+        let slot = out(outPtr, "outPtr")?;
         crate::core::window::find(window)?;
-        Err(no_hardware(name, "NVLink multicast"))
+        // As NVIDIA's without NVLink multicast: success and a NULL pointer, said here too.
+        slot.write(std::ptr::null_mut());
+        crate::error::set_thread_last_error(&format!(
+            "{name}: NVLink multicast is not available (oxccl does not drive it): the pointer is NULL"
+        ));
+        Ok(())
     })
 }
 
@@ -248,7 +252,7 @@ pub extern "C" fn ncclGetMultimemDevicePointer(
     entry(name, std::ptr::null_mut(), || {
         out(outPtr, "outPtr")?;
         crate::core::window::find(window)?;
-        Err(no_hardware(name, "NVLink multicast"))
+        Err(no_hardware("NVLink multicast"))
     })
 }
 
@@ -297,7 +301,7 @@ pub extern "C" fn ncclGetMultimemDeviceLeInfo(
         out(leId, "leId")?;
         out(leOffset, "leOffset")?;
         crate::core::window::find(window)?;
-        Err(no_hardware(name, "CFT"))
+        Err(no_hardware("CFT"))
     })
 }
 
@@ -316,7 +320,7 @@ pub extern "C" fn ncclGetCftDeviceLeInfo(
         out(leId, "leId")?;
         out(leOffset, "leOffset")?;
         crate::core::window::find(window)?;
-        Err(no_hardware(name, "CFT"))
+        Err(no_hardware("CFT"))
     })
 }
 
@@ -334,7 +338,7 @@ pub extern "C" fn ncclGetPeerDeviceLeInfo(
         out(leId, "leId")?;
         out(leOffset, "leOffset")?;
         crate::core::window::find(window)?;
-        Err(no_hardware(name, "CFT"))
+        Err(no_hardware("CFT"))
     })
 }
 
@@ -342,11 +346,11 @@ pub extern "C" fn ncclGetPeerDeviceLeInfo(
 pub extern "C" fn ncclTeamCft(comm: ncclComm_t, mode: ncclCftTeamMode_t) -> ncclTeam_t {
     export!(ncclTeamCft, name);
     let _ = mode;
-    // No CFT team exists on this hardware: the empty team.
+    // Without CFT every rank is a team of its own, as NVIDIA's answers on an H200.
     team(name, comm, |_| ncclTeam_t {
-        nRanks: 0,
+        nRanks: 1,
         rank: 0,
-        stride: 0,
+        stride: 1,
     })
 }
 
@@ -354,9 +358,9 @@ pub extern "C" fn ncclTeamCft(comm: ncclComm_t, mode: ncclCftTeamMode_t) -> nccl
 pub extern "C" fn ncclTeamCftMultimem(comm: ncclComm_t) -> ncclTeam_t {
     export!(ncclTeamCftMultimem, name);
     team(name, comm, |_| ncclTeam_t {
-        nRanks: 0,
+        nRanks: 1,
         rank: 0,
-        stride: 0,
+        stride: 1,
     })
 }
 

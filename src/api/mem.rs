@@ -79,17 +79,24 @@ pub extern "C" fn ncclCommWindowRegister(
 ) -> ncclResult_t {
     export!(ncclCommWindowRegister, name);
     entry(name, c, || {
-        find_comm(c)?;
-        out(win, "win")?;
+        let comm = find_comm(c)?;
+        let win = out(win, "win")?;
         if buff.is_null() || size == 0 {
             return Err(Error::invalid_argument("buff is NULL or size is 0"));
         }
-        if winFlags & !0x01 != 0 {
-            return Err(Error::invalid_argument(format!(
-                "unknown window flags {winFlags:#x}"
-            )));
-        }
-        Err(Error::unsupported(name))
+        comm.check_usable()?;
+        // Collective: inside a group it runs at the group's end, beside the other ranks'.
+        let (ptr, slot) = (buff as u64, win.as_ptr() as usize);
+        crate::core::group::submit_init(crate::core::group::InitWork {
+            blocking: true,
+            run: Box::new(move || {
+                let handle = crate::core::window::register(&comm, ptr, size, winFlags)?;
+                // SAFETY: `slot` is the caller's non-NULL `ncclWindow_t*`, which NCCL's
+                // contract keeps valid until the registration completes.
+                unsafe { (slot as *mut ncclWindow_t).write_unaligned(handle) };
+                Ok(())
+            }),
+        })
     })
 }
 
@@ -101,8 +108,13 @@ pub extern "C" fn ncclCommWindowDeregister(c: ncclComm_t, win: ncclWindow_t) -> 
             // NVIDIA's library returns success for a NULL window, whatever the communicator.
             return Ok(());
         }
-        find_comm(c)?;
-        Err(Error::unsupported(name))
+        let comm = find_comm(c)?;
+        crate::core::window::find(win)?;
+        let handle = win as usize;
+        crate::core::group::submit_init(crate::core::group::InitWork {
+            blocking: true,
+            run: Box::new(move || crate::core::window::deregister(&comm, handle as ncclWindow_t)),
+        })
     })
 }
 

@@ -4,10 +4,30 @@
 
 use super::{entry, export, find_comm};
 use crate::abi::{
-    cudaStream_t, ncclComm_t, ncclResult_t, ncclWaitSignalDesc_t, ncclWindow_t, RawDataType,
+    cudaStream_t, ncclComm_t, ncclDataType_t, ncclResult_t, ncclWaitSignalDesc_t, ncclWindow_t,
+    RawDataType,
 };
-use crate::error::Error;
+use crate::core::window;
+use crate::cuda::CUstream;
+use crate::error::{Error, Result};
 use std::os::raw::{c_int, c_uint, c_void};
+
+/// The data type's size, or `ncclInvalidArgument` for an unknown type.
+fn type_size(dtype: RawDataType) -> Result<usize> {
+    ncclDataType_t::from_raw(dtype)
+        .map(|t| t.size())
+        .ok_or_else(|| Error::invalid_argument(format!("invalid type {}", dtype.0)))
+}
+
+/// `flags` are reserved: only 0 is accepted.
+fn check_flags(flags: c_uint) -> Result<()> {
+    if flags != 0 {
+        return Err(Error::invalid_argument(format!(
+            "flags {flags:#x} are reserved and must be 0"
+        )));
+    }
+    Ok(())
+}
 
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
@@ -25,22 +45,24 @@ pub extern "C" fn ncclPutSignal(
     stream: cudaStream_t,
 ) -> ncclResult_t {
     export!(ncclPutSignal, name);
-    let _ = (
-        localbuff,
-        count,
-        datatype,
-        peer,
-        peerWin,
-        peerWinOffset,
-        sigIdx,
-        ctx,
-        flags,
-        stream,
-    );
     entry(name, comm, || {
         let c = find_comm(comm)?;
         c.check_usable()?;
-        Err(Error::unsupported(name))
+        check_flags(flags)?;
+        let bytes = count
+            .checked_mul(type_size(datatype)?)
+            .ok_or_else(|| Error::invalid_argument(format!("count {count} is too large")))?;
+        window::put_signal(
+            &c,
+            localbuff as u64,
+            bytes,
+            peer,
+            peerWin,
+            peerWinOffset,
+            sigIdx,
+            ctx,
+            stream as CUstream,
+        )
     })
 }
 
@@ -54,11 +76,11 @@ pub extern "C" fn ncclSignal(
     stream: cudaStream_t,
 ) -> ncclResult_t {
     export!(ncclSignal, name);
-    let _ = (peer, sigIdx, ctx, flags, stream);
     entry(name, comm, || {
         let c = find_comm(comm)?;
         c.check_usable()?;
-        Err(Error::unsupported(name))
+        check_flags(flags)?;
+        window::signal(&c, peer, sigIdx, ctx, stream as CUstream)
     })
 }
 
@@ -70,10 +92,30 @@ pub extern "C" fn ncclWaitSignal(
     stream: cudaStream_t,
 ) -> ncclResult_t {
     export!(ncclWaitSignal, name);
-    let _ = (nDesc, signalDescs, stream);
     entry(name, comm, || {
         let c = find_comm(comm)?;
         c.check_usable()?;
-        Err(Error::unsupported(name))
+        if nDesc < 0 {
+            return Err(Error::invalid_argument(format!(
+                "nDesc {nDesc} is negative"
+            )));
+        }
+        if nDesc == 0 {
+            return Ok(());
+        }
+        if signalDescs.is_null() {
+            return Err(Error::invalid_argument("signalDescs argument is NULL"));
+        }
+        // SAFETY: the caller passes nDesc descriptors (NCCL's contract); read unaligned.
+        let waits: Vec<window::WaitFor> = (0..nDesc as usize)
+            .map(|i| unsafe { signalDescs.add(i).read_unaligned() })
+            .map(|d| window::WaitFor {
+                count: d.opCnt,
+                peer: d.peer,
+                sig: d.sigIdx,
+                ctx: d.ctx,
+            })
+            .collect();
+        window::wait_signals(&c, &waits, stream as CUstream)
     })
 }

@@ -1,4 +1,4 @@
-//! `ncclConfig_t` as callers built against any header from 2.14 to 2.28 pass it: read by the
+//! `ncclConfig_t` as callers built against any header from 2.14 to 2.32 pass it: read by the
 //! caller's `size` (fields an older caller lacks stay undefined), checked, and completed from
 //! the `NCCL_*` environment where the caller left a field undefined.
 
@@ -26,6 +26,9 @@ pub struct CommConfig {
     pub nvls_ctas: i32,
     pub n_channels_per_net_peer: i32,
     pub nvlink_centric_sched: bool,
+    /// Contexts and signal indices of one-sided operations (0: the library's default).
+    pub num_rma_ctx: i32,
+    pub num_rma_sig: i32,
 }
 
 impl Default for CommConfig {
@@ -45,6 +48,8 @@ impl Default for CommConfig {
             nvls_ctas: NCCL_CONFIG_UNDEF_INT,
             n_channels_per_net_peer: NCCL_CONFIG_UNDEF_INT,
             nvlink_centric_sched: false,
+            num_rma_ctx: 0,
+            num_rma_sig: 0,
         }
     }
 }
@@ -178,6 +183,12 @@ impl CommConfig {
         }
         if let Some(v) = nvl_sched {
             c.nvlink_centric_sched = v == 1;
+        }
+        if let Some(v) = check_range("numRmaCtx", defined(u.numRmaCtx), 1, 64)? {
+            c.num_rma_ctx = v;
+        }
+        if let Some(v) = check_range("numRmaSig", defined(u.numRmaSig), 1, 1 << 16)? {
+            c.num_rma_sig = v;
         }
         Ok(c)
     }

@@ -541,6 +541,9 @@ fn abort_operations(comm: &Comm) {
 fn stop_kernels(comm: &Comm) {
     if let Some(rt) = comm.rt.lock().as_ref() {
         rt.signal_device_abort();
+        if cuda::set_current(rt.ctx).is_ok() {
+            super::window::release_waits(comm);
+        }
         if !rt.drain(Duration::from_secs(10)) {
             crate::warn!(
                 "rank {}: kernels did not stop within 10 s of the abort",

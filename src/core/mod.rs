@@ -42,6 +42,8 @@ pub struct Comm {
     pub children: AtomicU64,
     /// Buffers registered with `ncclCommRegister`.
     pub registrations: registry::Registrations,
+    /// Signal counters of one-sided operations, made at the first window registration.
+    pub rma: Mutex<Option<Arc<window::Signals>>>,
     /// Set by `ncclCommRevoke`: no new operations.
     pub revoked: AtomicBool,
     pub config: CommConfig,
@@ -75,6 +77,7 @@ impl Comm {
             children: AtomicU64::new(0),
             revoked: AtomicBool::new(false),
             registrations: registry::Registrations::default(),
+            rma: Mutex::new(None),
             config,
             last_error: LastError::default(),
             async_error: AtomicI32::new(ncclResult_t::ncclSuccess as i32),

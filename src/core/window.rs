@@ -1,42 +1,74 @@
 //! Windows (`ncclCommWindowRegister`): a buffer every rank of a communicator registers
-//! together, whose peers' copies this rank can reach by load/store or by copy, and the
-//! signals one-sided operations raise in them. Also what `ncclCommQueryProperties` reports.
+//! together, whose peers' copies this rank reaches by load/store: directly in one process,
+//! through CUDA IPC across processes of a host. Also the signals of one-sided operations
+//! (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`) and what `ncclCommQueryProperties`
+//! reports.
+//!
+//! Signals are counters in device memory, one per (context, signal index, sending rank), in
+//! a block each rank allocates at its first window registration and maps from every peer it
+//! can reach. Only the sending rank writes its counter in a peer's block, so it knows the
+//! next value on the host and writes it in stream order after its data (`cuStreamWriteValue64`,
+//! with a memory barrier); a waiter knows how many signals it has consumed and makes its
+//! stream wait on the GPU until the counter reaches the new total (`cuStreamWaitValue64`).
+//! An abort raises every counter far past any total, so that no stream waits forever.
 
 use super::Comm;
 use crate::abi::{ncclCommProperties_t, ncclWindow_t, NCCL_API_MAGIC};
+use crate::cuda::{self, CUstream, DeviceBuffer};
 use crate::error::{Error, Result};
+use crate::topo::{Path, Topology};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+
+/// Signal indices per context (`ncclConfig_t::numRmaSig` when set).
+pub const DEFAULT_SIGNALS: i32 = 64;
+/// Contexts (`ncclConfig_t::numRmaCtx` when set).
+pub const DEFAULT_CONTEXTS: i32 = 4;
+/// The value an abort writes into every counter: past any total a wait can ask for.
+const RELEASED: u64 = 1 << 60;
+/// Known `NCCL_WIN_*` flags.
+const KNOWN_FLAGS: i32 = 0x01 | 0x02 | 0x04 | 0x08;
+
+/// A peer's memory mapped into this process through CUDA IPC; closed on drop.
+struct IpcMapping(u64);
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        let _ = cuda::ipc_close(self.0);
+    }
+}
 
 /// One registered window, as this rank sees it.
 pub struct Window {
+    comm: Weak<Comm>,
     /// The registering rank's own buffer.
     pub user_ptr: u64,
     pub size: usize,
-    /// Each rank's copy of the window, mapped into this process (`None`: not reachable by
-    /// load/store from here).
-    pub peers: Vec<Option<u64>>,
-    /// Ranks of this window's communicator on this rank's host, in rank order.
-    pub lsa_ranks: Vec<i32>,
+    /// Each rank's copy, mapped into this process (`None`: not reachable by load/store).
+    peers: Vec<Option<u64>>,
+    /// Ranks on this rank's host (its LSA team), in rank order.
+    lsa_ranks: Vec<i32>,
+    _mappings: Vec<IpcMapping>,
 }
 
 impl Window {
     /// `offset` into this rank's view of `peer`'s copy.
     pub fn peer_pointer(&self, offset: usize, peer: i32) -> Result<u64> {
-        self.check_offset(offset)?;
+        self.check_range(offset, 0)?;
         let base = usize::try_from(peer)
             .ok()
             .and_then(|p| self.peers.get(p))
             .ok_or_else(|| {
                 Error::invalid_argument(format!(
-                    "peer {peer} is not a rank of the window's communicator"
+                    "peer {peer} is not within valid range of ranks {}",
+                    self.peers.len()
                 ))
             })?;
         base.map(|b| b + offset as u64).ok_or_else(|| {
             Error::invalid_usage(format!(
-                "peer {peer} is not reachable by load/store from this rank"
+                "peer {peer} is not reachable by load/store from this rank (another host, or ncclMemAlloc memory of another process)"
             ))
         })
     }
@@ -48,20 +80,27 @@ impl Window {
             .and_then(|r| self.lsa_ranks.get(r).copied())
             .ok_or_else(|| {
                 Error::invalid_argument(format!(
-                    "lsaRank {lsa_rank} is not in the window's LSA team"
+                    "lsaRank {lsa_rank} is not within the {} ranks of this host",
+                    self.lsa_ranks.len()
                 ))
             })?;
         self.peer_pointer(offset, peer)
     }
 
-    fn check_offset(&self, offset: usize) -> Result<()> {
-        if offset >= self.size {
+    /// Fail unless `offset..offset + bytes` lies within the window.
+    fn check_range(&self, offset: usize, bytes: usize) -> Result<()> {
+        let end = offset.checked_add(bytes);
+        if offset >= self.size || end.is_none_or(|e| e > self.size) {
             return Err(Error::invalid_argument(format!(
-                "offset {offset} is past the window's {} bytes",
+                "offset {offset} + {bytes} bytes is past the window's {} bytes",
                 self.size
             )));
         }
         Ok(())
+    }
+
+    fn belongs_to(&self, comm: &Arc<Comm>) -> bool {
+        self.comm.upgrade().is_some_and(|c| Arc::ptr_eq(&c, comm))
     }
 }
 
@@ -81,6 +120,385 @@ pub fn find(handle: ncclWindow_t) -> Result<Arc<Window>> {
         })
 }
 
+/// A communicator's signal counters and what it has sent and consumed.
+pub struct Signals {
+    ncontexts: i32,
+    nsignals: i32,
+    nranks: i32,
+    /// This rank's counters: `[context][signal][sender]`.
+    local: DeviceBuffer,
+    /// Every rank's counter block as mapped here (`None`: unreachable).
+    peers: Vec<Option<u64>>,
+    _mappings: Vec<IpcMapping>,
+    /// Signals sent, per (receiver, context, signal).
+    sent: Mutex<HashMap<(i32, i32, i32), u64>>,
+    /// Signals waited for, per (sender, context, signal).
+    awaited: Mutex<HashMap<(i32, i32, i32), u64>>,
+}
+
+impl Signals {
+    fn index(&self, ctx: i32, sig: i32, sender: i32) -> u64 {
+        (((ctx * self.nsignals + sig) * self.nranks + sender) as u64) * 8
+    }
+
+    fn check(&self, peer: i32, sig: i32, ctx: i32) -> Result<()> {
+        if peer < 0 || peer >= self.nranks {
+            return Err(Error::invalid_argument(format!(
+                "peer {peer} is not within valid range of ranks {}",
+                self.nranks
+            )));
+        }
+        if sig < 0 || sig >= self.nsignals {
+            return Err(Error::invalid_argument(format!(
+                "sigIdx {sig} is not within the {} signals (ncclConfig_t::numRmaSig)",
+                self.nsignals
+            )));
+        }
+        if ctx < 0 || ctx >= self.ncontexts {
+            return Err(Error::invalid_argument(format!(
+                "ctx {ctx} is not within the {} contexts (ncclConfig_t::numRmaCtx)",
+                self.ncontexts
+            )));
+        }
+        Ok(())
+    }
+
+    /// Raise one signal at `peer` (from `me`) in `stream`'s order.
+    fn raise(&self, me: i32, peer: i32, sig: i32, ctx: i32, stream: CUstream) -> Result<()> {
+        let base = self.peers[peer as usize].ok_or_else(|| unreachable_peer(peer))?;
+        let mut sent = self.sent.lock();
+        let count = sent.entry((peer, ctx, sig)).or_insert(0);
+        cuda::write_u64(stream, base + self.index(ctx, sig, me), *count + 1)?;
+        *count += 1;
+        Ok(())
+    }
+
+    /// Make `stream` wait for `count` more signals from `sender`.
+    fn wait(&self, sender: i32, sig: i32, ctx: i32, count: u64, stream: CUstream) -> Result<()> {
+        let mut awaited = self.awaited.lock();
+        let total = awaited.entry((sender, ctx, sig)).or_insert(0);
+        cuda::wait_u64_geq(
+            stream,
+            self.local.ptr() + self.index(ctx, sig, sender),
+            *total + count,
+        )?;
+        *total += count;
+        Ok(())
+    }
+
+    /// Release every stream waiting on this rank's counters (abort).
+    fn release(&self) {
+        let n = self.local.len() / 8;
+        let words: Vec<u8> = std::iter::repeat_n(RELEASED.to_le_bytes(), n)
+            .flatten()
+            .collect();
+        if let Err(e) = cuda::copy_to_device(self.local.ptr(), &words) {
+            crate::warn!(
+                "abort: cannot release the streams waiting on signals: {}",
+                e.msg
+            );
+        }
+    }
+}
+
+fn unreachable_peer(peer: i32) -> Error {
+    Error::invalid_usage(format!(
+        "peer {peer} is not reachable by load/store from this rank: one-sided operations reach ranks of this host only"
+    ))
+}
+
+/// What one rank tells the others about a registration.
+#[derive(Clone, Copy, Default)]
+struct Exported {
+    ptr: u64,
+    size: u64,
+    /// The buffer's IPC handle and its offset in the allocation, where it has one.
+    ipc: Option<([u8; 64], u64)>,
+    /// The rank's signal block and its IPC handle (present on the first registration).
+    signals: Option<(u64, [u8; 64])>,
+}
+
+const EXPORTED_BYTES: usize = 8 + 8 + 1 + 64 + 8 + 1 + 8 + 64;
+
+impl Exported {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(EXPORTED_BYTES);
+        v.extend_from_slice(&self.ptr.to_le_bytes());
+        v.extend_from_slice(&self.size.to_le_bytes());
+        let (ipc, off) = self.ipc.unwrap_or(([0; 64], 0));
+        v.push(self.ipc.is_some() as u8);
+        v.extend_from_slice(&ipc);
+        v.extend_from_slice(&off.to_le_bytes());
+        let (sig, sig_ipc) = self.signals.unwrap_or((0, [0; 64]));
+        v.push(self.signals.is_some() as u8);
+        v.extend_from_slice(&sig.to_le_bytes());
+        v.extend_from_slice(&sig_ipc);
+        v
+    }
+
+    fn decode(b: &[u8]) -> Result<Exported> {
+        if b.len() != EXPORTED_BYTES {
+            return Err(Error::internal(format!(
+                "window registration: a peer sent {} bytes, not {EXPORTED_BYTES}",
+                b.len()
+            )));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let handle_at = |i: usize| -> [u8; 64] { b[i..i + 64].try_into().unwrap() };
+        Ok(Exported {
+            ptr: u64_at(0),
+            size: u64_at(8),
+            ipc: (b[16] != 0).then(|| (handle_at(17), u64_at(81))),
+            signals: (b[89] != 0).then(|| (u64_at(90), handle_at(98))),
+        })
+    }
+}
+
+/// The IPC handle of the allocation holding `ptr` and `ptr`'s offset in it, where the driver
+/// gives one (memory from `cuMemAlloc`/`cudaMalloc`; not `ncclMemAlloc`'s mapped memory).
+fn ipc_export(ptr: u64) -> Option<([u8; 64], u64)> {
+    let (base, _) = cuda::address_range(ptr).ok()?;
+    let handle = cuda::ipc_handle(base).ok()?;
+    Some((handle, ptr - base))
+}
+
+/// Where this rank reaches `peer`'s exported memory at `ptr`: directly in one process, through
+/// IPC on one host (the mapping is kept in `keep`), else nowhere.
+fn reach(
+    topo: &Topology,
+    peer: i32,
+    ptr: u64,
+    ipc: Option<([u8; 64], u64)>,
+    keep: &mut Vec<IpcMapping>,
+) -> Result<Option<u64>> {
+    let path = topo.paths[peer as usize];
+    if topo.same_process(peer) {
+        if !matches!(path, Path::SameGpu) && peer != topo.my_rank {
+            let dev = topo.peers[peer as usize].cuda_dev;
+            cuda::enable_peer_access(cuda::primary_ctx(dev)?)?;
+        }
+        return Ok(Some(ptr));
+    }
+    if matches!(path, Path::Net | Path::Shm) {
+        return Ok(None);
+    }
+    let Some((handle, offset)) = ipc else {
+        return Ok(None);
+    };
+    let base = cuda::ipc_open(&handle)?;
+    keep.push(IpcMapping(base));
+    Ok(Some(base + offset))
+}
+
+fn signal_counts(comm: &Comm) -> (i32, i32) {
+    let pick = |v: i32, d: i32| if v > 0 { v } else { d };
+    (
+        pick(comm.config.num_rma_ctx, DEFAULT_CONTEXTS),
+        pick(comm.config.num_rma_sig, DEFAULT_SIGNALS),
+    )
+}
+
+/// `ncclCommWindowRegister` for one rank: exchange, map, publish. Returns the handle.
+pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<ncclWindow_t> {
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(Error::invalid_argument(format!(
+            "unknown window flags {flags:#x}"
+        )));
+    }
+    comm.check_usable()?;
+    let mut rt_guard = comm.rt.lock();
+    let rt = rt_guard.as_mut().ok_or_else(|| {
+        Error::invalid_usage("communicator is not initialised (still in progress or failed)")
+    })?;
+    cuda::set_current(rt.ctx)?;
+    let mut rma = comm.rma.lock();
+    let new_signals = if rma.is_none() {
+        let (nctx, nsig) = signal_counts(comm);
+        let bytes = (nctx * nsig * comm.nranks()) as usize * 8;
+        Some(DeviceBuffer::zeroed(bytes)?)
+    } else {
+        None
+    };
+    let mine = Exported {
+        ptr,
+        size: size as u64,
+        ipc: ipc_export(ptr),
+        signals: match &new_signals {
+            Some(b) => Some((b.ptr(), cuda::ipc_handle(b.ptr())?)),
+            None => None,
+        },
+    };
+    let all = rt.bootstrap.allgather(&mine.encode())?;
+    let all: Vec<Exported> = all
+        .iter()
+        .map(|b| Exported::decode(b))
+        .collect::<Result<_>>()?;
+    let topo = &rt.topo;
+    let mut keep = Vec::new();
+    let mut peers = Vec::with_capacity(all.len());
+    for (peer, e) in all.iter().enumerate() {
+        peers.push(reach(topo, peer as i32, e.ptr, e.ipc, &mut keep)?);
+    }
+    if let Some(local) = new_signals {
+        let mut sig_keep = Vec::new();
+        let mut sig_peers = Vec::with_capacity(all.len());
+        for (peer, e) in all.iter().enumerate() {
+            let (p, h) = e.signals.ok_or_else(|| {
+                Error::internal(format!(
+                    "rank {peer} registered its first window without signals"
+                ))
+            })?;
+            sig_peers.push(reach(topo, peer as i32, p, Some((h, 0)), &mut sig_keep)?);
+        }
+        let (ncontexts, nsignals) = signal_counts(comm);
+        *rma = Some(Arc::new(Signals {
+            ncontexts,
+            nsignals,
+            nranks: comm.nranks(),
+            local,
+            peers: sig_peers,
+            _mappings: sig_keep,
+            sent: Mutex::new(HashMap::new()),
+            awaited: Mutex::new(HashMap::new()),
+        }));
+    }
+    let lsa_ranks = (0..comm.nranks())
+        .filter(|&r| !matches!(topo.paths[r as usize], Path::Net))
+        .collect();
+    let window = Arc::new(Window {
+        comm: Arc::downgrade(comm),
+        user_ptr: ptr,
+        size,
+        peers,
+        lsa_ranks,
+        _mappings: keep,
+    });
+    let handle = Arc::as_ptr(&window) as ncclWindow_t;
+    WINDOWS.lock().insert(handle as usize, window);
+    crate::info!(
+        REG,
+        "rank {}: window {handle:p} registered, {size} bytes at {ptr:#x}, flags {flags:#x}",
+        comm.rank()
+    );
+    Ok(handle)
+}
+
+/// `ncclCommWindowDeregister` for one rank: wait until every rank is done with it, unmap.
+pub fn deregister(comm: &Arc<Comm>, handle: ncclWindow_t) -> Result<()> {
+    let w = find(handle)?;
+    if !w.belongs_to(comm) {
+        return Err(Error::invalid_argument(format!(
+            "window {handle:p} was not registered with this communicator"
+        )));
+    }
+    if let Some(rt) = comm.rt.lock().as_ref() {
+        cuda::set_current(rt.ctx)?;
+        // Peers may still write into this rank's copy until they deregister too.
+        if !comm.aborted() {
+            rt.bootstrap.barrier()?;
+        }
+    }
+    WINDOWS.lock().remove(&(handle as usize));
+    Ok(())
+}
+
+/// The communicator's signals (present after its first window registration).
+fn signals(comm: &Arc<Comm>) -> Result<Arc<Signals>> {
+    comm.rma.lock().clone().ok_or_else(|| {
+        Error::invalid_usage(
+            "no window is registered on this communicator: signals live with windows (ncclCommWindowRegister first)",
+        )
+    })
+}
+
+/// Make the communicator's context current for stream operations.
+fn enter_context(comm: &Arc<Comm>) -> Result<()> {
+    comm.check_usable()?;
+    let rt = comm.rt.lock();
+    let rt = rt.as_ref().ok_or_else(|| {
+        Error::invalid_usage("communicator is not initialised (still in progress or failed)")
+    })?;
+    cuda::set_current(rt.ctx)
+}
+
+/// One `ncclPutSignal`: copy `bytes` from `src` into `peer`'s copy of `win` at `offset`, then
+/// raise signal (`sig`, `ctx`) there, in `stream`'s order.
+#[allow(clippy::too_many_arguments)]
+pub fn put_signal(
+    comm: &Arc<Comm>,
+    src: u64,
+    bytes: usize,
+    peer: i32,
+    win: ncclWindow_t,
+    offset: usize,
+    sig: i32,
+    ctx: i32,
+    stream: CUstream,
+) -> Result<()> {
+    let w = find(win)?;
+    if !w.belongs_to(comm) {
+        return Err(Error::invalid_argument(format!(
+            "window {win:p} was not registered with this communicator"
+        )));
+    }
+    let s = signals(comm)?;
+    s.check(peer, sig, ctx)?;
+    if bytes > 0 {
+        w.check_range(offset, bytes)?;
+        if src == 0 {
+            return Err(Error::invalid_argument("localbuff argument is NULL"));
+        }
+    }
+    enter_context(comm)?;
+    if bytes > 0 {
+        let dst = w.peer_pointer(offset, peer)?;
+        cuda::copy_async(dst, src, bytes, stream)?;
+    }
+    s.raise(comm.rank(), peer, sig, ctx, stream)
+}
+
+/// One `ncclSignal`: raise signal (`sig`, `ctx`) at `peer` in `stream`'s order.
+pub fn signal(comm: &Arc<Comm>, peer: i32, sig: i32, ctx: i32, stream: CUstream) -> Result<()> {
+    let s = signals(comm)?;
+    s.check(peer, sig, ctx)?;
+    enter_context(comm)?;
+    s.raise(comm.rank(), peer, sig, ctx, stream)
+}
+
+/// One wait of `ncclWaitSignal`: `stream` continues after `count` more signals from `peer`.
+pub struct WaitFor {
+    pub count: i32,
+    pub peer: i32,
+    pub sig: i32,
+    pub ctx: i32,
+}
+
+/// `ncclWaitSignal`: every wait is checked before any is enqueued.
+pub fn wait_signals(comm: &Arc<Comm>, waits: &[WaitFor], stream: CUstream) -> Result<()> {
+    let s = signals(comm)?;
+    for w in waits {
+        s.check(w.peer, w.sig, w.ctx)?;
+        if w.count < 0 {
+            return Err(Error::invalid_argument(format!(
+                "opCnt {} is negative",
+                w.count
+            )));
+        }
+    }
+    enter_context(comm)?;
+    for w in waits.iter().filter(|w| w.count > 0) {
+        s.wait(w.peer, w.sig, w.ctx, w.count as u64, stream)?;
+    }
+    Ok(())
+}
+
+/// Abort: release every stream waiting on this communicator's signals.
+pub fn release_waits(comm: &Comm) {
+    if let Some(s) = comm.rma.lock().as_ref() {
+        s.release();
+    }
+}
+
 /// Fill the caller's `ncclCommProperties_t`, up to its `size`.
 ///
 /// # Safety
@@ -89,38 +507,24 @@ pub unsafe fn query_properties(comm: &Comm, props: *mut ncclCommProperties_t) ->
     // SAFETY: every version starts with size_t size, unsigned magic, unsigned version.
     let size = unsafe { std::ptr::addr_of!((*props).size).read_unaligned() };
     let magic = unsafe { std::ptr::addr_of!((*props).magic).read_unaligned() };
-    if magic != NCCL_API_MAGIC {
-        return Err(Error::invalid_argument(
-            "props not initialized via NCCL_COMM_PROPERTIES_INITIALIZER",
+    if magic != NCCL_API_MAGIC || size < 16 {
+        return Err(Error::invalid_usage(
+            "Cannot get communicator properties: ncclCommProperties_t argument must be initialized via NCCL_COMM_PROPERTIES_INITIALIZER",
         ));
     }
-    let ours = std::mem::size_of::<ncclCommProperties_t>();
-    if size < 16 {
-        return Err(Error::invalid_argument(format!(
-            "props->size {size} is too small"
-        )));
-    }
-    // SAFETY: the caller provides `size` bytes; copy at most that many.
+    let n = size.min(std::mem::size_of::<ncclCommProperties_t>());
+    // SAFETY: a plain C struct of integers and bools; all zero is a valid value.
     let mut p: ncclCommProperties_t = unsafe { std::mem::zeroed() };
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            props as *const u8,
-            &mut p as *mut _ as *mut u8,
-            size.min(ours),
-        )
-    };
+    // SAFETY: the caller provides `size` bytes; at most `n` are copied either way.
+    unsafe { std::ptr::copy_nonoverlapping(props as *const u8, &mut p as *mut _ as *mut u8, n) };
     fill_properties(comm, &mut p);
     // SAFETY: as above; the header fields are written back unchanged.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            &p as *const _ as *const u8,
-            props as *mut u8,
-            size.min(ours),
-        )
-    };
+    unsafe { std::ptr::copy_nonoverlapping(&p as *const _ as *const u8, props as *mut u8, n) };
     Ok(())
 }
 
+/// What oxccl supports: no device API (no GIN, no multicast, no CFT); host one-sided
+/// operations between ranks of one host.
 fn fill_properties(comm: &Comm, p: &mut ncclCommProperties_t) {
     p.rank = comm.rank();
     p.nRanks = comm.nranks();
@@ -130,7 +534,7 @@ fn fill_properties(comm: &Comm, p: &mut ncclCommProperties_t) {
     p.multimemSupport = false;
     p.ginType = crate::abi::NCCL_GIN_TYPE_NONE;
     p.nLsaTeams = 1;
-    p.hostRmaSupport = false;
+    p.hostRmaSupport = true;
     p.railedGinType = crate::abi::NCCL_GIN_TYPE_NONE;
     p.commHash = comm.rt.lock().as_ref().map_or(0, |rt| rt.comm_hash());
     p.ginMinStride = 0;
@@ -140,4 +544,27 @@ fn fill_properties(comm: &Comm, p: &mut ncclCommProperties_t) {
     p.cftSupport = false;
     p.cftMulticastSupport = false;
     p.cftCountedSupport = false;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exported_round_trip() {
+        let e = Exported {
+            ptr: 0x7000_0000_1000,
+            size: 4 << 20,
+            ipc: Some(([3; 64], 4096)),
+            signals: Some((0x7000_2000_0000, [9; 64])),
+        };
+        let back = Exported::decode(&e.encode()).unwrap();
+        assert_eq!(back.ptr, e.ptr);
+        assert_eq!(back.size, e.size);
+        assert_eq!(back.ipc, e.ipc);
+        assert_eq!(back.signals, e.signals);
+        let none = Exported::decode(&Exported::default().encode()).unwrap();
+        assert!(none.ipc.is_none() && none.signals.is_none());
+        assert!(Exported::decode(&[0; 10]).is_err());
+    }
 }

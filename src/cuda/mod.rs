@@ -303,6 +303,61 @@ pub fn wait_bit0(stream: CUstream, addr: CUdeviceptr) -> Result<()> {
     )
 }
 
+/// Write the u64 `value` at device address `addr` in `stream`'s order (`cuStreamWriteValue64`),
+/// after a memory barrier: writes of earlier work on the stream are visible before it.
+pub fn write_u64(stream: CUstream, addr: CUdeviceptr, value: u64) -> Result<()> {
+    // SAFETY: addr is a device-visible u64 mapped in this context that outlives the write
+    // (the caller's contract).
+    check(
+        unsafe { sys::cuStreamWriteValue64_v2(stream, addr, value, 0) },
+        "cuStreamWriteValue64",
+    )
+}
+
+/// Make `stream`'s later work wait until the u64 at `addr` reaches `value`
+/// (`cuStreamWaitValue64`, GEQ: `(int64_t)(*addr - value) >= 0`), on the GPU.
+pub fn wait_u64_geq(stream: CUstream, addr: CUdeviceptr, value: u64) -> Result<()> {
+    // SAFETY: addr is a device-visible u64 that outlives the wait (the caller's contract).
+    check(
+        unsafe {
+            sys::cuStreamWaitValue64_v2(
+                stream,
+                addr,
+                value,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        },
+        "cuStreamWaitValue64",
+    )
+}
+
+/// The allocation that holds `ptr`: its base and size (`cuMemGetAddressRange`).
+pub fn address_range(ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize)> {
+    let mut base: CUdeviceptr = 0;
+    let mut size = 0usize;
+    // SAFETY: writes one pointer and one size.
+    check(
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) },
+        "cuMemGetAddressRange",
+    )?;
+    Ok((base, size))
+}
+
+/// Copy `bytes` between device addresses (of any device of the process) in `stream`'s order.
+pub fn copy_async(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: dst and src are device memory of at least `bytes` bytes, mapped in this process,
+    // valid until the copy runs (the caller's contract).
+    check(
+        unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) },
+        "cuMemcpyAsync",
+    )
+}
+
 /// Whether a stream is being captured into a CUDA graph.
 pub fn stream_is_capturing(stream: CUstream) -> Result<bool> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
