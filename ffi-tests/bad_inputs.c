@@ -248,6 +248,166 @@ static int mem_free_heap(void) {
   return r;
 }
 
+/* ---- the parameter API (2.32): NULL, unknown keys and type mismatches are
+ * ncclInvalidArgument; keys are full NCCL_ names ---- */
+static ncclParamHandle_t bound(const char *key) {
+  ncclParamHandle_t h = NULL;
+  return ncclParamBind(&h, key) == ncclSuccess ? h : NULL;
+}
+static int param_bind_null_out(void) { return ncclParamBind(NULL, "NCCL_DEBUG"); }
+static int param_bind_null_key(void) {
+  ncclParamHandle_t h = NULL;
+  return ncclParamBind(&h, NULL);
+}
+static int param_bind_unknown(void) {
+  ncclParamHandle_t h = NULL;
+  return ncclParamBind(&h, "NCCL_NO_SUCH_PARAM");
+}
+static int param_bind_short_name(void) {
+  ncclParamHandle_t h = NULL;
+  return ncclParamBind(&h, "DEBUG");
+}
+static int param_bind_debug(void) {
+  ncclParamHandle_t h = NULL;
+  int r = ncclParamBind(&h, "NCCL_DEBUG");
+  return r == ncclSuccess && h == NULL ? WRONG_VALUE : r;
+}
+/* Each typed getter: NULL handle, NULL out, and NCCL_DEBUG (an enum: no integer or string). */
+#define PARAM_GETTER_CASES(fn, T)                                                   \
+  static int param_##fn##_null_handle(void) {                                       \
+    T v;                                                                           \
+    return ncclParam##fn(NULL, &v);                                                \
+  }                                                                                \
+  static int param_##fn##_null_out(void) {                                          \
+    return ncclParam##fn(bound("NCCL_DEBUG_SUBSYS"), NULL);                         \
+  }                                                                                \
+  static int param_##fn##_on_enum(void) {                                           \
+    T v;                                                                           \
+    return ncclParam##fn(bound("NCCL_DEBUG"), &v);                                 \
+  }
+PARAM_GETTER_CASES(GetI8, int8_t)
+PARAM_GETTER_CASES(GetI16, int16_t)
+PARAM_GETTER_CASES(GetI32, int32_t)
+PARAM_GETTER_CASES(GetI64, int64_t)
+PARAM_GETTER_CASES(GetU8, uint8_t)
+PARAM_GETTER_CASES(GetU16, uint16_t)
+PARAM_GETTER_CASES(GetU32, uint32_t)
+PARAM_GETTER_CASES(GetU64, uint64_t)
+PARAM_GETTER_CASES(GetStr, const char *)
+static int param_get_raw_enum(void) {
+  char buf[64];
+  int len = -1;
+  int r = ncclParamGet(bound("NCCL_DEBUG"), buf, sizeof buf, &len);
+  snprintf(detail, sizeof detail, "len %d", len);
+  return r == ncclSuccess && len != 4 ? WRONG_VALUE : r;
+}
+static int param_get_raw_too_small(void) {
+  char buf[64];
+  int len = -1;
+  return ncclParamGet(bound("NCCL_DEBUG"), buf, 1, &len);
+}
+static int param_get_raw_null_handle(void) {
+  char buf[64];
+  int len = -1;
+  return ncclParamGet(NULL, buf, sizeof buf, &len);
+}
+static int param_get_raw_null_out(void) {
+  int len = -1;
+  return ncclParamGet(bound("NCCL_DEBUG"), NULL, 64, &len);
+}
+static int param_get_raw_null_len(void) {
+  char buf[64];
+  return ncclParamGet(bound("NCCL_DEBUG"), buf, sizeof buf, NULL);
+}
+static int param_parameter_debug(void) {
+  const char *v = NULL;
+  int len = -1;
+  int r = ncclParamGetParameter("NCCL_DEBUG", &v, &len);
+  snprintf(detail, sizeof detail, "\"%s\" %d", v ? v : "(null)", len);
+  return r == ncclSuccess && (!v || (int)strlen(v) != len) ? WRONG_VALUE : r;
+}
+static int param_parameter_unknown(void) {
+  const char *v = NULL;
+  int len = -1;
+  return ncclParamGetParameter("NCCL_NO_SUCH_PARAM", &v, &len);
+}
+static int param_parameter_null_key(void) {
+  const char *v = NULL;
+  int len = -1;
+  return ncclParamGetParameter(NULL, &v, &len);
+}
+static int param_parameter_null_value(void) {
+  int len = -1;
+  return ncclParamGetParameter("NCCL_DEBUG", NULL, &len);
+}
+static int param_parameter_null_len(void) {
+  const char *v = NULL;
+  return ncclParamGetParameter("NCCL_DEBUG", &v, NULL);
+}
+static int param_keys_null_table(void) {
+  int n = -1;
+  return ncclParamGetAllParameterKeys(NULL, &n);
+}
+static int param_keys_null_len(void) {
+  const char **t = NULL;
+  return ncclParamGetAllParameterKeys(&t, NULL);
+}
+/* ncclParamDumpAll's report, captured from stdout (where NVIDIA's library prints it). */
+static char dumped[1 << 16];
+static int capture_dump(void) {
+  fflush(stdout);
+  FILE *tmp = tmpfile();
+  int saved = dup(1);
+  if (!tmp || saved < 0 || dup2(fileno(tmp), 1) < 0) return WRONG_VALUE;
+  ncclParamDumpAll();
+  fflush(stdout);
+  dup2(saved, 1);
+  close(saved);
+  rewind(tmp);
+  size_t n = fread(dumped, 1, sizeof dumped - 1, tmp);
+  dumped[n] = 0;
+  fclose(tmp);
+  return 0;
+}
+static int param_dump(void) {
+  if (capture_dump()) return WRONG_VALUE;
+  const char *subsys = strstr(dumped, "NCCL_DEBUG_SUBSYS (uint64_t)");
+  snprintf(detail, sizeof detail, "%zu bytes", strlen(dumped));
+  return strncmp(dumped, "=== ncclParam Registry Dump ===\n", 32) || !subsys ? WRONG_VALUE : 0;
+}
+/* A setting from the environment read back every way: bind, typed reads, text, raw bytes, the
+ * key table and the dump. */
+static int param_round_trip(void) {
+  setenv("NCCL_BUFFSIZE", "1048576", 1);
+  ncclParamHandle_t h = NULL;
+  int r = ncclParamBind(&h, "NCCL_BUFFSIZE");
+  if (r != ncclSuccess) return r;
+  int64_t i64 = 0;
+  int32_t i32 = 0;
+  int8_t i8 = 0;
+  if ((r = ncclParamGetI64(h, &i64)) || (r = ncclParamGetI32(h, &i32))) return r;
+  if (ncclParamGetI8(h, &i8) != ncclInvalidArgument) return WRONG_VALUE; /* does not fit */
+  const char *v = NULL;
+  int len = -1;
+  if ((r = ncclParamGetParameter("NCCL_BUFFSIZE", &v, &len))) return r;
+  int64_t raw = 0;
+  int rawlen = -1;
+  if ((r = ncclParamGet(h, &raw, sizeof raw, &rawlen))) return r;
+  const char **table = NULL;
+  int n = -1, seen = 0;
+  if ((r = ncclParamGetAllParameterKeys(&table, &n))) return r;
+  for (int i = 0; i < n; i++)
+    seen += !strcmp(table[i], "NCCL_BUFFSIZE") + !strcmp(table[i], "NCCL_DEBUG");
+  if (capture_dump()) return WRONG_VALUE;
+  int in_dump = strstr(dumped, "NCCL_BUFFSIZE (") &&
+                strstr(dumped, "Current value=1048576 set_by=EnvVar");
+  snprintf(detail, sizeof detail, "i64 %lld i32 %d text \"%s\" raw %lld/%d keys %d seen %d dump %d",
+           (long long)i64, (int)i32, v ? v : "(null)", (long long)raw, rawlen, n, seen, in_dump);
+  int ok = i64 == 1048576 && i32 == 1048576 && v && !strcmp(v, "1048576") && len == 7 &&
+           raw == 1048576 && rawlen == 8 && seen == 2 && in_dump;
+  return ok ? 0 : WRONG_VALUE;
+}
+
 #define CASE(fn, expected) {#fn, fn, expected, 0}
 static const Case cases[] = {
     CASE(version_null, ncclInvalidArgument),
@@ -340,6 +500,52 @@ static const Case cases[] = {
     CASE(mem_alloc_no_driver, ANY_ERROR),
     CASE(mem_free_foreign, ncclUnhandledCudaError),
     CASE(mem_free_heap, ncclUnhandledCudaError),
+    CASE(param_bind_null_out, ncclInvalidArgument),
+    CASE(param_bind_null_key, ncclInvalidArgument),
+    CASE(param_bind_unknown, ncclInvalidArgument),
+    CASE(param_bind_short_name, ncclInvalidArgument),
+    CASE(param_bind_debug, ncclSuccess),
+    CASE(param_GetI8_null_handle, ncclInvalidArgument),
+    CASE(param_GetI8_null_out, ncclInvalidArgument),
+    CASE(param_GetI8_on_enum, ncclInvalidArgument),
+    CASE(param_GetI16_null_handle, ncclInvalidArgument),
+    CASE(param_GetI16_null_out, ncclInvalidArgument),
+    CASE(param_GetI16_on_enum, ncclInvalidArgument),
+    CASE(param_GetI32_null_handle, ncclInvalidArgument),
+    CASE(param_GetI32_null_out, ncclInvalidArgument),
+    CASE(param_GetI32_on_enum, ncclInvalidArgument),
+    CASE(param_GetI64_null_handle, ncclInvalidArgument),
+    CASE(param_GetI64_null_out, ncclInvalidArgument),
+    CASE(param_GetI64_on_enum, ncclInvalidArgument),
+    CASE(param_GetU8_null_handle, ncclInvalidArgument),
+    CASE(param_GetU8_null_out, ncclInvalidArgument),
+    CASE(param_GetU8_on_enum, ncclInvalidArgument),
+    CASE(param_GetU16_null_handle, ncclInvalidArgument),
+    CASE(param_GetU16_null_out, ncclInvalidArgument),
+    CASE(param_GetU16_on_enum, ncclInvalidArgument),
+    CASE(param_GetU32_null_handle, ncclInvalidArgument),
+    CASE(param_GetU32_null_out, ncclInvalidArgument),
+    CASE(param_GetU32_on_enum, ncclInvalidArgument),
+    CASE(param_GetU64_null_handle, ncclInvalidArgument),
+    CASE(param_GetU64_null_out, ncclInvalidArgument),
+    CASE(param_GetU64_on_enum, ncclInvalidArgument),
+    CASE(param_GetStr_null_handle, ncclInvalidArgument),
+    CASE(param_GetStr_null_out, ncclInvalidArgument),
+    CASE(param_GetStr_on_enum, ncclInvalidArgument),
+    CASE(param_get_raw_enum, ncclSuccess),
+    CASE(param_get_raw_too_small, ncclInvalidArgument),
+    CASE(param_get_raw_null_handle, ncclInvalidArgument),
+    CASE(param_get_raw_null_out, ncclInvalidArgument),
+    CASE(param_get_raw_null_len, ncclInvalidArgument),
+    CASE(param_parameter_debug, ncclSuccess),
+    CASE(param_parameter_unknown, ncclInvalidArgument),
+    CASE(param_parameter_null_key, ncclInvalidArgument),
+    CASE(param_parameter_null_value, ncclInvalidArgument),
+    CASE(param_parameter_null_len, ncclInvalidArgument),
+    CASE(param_keys_null_table, ncclInvalidArgument),
+    CASE(param_keys_null_len, ncclInvalidArgument),
+    CASE(param_dump, ncclSuccess),
+    CASE(param_round_trip, ncclSuccess),
 };
 
 static double now_ms(void) {

@@ -1,7 +1,8 @@
 //! Logging in NVIDIA's format: `NCCL_DEBUG` (VERSION, WARN, INFO, TRACE), `NCCL_DEBUG_SUBSYS`
 //! (comma list, `^` to exclude, ALL), `NCCL_DEBUG_FILE` (`%h` host, `%p` pid) and the line
 //! format `host:pid:tid [dev] NCCL INFO message`. The macros `warn!`, `info!` and `trace!`
-//! are the only way the library prints.
+//! are the only way the library logs; [`print_stdout`] prints the reports a caller asks for
+//! (`ncclParamDumpAll`).
 
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
@@ -137,9 +138,9 @@ pub fn expand_file_name(pattern: &str, host: &str, pid: u32) -> String {
 }
 
 fn read_config() -> Config {
-    let level = parse_level(crate::env::get("NCCL_DEBUG").as_deref());
-    let mask = parse_subsys(crate::env::get("NCCL_DEBUG_SUBSYS").as_deref());
-    let file = crate::env::get("NCCL_DEBUG_FILE").and_then(|pattern| {
+    let level = parse_level(crate::env::registry::DEBUG.raw().as_deref());
+    let mask = parse_subsys(crate::env::registry::DEBUG_SUBSYS.raw().as_deref());
+    let file = crate::env::registry::DEBUG_FILE.raw().and_then(|pattern| {
         let name = expand_file_name(&pattern, &hostname(), std::process::id());
         File::create(name).ok()
     });
@@ -251,6 +252,14 @@ fn emit(lvl: Level, args: std::fmt::Arguments<'_>) {
             let _ = std::io::stdout().lock().write_all(line.as_bytes());
         }
     }
+}
+
+/// Print `text` as it is to stdout, whatever `NCCL_DEBUG` and `NCCL_DEBUG_FILE` say: for a
+/// report the caller asked for, which NVIDIA's library also prints there.
+pub fn print_stdout(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
 }
 
 /// Log a warning (printed whenever `NCCL_DEBUG` is WARN or more verbose).

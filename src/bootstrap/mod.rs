@@ -44,7 +44,7 @@ pub struct BootstrapConfig {
 impl BootstrapConfig {
     /// The settings from the environment.
     pub fn from_env() -> Self {
-        let secs = crate::env::int("NCCL_BOOTSTRAP_TIMEOUT", 300).max(1);
+        let secs = crate::env::registry::BOOTSTRAP_TIMEOUT.int().max(1);
         BootstrapConfig {
             timeout: Duration::from_secs(secs as u64),
         }
@@ -76,7 +76,7 @@ pub fn get_unique_id() -> Result<ncclUniqueId> {
 /// `get_unique_id` with explicit settings. With `NCCL_COMM_ID` set, the id names that
 /// address (and a secret derived from it) and no root starts here: rank 0 starts it in init.
 pub fn get_unique_id_with(cfg: &BootstrapConfig) -> Result<ncclUniqueId> {
-    if let Some(text) = crate::env::get("NCCL_COMM_ID") {
+    if let Some(text) = crate::env::registry::COMM_ID.get() {
         crate::info!(ENV, "NCCL_COMM_ID set by environment to {text}");
         let root = id::parse_comm_id(&text)?;
         return Ok(IdInfo {

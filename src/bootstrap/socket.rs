@@ -229,7 +229,7 @@ pub fn ready(p: &libc::pollfd) -> bool {
 /// Seconds after which a peer host that answers nothing counts as dead on a TCP connection
 /// (`OXCCL_DEAD_PEER_S`, default 60; 0: never, as NVIDIA's library).
 pub fn dead_peer_secs() -> u32 {
-    crate::env::int("OXCCL_DEAD_PEER_S", 60).clamp(0, 86_400) as u32
+    crate::env::registry::DEAD_PEER_S.int().clamp(0, 86_400) as u32
 }
 
 /// Make `stream` fail once its peer's host has answered nothing for about `secs` seconds:
@@ -565,7 +565,8 @@ pub fn choose_interfaces(
 
 /// `NCCL_COMM_ID`'s address, when set (an error when it is not an address or a host name).
 fn comm_id_address() -> Result<Option<SocketAddr>> {
-    crate::env::get("NCCL_COMM_ID")
+    crate::env::registry::COMM_ID
+        .get()
         .map(|text| {
             super::id::parse_comm_id(&text).inspect_err(|_| {
                 crate::warn!(
@@ -584,8 +585,8 @@ pub const MAX_NET_INTERFACES: usize = 16;
 /// `choose_interfaces` (`NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`, `NCCL_COMM_ID`): each is a
 /// device.
 pub fn net_interfaces() -> Result<Vec<NetIf>> {
-    let spec = crate::env::get("NCCL_SOCKET_IFNAME");
-    let family = parse_family(crate::env::get("NCCL_SOCKET_FAMILY").as_deref());
+    let spec = crate::env::registry::SOCKET_IFNAME.get();
+    let family = parse_family(crate::env::registry::SOCKET_FAMILY.get().as_deref());
     let found = choose_interfaces(
         &list_interfaces()?,
         spec.as_deref(),
@@ -618,8 +619,8 @@ pub fn bootstrap_interface() -> Result<NetIf> {
             return Ok(netif.clone());
         }
     }
-    let spec = crate::env::get("NCCL_SOCKET_IFNAME");
-    let family = parse_family(crate::env::get("NCCL_SOCKET_FAMILY").as_deref());
+    let spec = crate::env::registry::SOCKET_IFNAME.get();
+    let family = parse_family(crate::env::registry::SOCKET_FAMILY.get().as_deref());
     let ifaces = list_interfaces()?;
     // As NVIDIA's: with NCCL_COMM_ID, the interface in its subnet, whatever else is set.
     // NVIDIA's fails when there is none (a rank routed to rank 0's subnet); this one then

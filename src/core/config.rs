@@ -195,24 +195,18 @@ impl CommConfig {
 
     /// Defaults with the environment applied (`NCCL_COMM_BLOCKING`, `NCCL_MIN_CTAS`, ...).
     pub fn from_env() -> CommConfig {
-        use crate::env;
+        use crate::env::registry as env;
         let d = CommConfig::default();
         let clamp = |v: i64| v.clamp(1, MAX_CHANNELS as i64) as i32;
-        let min_ctas = clamp(env::int(
-            "NCCL_MIN_CTAS",
-            env::int("NCCL_MIN_NCHANNELS", d.min_ctas as i64),
-        ));
-        let max_ctas = clamp(env::int(
-            "NCCL_MAX_CTAS",
-            env::int("NCCL_MAX_NCHANNELS", d.max_ctas as i64),
-        ));
+        let min_ctas = clamp(env::MIN_CTAS.int_or(env::MIN_NCHANNELS.int_or(d.min_ctas as i64)));
+        let max_ctas = clamp(env::MAX_CTAS.int_or(env::MAX_NCHANNELS.int_or(d.max_ctas as i64)));
         CommConfig {
-            blocking: env::flag("NCCL_COMM_BLOCKING", true),
-            cga_cluster_size: env::int("NCCL_CGA_CLUSTER_SIZE", 0).clamp(0, 8) as i32,
+            blocking: env::COMM_BLOCKING.flag(),
+            cga_cluster_size: env::CGA_CLUSTER_SIZE.int().clamp(0, 8) as i32,
             min_ctas: min_ctas.min(max_ctas),
             max_ctas,
-            net_name: env::get("NCCL_NET"),
-            split_share: env::flag("NCCL_COMM_SPLIT_SHARE_RESOURCES", false),
+            net_name: env::NET.get(),
+            split_share: env::COMM_SPLIT_SHARE_RESOURCES.flag(),
             comm_name: None,
             ..d
         }

@@ -1010,7 +1010,7 @@ pub fn block_threads() -> u32 {
 
 /// `NCCL_NTHREADS`: threads per CTA, a multiple of 64 in 64..=512 (0: the default).
 fn threads_setting() -> u32 {
-    match crate::env::int("NCCL_NTHREADS", 0) {
+    match crate::env::registry::NTHREADS.int() {
         0 => 0,
         n if (64..=512).contains(&n) && n % 64 == 0 => n as u32,
         n => {

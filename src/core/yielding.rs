@@ -26,7 +26,7 @@ use crate::error::Result;
 use crate::sched::device::{YIELD_FRESH, YIELD_KERNEL, YIELD_LAST, YIELD_RESUME};
 
 /// Default of `OXCCL_YIELD_SPIN_US`.
-const DEFAULT_SPIN_US: i64 = 30;
+pub const DEFAULT_SPIN_US: i64 = 30;
 /// Most kernels after the first one launch may have.
 const MAX_RESUMES: u32 = 32;
 
@@ -42,10 +42,12 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_env() -> Settings {
-        let us = crate::env::int("OXCCL_YIELD_SPIN_US", DEFAULT_SPIN_US).clamp(1, 1_000_000);
-        let resumes = crate::env::int("OXCCL_YIELD_RESUMES", -1);
+        let us = crate::env::registry::YIELD_SPIN_US
+            .int()
+            .clamp(1, 1_000_000);
+        let resumes = crate::env::registry::YIELD_RESUMES.int();
         Settings {
-            enabled: crate::env::flag("OXCCL_YIELD", true),
+            enabled: crate::env::registry::YIELD.flag(),
             park_ns: (us * 1000) as u32,
             resumes: (resumes >= 1).then(|| (resumes as u32).min(MAX_RESUMES)),
         }

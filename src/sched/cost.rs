@@ -303,7 +303,7 @@ pub fn protocols() -> Protocols {
         return p;
     }
     static P: crate::env::Cached<Protocols> = crate::env::Cached::new(|| {
-        let spec = crate::env::string("NCCL_PROTO", "");
+        let spec = crate::env::registry::PROTO.string();
         let p = parse_protocols(&spec);
         if !spec.is_empty() {
             crate::info!(INIT, "NCCL_PROTO={spec}: Simple {}, LL {}", p.simple, p.ll);
@@ -605,7 +605,7 @@ pub fn planned_time_on(
 /// The user's channel floor (1 when unset; read again after a settings reload).
 fn min_channels_setting() -> u32 {
     static MIN: crate::env::Cached<u32> = crate::env::Cached::new(|| {
-        let v = crate::env::int("NCCL_MIN_CTAS", crate::env::int("NCCL_MIN_NCHANNELS", 1));
+        let v = crate::env::registry::MIN_CTAS.int_or(crate::env::registry::MIN_NCHANNELS.int());
         v.clamp(1, MAX_CTAS as i64) as u32
     });
     MIN.get()
@@ -635,9 +635,12 @@ pub fn copy_channels(bytes: u64, max_channels: u32) -> u32 {
 /// every rank must see the same values.
 fn p2p_channel_range() -> (u32, u32) {
     static RANGE: crate::env::Cached<(u32, u32)> = crate::env::Cached::new(|| {
-        let max = crate::env::int("NCCL_MAX_P2P_NCHANNELS", P2P_MAX_CHANNELS as i64)
+        let max = crate::env::registry::MAX_P2P_NCHANNELS
+            .int()
             .clamp(1, MAX_CTAS as i64) as u32;
-        let min = crate::env::int("NCCL_MIN_P2P_NCHANNELS", 1).clamp(1, max as i64) as u32;
+        let min = crate::env::registry::MIN_P2P_NCHANNELS
+            .int()
+            .clamp(1, max as i64) as u32;
         (min, max)
     });
     RANGE.get()
@@ -772,7 +775,7 @@ pub fn algorithms() -> Algorithms {
         return a;
     }
     static A: crate::env::Cached<Algorithms> = crate::env::Cached::new(|| {
-        let spec = crate::env::string("NCCL_ALGO", "");
+        let spec = crate::env::registry::ALGO.string();
         let (algos, no_ring) = parse_algorithms(&spec);
         if no_ring {
             crate::warn!(

@@ -94,7 +94,7 @@ impl PeerInfo {
 
 /// A stable hash of this host: `NCCL_HOSTID` if set, else host name plus boot id.
 pub fn host_hash() -> u64 {
-    let id = crate::env::get("NCCL_HOSTID").unwrap_or_else(|| {
+    let id = crate::env::registry::HOSTID.get().unwrap_or_else(|| {
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         format!("{}{}", crate::debug::hostname(), boot.trim())
     });
@@ -235,9 +235,11 @@ impl Allowed {
     /// `NCCL_P2P_DISABLE`, `NCCL_P2P_LEVEL` and `NCCL_SHM_DISABLE`.
     pub fn from_env() -> Allowed {
         Allowed {
-            p2p: !crate::env::flag("NCCL_P2P_DISABLE", false),
-            p2p_level: crate::env::get("NCCL_P2P_LEVEL").and_then(|v| parse_p2p_level(&v)),
-            shm: !crate::env::flag("NCCL_SHM_DISABLE", false),
+            p2p: !crate::env::registry::P2P_DISABLE.flag(),
+            p2p_level: crate::env::registry::P2P_LEVEL
+                .get()
+                .and_then(|v| parse_p2p_level(&v)),
+            shm: !crate::env::registry::SHM_DISABLE.flag(),
         }
     }
 
@@ -278,7 +280,7 @@ pub struct Policy {
 impl Policy {
     pub fn from_env() -> Policy {
         Policy {
-            multi_rank_gpu: crate::env::flag("NCCL_MULTI_RANK_GPU_ENABLE", false),
+            multi_rank_gpu: crate::env::registry::MULTI_RANK_GPU_ENABLE.flag(),
             allowed: Allowed::from_env(),
         }
     }

@@ -28,8 +28,7 @@ pub fn row_buffers(direct: bool, configured_slot_bytes: u32) -> (u32, u32) {
 /// `NCCL_BUFFSIZE`: bytes of one connection's staging buffer (default `SLOT_BYTES * NSLOTS`,
 /// clamped to 64 KiB..256 MiB), split into `NSLOTS` slots of a multiple of 4 KiB.
 pub fn configured_slot_bytes() -> u32 {
-    let default = SLOT_BYTES as i64 * NSLOTS as i64;
-    slot_bytes_of(crate::env::int("NCCL_BUFFSIZE", default))
+    slot_bytes_of(crate::env::registry::BUFFSIZE.int())
 }
 
 /// The slot size for a staging buffer of `total` bytes.

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The setting's name, for messages.
-pub const SETTING: &str = "OXCCL_CHECK_COLLECTIVES";
+pub const SETTING: &str = crate::env::registry::CHECK_COLLECTIVES.name;
 /// Bound on sending one message of the check to one peer.
 const SEND_LIMIT: Duration = Duration::from_secs(5);
 /// How long one receive waits before the wait looks at the communicator's state again.
@@ -49,7 +49,7 @@ const CAUSE_WAIT: Duration = Duration::from_secs(4);
 const MAX_KEPT: usize = 1 << 20;
 
 static ENABLED: crate::env::Cached<bool> =
-    crate::env::Cached::new(|| crate::env::flag(SETTING, false));
+    crate::env::Cached::new(|| crate::env::registry::CHECK_COLLECTIVES.flag());
 
 /// Whether `OXCCL_CHECK_COLLECTIVES` is on.
 pub fn enabled() -> bool {

@@ -78,10 +78,10 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_env() -> Settings {
-        let secs = crate::env::int("OXCCL_HANG_REPORT_S", DEFAULT_REPORT_S);
+        let secs = crate::env::registry::HANG_REPORT_S.int();
         Settings {
             report_after: (secs > 0).then(|| Duration::from_secs(secs as u64)),
-            hang_error: crate::env::flag("OXCCL_HANG_ERROR", false),
+            hang_error: crate::env::registry::HANG_ERROR.flag(),
         }
     }
 }

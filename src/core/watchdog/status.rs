@@ -26,10 +26,10 @@ const MAX_LINE: usize = 256;
 pub fn serve_once() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        if !crate::env::flag("NCCL_RAS_ENABLE", true) {
+        if !crate::env::registry::RAS_ENABLE.flag() {
             return;
         }
-        let addr = crate::env::string("NCCL_RAS_ADDR", "localhost:28028");
+        let addr = crate::env::registry::RAS_ADDR.string();
         match TcpListener::bind(addr.as_str()) {
             Ok(listener) => {
                 crate::info!(INIT, "status endpoint (ncclras) listening on {addr}");

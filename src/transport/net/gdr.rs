@@ -91,8 +91,8 @@ pub struct Settings {
 impl Settings {
     pub fn from_env() -> Settings {
         Settings {
-            level: crate::env::get("NCCL_NET_GDR_LEVEL"),
-            read: crate::env::int("NCCL_NET_GDR_READ", -2),
+            level: crate::env::registry::NET_GDR_LEVEL.get(),
+            read: crate::env::registry::NET_GDR_READ.int(),
         }
     }
 }

@@ -240,7 +240,7 @@ fn gdr_site(setup: &Setup<'_>, net: &dyn Net, dev: i32) -> Result<gdr::Site> {
     let same_numa = !gpu_path.is_empty() && numa(&gpu_path) == numa(&props.pci_path);
     site.distance = gdr::pci_distance(&gpu_path, &props.pci_path, same_numa);
     site.gpu_gdr = crate::cuda::gpu_direct_rdma_supported(me.cuda_dev)?;
-    site.dma_buf = crate::env::int("NCCL_DMABUF_ENABLE", 1) != 0
+    site.dma_buf = crate::env::registry::DMABUF_ENABLE.flag()
         && net.has_dma_buf()
         && crate::cuda::dma_buf_supported(me.cuda_dev).unwrap_or(false);
     if site.dma_buf {

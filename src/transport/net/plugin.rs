@@ -50,7 +50,7 @@ const MAX_ENTRIES: usize = 14;
 /// network. Failures are logged as NVIDIA logs them and are not errors (NVIDIA falls back
 /// too); `Err` is for the caller's sake, should a plugin it was told to use become required.
 pub fn load() -> Result<Option<Arc<dyn Net>>> {
-    let setting = crate::env::get("NCCL_NET_PLUGIN");
+    let setting = crate::env::registry::NET_PLUGIN.get();
     if let Some(v) = &setting {
         crate::info!(ENV | NET, "NCCL_NET_PLUGIN set by environment to {v}");
     }

@@ -74,8 +74,8 @@ impl Shape {
     /// (`NCCL_SOCKET_NTHREADS`, `NCCL_NSOCKS_PERTHREAD`), `AUTO` where unset.
     fn settings() -> (i64, i64) {
         (
-            crate::env::int("NCCL_SOCKET_NTHREADS", AUTO),
-            crate::env::int("NCCL_NSOCKS_PERTHREAD", AUTO),
+            crate::env::registry::SOCKET_NTHREADS.int_or(AUTO),
+            crate::env::registry::NSOCKS_PERTHREAD.int_or(AUTO),
         )
     }
 

@@ -1,9 +1,15 @@
-//! Every `NCCL_*` setting, read in one place: the process environment first, then the
-//! configuration file (`NCCL_CONF_FILE`, else `~/.nccl.conf`), then `/etc/nccl.conf`, as
-//! NVIDIA's library does. The files are read once and cached; `reload` re-reads them (used by
-//! `ncclResetDebugInit`) and starts a new [`generation`], so that a value derived from the
-//! settings and cached elsewhere is recomputed at its next use. Typed getters log the value
-//! under `NCCL_DEBUG_SUBSYS=ENV`.
+//! Every `NCCL_*` (and `OXCCL_*`) setting, declared once in [`registry`] and read only
+//! through its [`Param`]: the process environment first, then the configuration file
+//! (`NCCL_CONF_FILE`, else `~/.nccl.conf`), then `/etc/nccl.conf`, as NVIDIA's library does.
+//! The files are read once and cached; `reload` re-reads them (used by `ncclResetDebugInit`)
+//! and starts a new [`generation`], so that a value derived from the settings and cached
+//! elsewhere is recomputed at its next use. Typed reads log a set value under
+//! `NCCL_DEBUG_SUBSYS=ENV`.
+
+mod param;
+pub mod registry;
+
+pub use param::{Choice, Default, Kind, Param, Value};
 
 use once_cell::sync::Lazy;
 use parking_lot::RwLock;
@@ -34,7 +40,8 @@ pub fn parse_conf(text: &str) -> Vec<(String, String)> {
 
 fn conf_paths() -> Vec<PathBuf> {
     let mut paths = Vec::new();
-    if let Ok(p) = std::env::var("NCCL_CONF_FILE") {
+    // The file is named by the environment only (a configuration file cannot name another).
+    if let Ok(p) = std::env::var(registry::CONF_FILE.name) {
         paths.push(PathBuf::from(p));
     } else if let Some(home) = std::env::var_os("HOME") {
         paths.push(Path::new(&home).join(".nccl.conf"));
@@ -98,41 +105,50 @@ impl<T: Copy> Cached<T> {
     }
 }
 
-/// The raw value of a variable: environment first, then the configuration files.
-/// An empty value counts as unset, as in NVIDIA's library.
-pub fn get(name: &str) -> Option<String> {
-    match std::env::var(name) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => CONF.read().get(name).filter(|v| !v.is_empty()).cloned(),
+/// Where a setting's current value comes from (the dump's `set_by`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    EnvVar,
+    ConfigFile,
+}
+
+impl Source {
+    /// The name NVIDIA's dump gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Default => "Default",
+            Source::EnvVar => "EnvVar",
+            Source::ConfigFile => "ConfigFile",
+        }
     }
 }
 
-/// An integer variable (decimal or 0x hex); a malformed value falls back to `default`
-/// with a warning.
-pub fn int(name: &str, default: i64) -> i64 {
-    match get(name) {
-        None => default,
-        Some(v) => match parse_int(&v) {
-            Some(n) => {
-                crate::info!(ENV, "{name} set by environment to {n}");
-                n
-            }
-            None => {
-                crate::warn!("Invalid value {v:?} for {name}, using default {default}");
-                default
-            }
-        },
+/// The raw value of a variable and where it was found: environment first, then the
+/// configuration files. Only [`Param`] reads through this, so every setting read is a
+/// registered one.
+fn lookup(name: &str) -> Option<(String, Source)> {
+    #[cfg(test)]
+    if let Some(found) = tests::sources::lookup(name) {
+        return found;
     }
+    lookup_in(name, std::env::var(name).ok(), &CONF.read())
 }
 
-/// A boolean variable: any non-zero integer is true.
-pub fn flag(name: &str, default: bool) -> bool {
-    int(name, default as i64) != 0
-}
-
-/// A string variable, or `default`.
-pub fn string(name: &str, default: &str) -> String {
-    get(name).unwrap_or_else(|| default.to_string())
+/// [`lookup`] over a given environment value and configuration map. An empty value counts
+/// as unset, as in NVIDIA's library.
+fn lookup_in(
+    name: &str,
+    env: Option<String>,
+    conf: &HashMap<String, String>,
+) -> Option<(String, Source)> {
+    match env {
+        Some(v) if !v.is_empty() => Some((v, Source::EnvVar)),
+        _ => conf
+            .get(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| (v.clone(), Source::ConfigFile)),
+    }
 }
 
 /// Parse a decimal, `0x` hexadecimal or negative integer.
@@ -146,44 +162,4 @@ pub fn parse_int(v: &str) -> Option<i64> {
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn a_cached_value_is_computed_again_after_a_reload() {
-        use std::sync::atomic::AtomicU32;
-        static CALLS: AtomicU32 = AtomicU32::new(0);
-        static V: Cached<u32> = Cached::new(|| CALLS.fetch_add(1, Ordering::Relaxed) + 1);
-        let first = V.get();
-        assert_eq!(V.get(), first, "kept while the settings stay");
-        reload();
-        assert!(V.get() > first, "computed again after a reload");
-    }
-
-    use super::*;
-
-    #[test]
-    fn conf_parsing() {
-        let kv = parse_conf("# comment\nNCCL_DEBUG=INFO\n\n  NCCL_X = 3 \nbad line\n=nokey\n");
-        assert_eq!(
-            kv,
-            vec![
-                ("NCCL_DEBUG".to_string(), "INFO".to_string()),
-                ("NCCL_X".to_string(), "3".to_string())
-            ]
-        );
-    }
-
-    #[test]
-    fn reload_starts_a_generation() {
-        let before = generation();
-        reload();
-        assert!(generation() > before);
-    }
-
-    #[test]
-    fn ints() {
-        assert_eq!(parse_int("12"), Some(12));
-        assert_eq!(parse_int("0x10"), Some(16));
-        assert_eq!(parse_int("-1"), Some(-1));
-        assert_eq!(parse_int("abc"), None);
-    }
-}
+pub(crate) mod tests;

@@ -1,0 +1,189 @@
+//! The registry: every setting the library reads, declared once with its name, type,
+//! default, one-line description and whether NVIDIA documents it. Code reads a setting only
+//! through its static here (`registry::BUFFSIZE.int()`); the C parameter API
+//! (`src/api/param.rs`) binds, lists and dumps the same entries through [`ALL`].
+
+use super::{Choice, Param};
+use crate::debug::subsys;
+
+/// Declare each setting as a `pub static` and list them all, in order, in [`ALL`].
+macro_rules! registry {
+    ($($(#[$doc:meta])* $id:ident = $param:expr;)*) => {
+        $($(#[$doc])* pub static $id: Param = $param;)*
+        /// Every registered setting, in declaration order.
+        pub static ALL: &[&Param] = &[$(&$id),*];
+    };
+}
+
+const fn choice(name: &'static str, value: u64, description: &'static str) -> Choice {
+    Choice {
+        name,
+        value,
+        description,
+    }
+}
+
+/// `NCCL_DEBUG`'s levels, with `ncclDebugLogLevel`'s values.
+const DEBUG_LEVELS: &[Choice] = &[
+    choice("VERSION", 1, "Prints the NCCL version only."),
+    choice("WARN", 2, "Prints error messages."),
+    choice("INFO", 3, "Prints debug information."),
+    choice("ABORT", 4, ""),
+    choice(
+        "TRACE",
+        5,
+        "Prints replayable trace information on every call.",
+    ),
+];
+
+/// `NCCL_DEBUG_SUBSYS`'s subsystems, with the bits of `crate::debug::subsys`.
+const DEBUG_SUBSYSTEMS: &[Choice] = &[
+    choice(
+        "INIT",
+        subsys::INIT as u64,
+        "Initialization (included in default)",
+    ),
+    choice("COLL", subsys::COLL as u64, "Collective operations"),
+    choice("P2P", subsys::P2P as u64, "Peer-to-peer transport"),
+    choice("SHM", subsys::SHM as u64, "Shared memory transport"),
+    choice("NET", subsys::NET as u64, "Network transport"),
+    choice("GRAPH", subsys::GRAPH as u64, "Topology and graph search"),
+    choice(
+        "TUNING",
+        subsys::TUNING as u64,
+        "Algorithm and protocol tuning",
+    ),
+    choice(
+        "ENV",
+        subsys::ENV as u64,
+        "Settings read from the environment or a configuration file (included in default)",
+    ),
+    choice("ALLOC", subsys::ALLOC as u64, "Memory allocation"),
+    choice("CALL", subsys::CALL as u64, "API calls"),
+    choice("PROXY", subsys::PROXY as u64, "Proxy operations"),
+    choice("NVLS", subsys::NVLS as u64, "NVLink SHARP"),
+    choice(
+        "BOOTSTRAP",
+        subsys::BOOTSTRAP as u64,
+        "Bootstrap network (included in default)",
+    ),
+    choice("REG", subsys::REG as u64, "Buffer registration"),
+    choice("PROFILE", subsys::PROFILE as u64, "Profiling"),
+    choice(
+        "RAS",
+        subsys::RAS as u64,
+        "Reliability, availability and serviceability",
+    ),
+    choice("ALL", u64::MAX, "Every subsystem"),
+];
+
+registry! {
+    // ---- configuration and logging ----
+    CONF_FILE = Param::text("NCCL_CONF_FILE", None,
+        "Path of a configuration file of NAME=value lines read instead of ~/.nccl.conf");
+    DEBUG = Param::one_of("NCCL_DEBUG", "ncclDebugLogLevel", DEBUG_LEVELS,
+        "Debug output level; each level includes the less verbose ones");
+    DEBUG_SUBSYS = Param::list_of("NCCL_DEBUG_SUBSYS", DEBUG_SUBSYSTEMS, "INIT,ENV,BOOTSTRAP",
+        "Subsystems whose INFO output is shown (comma-separated, ^ to exclude)");
+    DEBUG_FILE = Param::text("NCCL_DEBUG_FILE", None,
+        "File for the debug output instead of stdout; %h is replaced by the host name, %p by the pid");
+    PARAM_DUMP_ALL = Param::boolean("NCCL_PARAM_DUMP_ALL", false,
+        "Include undocumented parameters in ncclParamDumpAll").with_words().undocumented();
+
+    // ---- host identity and bootstrap ----
+    HOSTID = Param::text("NCCL_HOSTID", None,
+        "Host identifier used instead of the host name and boot id to tell hosts apart");
+    COMM_ID = Param::text("NCCL_COMM_ID", None,
+        "Address (<host>:<port>) of the bootstrap root, in place of the unique id's");
+    BOOTSTRAP_TIMEOUT = Param::integer("NCCL_BOOTSTRAP_TIMEOUT", 300,
+        "Seconds the bootstrap waits for its peers before failing").undocumented();
+    SOCKET_IFNAME = Param::text("NCCL_SOCKET_IFNAME", None,
+        "IP interfaces to use: prefixes, comma-separated; ^ excludes, = matches exactly");
+    SOCKET_FAMILY = Param::text("NCCL_SOCKET_FAMILY", None,
+        "Address family of the interfaces to use: AF_INET or AF_INET6");
+    DEAD_PEER_S = Param::integer("OXCCL_DEAD_PEER_S", 60,
+        "Seconds of silence after which a bootstrap peer is taken as dead (0: never)").undocumented();
+
+    // ---- transports ----
+    P2P_DISABLE = Param::boolean("NCCL_P2P_DISABLE", false,
+        "Disable the peer-to-peer transport (direct GPU-to-GPU over NVLink or PCI)");
+    P2P_LEVEL = Param::text("NCCL_P2P_LEVEL", None,
+        "Farthest path between GPUs that still uses peer-to-peer: LOC, NVL, PIX, PXB, PHB, SYS or a number");
+    SHM_DISABLE = Param::boolean("NCCL_SHM_DISABLE", false,
+        "Disable the shared memory transport");
+    MULTI_RANK_GPU_ENABLE = Param::boolean("NCCL_MULTI_RANK_GPU_ENABLE", false,
+        "Allow several ranks of a communicator on the same GPU").undocumented();
+    BUFFSIZE = Param::integer("NCCL_BUFFSIZE",
+        crate::transport::sizes::SLOT_BYTES as i64 * crate::transport::sizes::NSLOTS as i64,
+        "Size in bytes of the buffer used between each pair of ranks");
+    NET = Param::text("NCCL_NET", None,
+        "Network to use, by name (e.g. IB or Socket, or a plugin's)");
+    NET_PLUGIN = Param::text("NCCL_NET_PLUGIN", None,
+        "Network plugin library to load (a name, a suffix of libnccl-net-<name>.so, or a path)");
+    NET_GDR_LEVEL = Param::text("NCCL_NET_GDR_LEVEL", None,
+        "Farthest path between NIC and GPU that still uses GPU Direct RDMA: LOC, PIX, PXB, PHB, SYS");
+    NET_GDR_READ = Param::integer("NCCL_NET_GDR_READ", -2,
+        "Use GPU Direct RDMA for sends as well (1) or not (0); -2: automatic");
+    DMABUF_ENABLE = Param::boolean("NCCL_DMABUF_ENABLE", true,
+        "Register GPU memory with the network through DMA-BUF where supported");
+    SOCKET_NTHREADS = Param::integer("NCCL_SOCKET_NTHREADS", -2,
+        "Threads per connection of the socket transport (-2: automatic)");
+    NSOCKS_PERTHREAD = Param::integer("NCCL_NSOCKS_PERTHREAD", -2,
+        "Sockets per thread of the socket transport (-2: automatic)");
+
+    // ---- channels, threads, algorithms ----
+    NTHREADS = Param::integer("NCCL_NTHREADS", 0,
+        "CUDA threads per block: 64, 128, 256 or 512 (0: the default)");
+    MIN_NCHANNELS = Param::integer("NCCL_MIN_NCHANNELS", 1,
+        "Fewest channels (CTAs) to use; older name of NCCL_MIN_CTAS");
+    MAX_NCHANNELS = Param::integer("NCCL_MAX_NCHANNELS", crate::core::config::MAX_CHANNELS as i64,
+        "Most channels (CTAs) to use; older name of NCCL_MAX_CTAS");
+    MIN_CTAS = Param::integer("NCCL_MIN_CTAS", 1,
+        "Fewest CTAs to use (default: NCCL_MIN_NCHANNELS)");
+    MAX_CTAS = Param::integer("NCCL_MAX_CTAS", crate::core::config::MAX_CHANNELS as i64,
+        "Most CTAs to use (default: NCCL_MAX_NCHANNELS)");
+    MIN_P2P_NCHANNELS = Param::integer("NCCL_MIN_P2P_NCHANNELS", 1,
+        "Fewest channels one point-to-point operation is split over").undocumented();
+    MAX_P2P_NCHANNELS = Param::integer("NCCL_MAX_P2P_NCHANNELS", crate::sched::cost::P2P_MAX_CHANNELS as i64,
+        "Most channels one point-to-point operation is split over").undocumented();
+    ALGO = Param::text("NCCL_ALGO", None,
+        "Algorithms to use: a comma-separated list, ^ to exclude, per collective with <coll>:<list>");
+    PROTO = Param::text("NCCL_PROTO", None,
+        "Protocols to use (LL, LL128, Simple): a comma-separated list, ^ to exclude");
+    CGA_CLUSTER_SIZE = Param::integer("NCCL_CGA_CLUSTER_SIZE", 0,
+        "CUDA thread block cluster size of the kernels (0..8; 0: none)");
+
+    // ---- communicators ----
+    COMM_BLOCKING = Param::boolean("NCCL_COMM_BLOCKING", true,
+        "Whether calls block (1) or return ncclInProgress (0) by default");
+    COMM_SPLIT_SHARE_RESOURCES = Param::boolean("NCCL_COMM_SPLIT_SHARE_RESOURCES", false,
+        "Whether communicators made by ncclCommSplit share their parent's resources by default");
+
+    // ---- reliability and progress ----
+    RAS_ENABLE = Param::boolean("NCCL_RAS_ENABLE", true,
+        "Enable the RAS (reliability, availability, serviceability) subsystem");
+    RAS_ADDR = Param::text("NCCL_RAS_ADDR", Some("localhost:28028"),
+        "Address (<host>:<port>) the RAS subsystem listens on for client connections");
+    HANG_REPORT_S = Param::integer("OXCCL_HANG_REPORT_S", crate::core::watchdog::DEFAULT_REPORT_S,
+        "Seconds an operation may go without progress before the watchdog reports it (0: never)").undocumented();
+    HANG_ERROR = Param::boolean("OXCCL_HANG_ERROR", false,
+        "Whether a reported hang also fails the communicator").undocumented();
+    CHECK_COLLECTIVES = Param::boolean("OXCCL_CHECK_COLLECTIVES", false,
+        "Check that every rank calls the same collectives with matching arguments").undocumented();
+    YIELD = Param::boolean("OXCCL_YIELD", true,
+        "Let a kernel waiting on a peer yield its GPU to other work").undocumented();
+    YIELD_SPIN_US = Param::integer("OXCCL_YIELD_SPIN_US", crate::core::yielding::DEFAULT_SPIN_US,
+        "Microseconds a waiting kernel spins before yielding (1..1000000)").undocumented();
+    YIELD_RESUMES = Param::integer("OXCCL_YIELD_RESUMES", -1,
+        "Kernel launches after the first of a yielding operation, at most 32 (below 1: by ring size)").undocumented();
+}
+
+/// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).
+pub fn find(name: &str) -> Option<&'static Param> {
+    ALL.iter().copied().find(|p| p.name == name)
+}
+
+/// Whether `param` is one of the registry's entries (not a `Param` made elsewhere).
+pub fn is_registered(param: &Param) -> bool {
+    ALL.iter().any(|p| std::ptr::eq(*p, param))
+}
