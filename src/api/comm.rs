@@ -381,7 +381,11 @@ pub extern "C" fn ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_
     entry(name, comm, || {
         let c = find_comm(comm)?;
         c.check_usable()?;
-        crate::core::memory::suspend(&c, flags)
+        // It meets the other ranks: inside a group it runs at the group's end, beside theirs.
+        crate::core::group::submit_init(crate::core::group::InitWork {
+            blocking: true,
+            run: Box::new(move || crate::core::memory::suspend(&c, flags)),
+        })
     })
 }
 

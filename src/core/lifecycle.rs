@@ -221,6 +221,7 @@ pub fn shrink_members(nranks: i32, exclude: &[i32]) -> Vec<i32> {
 /// Rendezvous, topology and device state for `comm`.
 fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     let start = Instant::now();
+    let _counted = cuda::account_into(&comm.mem.persistent);
     let ctx = cuda::use_device(comm.cuda_dev)?;
     let (bootstrap, comm_hash) = match origin {
         Origin::Ids(ids) => {

@@ -44,6 +44,8 @@ pub struct Comm {
     pub registrations: registry::Registrations,
     /// Signal counters of one-sided operations, made at the first window registration.
     pub rma: Mutex<Option<Arc<window::Signals>>>,
+    /// The device memory it holds, and whether it is suspended.
+    pub mem: memory::Usage,
     /// Set by `ncclCommRevoke`: no new operations.
     pub revoked: AtomicBool,
     pub config: CommConfig,
@@ -78,6 +80,7 @@ impl Comm {
             revoked: AtomicBool::new(false),
             registrations: registry::Registrations::default(),
             rma: Mutex::new(None),
+            mem: memory::Usage::default(),
             config,
             last_error: LastError::default(),
             async_error: AtomicI32::new(ncclResult_t::ncclSuccess as i32),
@@ -184,6 +187,11 @@ impl Comm {
         if self.revoked.load(Ordering::Acquire) {
             return Err(Error::invalid_usage(
                 "communicator was revoked: only destroy, split and shrink are allowed",
+            ));
+        }
+        if self.mem.is_suspended() {
+            return Err(Error::invalid_usage(
+                "communicator is suspended (ncclCommSuspend): call ncclCommResume first",
             ));
         }
         match self.async_error() {

@@ -757,6 +757,16 @@ impl Runtime {
         Ok(())
     }
 
+    /// Free every connection (`ncclCommSuspend`): the next operation that needs them connects
+    /// again. The caller has waited for the communicator's work and met its peers.
+    pub fn release_connections(&mut self) {
+        self.conns = Connections::default();
+        self.wait_spans.lock().clear();
+        self.geometry = None;
+        self.plans.clear();
+        self.connected_shapes.clear();
+    }
+
     /// Run one group's tasks as one launch on `streams[0]` (other streams of the group are
     /// ordered around it). Connections must exist (`connect_for`).
     pub fn launch_group(

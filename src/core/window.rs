@@ -31,13 +31,29 @@ const RELEASED: u64 = 1 << 60;
 /// Known `NCCL_WIN_*` flags.
 const KNOWN_FLAGS: i32 = 0x01 | 0x02 | 0x04 | 0x08;
 
-/// A peer's memory mapped into this process through CUDA IPC; closed on drop.
-struct IpcMapping(u64);
+/// A peer's memory mapped into this process, unmapped on drop.
+enum Mapping {
+    /// Through CUDA IPC (memory from `cudaMalloc`).
+    Ipc(u64),
+    /// An imported allocation (memory from `ncclMemAlloc`).
+    Vmm(#[allow(dead_code)] cuda::vmm::Imported),
+}
 
-impl Drop for IpcMapping {
+impl Drop for Mapping {
     fn drop(&mut self) {
-        let _ = cuda::ipc_close(self.0);
+        if let Mapping::Ipc(p) = self {
+            let _ = cuda::ipc_close(*p);
+        }
     }
+}
+
+/// Numbers the fd-passing sockets of this process's registrations.
+static FD_TAG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// How long the ranks of a host have to pass a window's memory handle to each other.
+const FD_PASS_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn fd_socket_name(pid: u32, tag: u64) -> String {
+    format!("oxccl-win-{pid}-{tag}")
 }
 
 /// One registered window, as this rank sees it.
@@ -50,7 +66,7 @@ pub struct Window {
     peers: Vec<Option<u64>>,
     /// Ranks on this rank's host (its LSA team), in rank order.
     lsa_ranks: Vec<i32>,
-    _mappings: Vec<IpcMapping>,
+    _mappings: Vec<Mapping>,
 }
 
 impl Window {
@@ -129,7 +145,7 @@ pub struct Signals {
     local: DeviceBuffer,
     /// Every rank's counter block as mapped here (`None`: unreachable).
     peers: Vec<Option<u64>>,
-    _mappings: Vec<IpcMapping>,
+    _mappings: Vec<Mapping>,
     /// Signals sent, per (receiver, context, signal).
     sent: Mutex<HashMap<(i32, i32, i32), u64>>,
     /// Signals waited for, per (sender, context, signal).
@@ -216,9 +232,12 @@ struct Exported {
     ipc: Option<([u8; 64], u64)>,
     /// The rank's signal block and its IPC handle (present on the first registration).
     signals: Option<(u64, [u8; 64])>,
+    /// For memory without an IPC handle: its allocation's size, the buffer's offset in it,
+    /// and the tag of the socket that passes its descriptor.
+    vmm: Option<(u64, u64, u64)>,
 }
 
-const EXPORTED_BYTES: usize = 8 + 8 + 1 + 64 + 8 + 1 + 8 + 64;
+const EXPORTED_BYTES: usize = 8 + 8 + 1 + 64 + 8 + 1 + 8 + 64 + 1 + 24;
 
 impl Exported {
     fn encode(&self) -> Vec<u8> {
@@ -233,6 +252,11 @@ impl Exported {
         v.push(self.signals.is_some() as u8);
         v.extend_from_slice(&sig.to_le_bytes());
         v.extend_from_slice(&sig_ipc);
+        let (size, off, tag) = self.vmm.unwrap_or((0, 0, 0));
+        v.push(self.vmm.is_some() as u8);
+        for x in [size, off, tag] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
         v
     }
 
@@ -250,6 +274,7 @@ impl Exported {
             size: u64_at(8),
             ipc: (b[16] != 0).then(|| (handle_at(17), u64_at(81))),
             signals: (b[89] != 0).then(|| (u64_at(90), handle_at(98))),
+            vmm: (b[162] != 0).then(|| (u64_at(163), u64_at(171), u64_at(179))),
         })
     }
 }
@@ -269,7 +294,7 @@ fn reach(
     peer: i32,
     ptr: u64,
     ipc: Option<([u8; 64], u64)>,
-    keep: &mut Vec<IpcMapping>,
+    keep: &mut Vec<Mapping>,
 ) -> Result<Option<u64>> {
     let path = topo.paths[peer as usize];
     if topo.same_process(peer) {
@@ -279,15 +304,46 @@ fn reach(
         }
         return Ok(Some(ptr));
     }
-    if matches!(path, Path::Net | Path::Shm) {
+    if !mappable(topo, peer) {
         return Ok(None);
     }
     let Some((handle, offset)) = ipc else {
         return Ok(None);
     };
     let base = cuda::ipc_open(&handle)?;
-    keep.push(IpcMapping(base));
+    keep.push(Mapping::Ipc(base));
     Ok(Some(base + offset))
+}
+
+/// Whether `peer` (another process) has GPU memory this rank can map: same host, peer access.
+fn mappable(topo: &Topology, peer: i32) -> bool {
+    !matches!(topo.paths[peer as usize], Path::Net | Path::Shm)
+}
+
+/// The ranks of other processes that will map this rank's memory by descriptor.
+fn fd_importers(topo: &Topology, nranks: i32) -> usize {
+    (0..nranks)
+        .filter(|&p| p != topo.my_rank && !topo.same_process(p) && mappable(topo, p))
+        .count()
+}
+
+/// Map `peer`'s `ncclMemAlloc` memory, receiving its descriptor from the peer's socket.
+fn import_by_fd(
+    topo: &Topology,
+    peer: i32,
+    e: &Exported,
+    keep: &mut Vec<Mapping>,
+) -> Result<Option<u64>> {
+    let Some((size, offset, tag)) = e.vmm else {
+        return Ok(None);
+    };
+    let name = fd_socket_name(topo.peers[peer as usize].pid, tag);
+    let fd = crate::transport::fdpass::receive(&name, FD_PASS_LIMIT)
+        .map_err(|err| err.context(format!("window memory of rank {peer}")))?;
+    let imported = cuda::vmm::import(&fd, size as usize)?;
+    let ptr = imported.ptr + offset;
+    keep.push(Mapping::Vmm(imported));
+    Ok(Some(ptr))
 }
 
 fn signal_counts(comm: &Comm) -> (i32, i32) {
@@ -311,6 +367,7 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
         Error::invalid_usage("communicator is not initialised (still in progress or failed)")
     })?;
     cuda::set_current(rt.ctx)?;
+    let _counted = cuda::account_into(&comm.mem.persistent);
     let mut rma = comm.rma.lock();
     let new_signals = if rma.is_none() {
         let (nctx, nsig) = signal_counts(comm);
@@ -319,14 +376,33 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
     } else {
         None
     };
+    let ipc = ipc_export(ptr);
+    // Memory without an IPC handle goes to the host's other processes as a descriptor.
+    let importers = fd_importers(&rt.topo, comm.nranks());
+    let fd_export = match (ipc, importers) {
+        (None, 1..) => cuda::vmm::export(ptr)?.map(|(fd, alloc, off)| {
+            let tag = FD_TAG.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (fd, alloc, off, tag)
+        }),
+        _ => None,
+    };
+    let server = match &fd_export {
+        Some((.., tag)) => Some(crate::transport::fdpass::FdServer::listen(
+            &fd_socket_name(std::process::id(), *tag),
+        )?),
+        None => None,
+    };
     let mine = Exported {
         ptr,
         size: size as u64,
-        ipc: ipc_export(ptr),
+        ipc,
         signals: match &new_signals {
             Some(b) => Some((b.ptr(), cuda::ipc_handle(b.ptr())?)),
             None => None,
         },
+        vmm: fd_export
+            .as_ref()
+            .map(|(_, alloc, off, tag)| (*alloc as u64, *off, *tag)),
     };
     let all = rt.bootstrap.allgather(&mine.encode())?;
     let all: Vec<Exported> = all
@@ -336,9 +412,33 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
     let topo = &rt.topo;
     let mut keep = Vec::new();
     let mut peers = Vec::with_capacity(all.len());
-    for (peer, e) in all.iter().enumerate() {
-        peers.push(reach(topo, peer as i32, e.ptr, e.ipc, &mut keep)?);
-    }
+    std::thread::scope(|scope| -> Result<()> {
+        let serving = match (&server, &fd_export) {
+            (Some(server), Some((fd, ..))) => {
+                let raw = std::os::fd::AsRawFd::as_raw_fd(fd);
+                Some(scope.spawn(move || server.serve(raw, importers, FD_PASS_LIMIT)))
+            }
+            _ => None,
+        };
+        for (peer, e) in all.iter().enumerate() {
+            let peer = peer as i32;
+            let by_fd = e.ipc.is_none()
+                && e.vmm.is_some()
+                && !topo.same_process(peer)
+                && mappable(topo, peer);
+            peers.push(if by_fd {
+                import_by_fd(topo, peer, e, &mut keep)?
+            } else {
+                reach(topo, peer, e.ptr, e.ipc, &mut keep)?
+            });
+        }
+        match serving {
+            Some(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(Error::internal("the descriptor server panicked"))),
+            None => Ok(()),
+        }
+    })?;
     if let Some(local) = new_signals {
         let mut sig_keep = Vec::new();
         let mut sig_peers = Vec::with_capacity(all.len());
@@ -557,14 +657,16 @@ mod tests {
             size: 4 << 20,
             ipc: Some(([3; 64], 4096)),
             signals: Some((0x7000_2000_0000, [9; 64])),
+            vmm: Some((8 << 20, 2 << 20, 17)),
         };
         let back = Exported::decode(&e.encode()).unwrap();
         assert_eq!(back.ptr, e.ptr);
         assert_eq!(back.size, e.size);
         assert_eq!(back.ipc, e.ipc);
         assert_eq!(back.signals, e.signals);
+        assert_eq!(back.vmm, e.vmm);
         let none = Exported::decode(&Exported::default().encode()).unwrap();
-        assert!(none.ipc.is_none() && none.signals.is_none());
+        assert!(none.ipc.is_none() && none.signals.is_none() && none.vmm.is_none());
         assert!(Exported::decode(&[0; 10]).is_err());
     }
 }

@@ -13,6 +13,8 @@ use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use once_cell::sync::OnceCell;
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub use sys::{
     CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraphNode, CUmodule, CUstream,
@@ -694,18 +696,50 @@ impl Drop for HostMapped {
     }
 }
 
+thread_local! {
+    /// Where device memory allocated on this thread is counted (`account_into`).
+    static ACCOUNT: std::cell::RefCell<Option<Arc<AtomicU64>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Counts device memory allocated on this thread into a counter while alive (the previous
+/// counter is restored on drop): how a communicator measures the memory it holds.
+pub struct AccountGuard(Option<Arc<AtomicU64>>);
+
+/// Count the `DeviceBuffer`s this thread allocates from now on into `counter` (each buffer
+/// takes its bytes off again when freed).
+pub fn account_into(counter: &Arc<AtomicU64>) -> AccountGuard {
+    AccountGuard(ACCOUNT.with(|a| a.replace(Some(counter.clone()))))
+}
+
+impl Drop for AccountGuard {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        ACCOUNT.with(|a| *a.borrow_mut() = previous);
+    }
+}
+
 /// Device memory owned by a value and freed on drop (in whatever context is current; device
 /// pointers are valid in every context of the process).
 pub struct DeviceBuffer {
     ptr: CUdeviceptr,
     bytes: usize,
+    /// The counter its bytes were added to (`account_into`), if any.
+    account: Option<Arc<AtomicU64>>,
 }
 
 impl DeviceBuffer {
     /// `bytes` of zeroed device memory on the current context's device.
     pub fn zeroed(bytes: usize) -> Result<DeviceBuffer> {
         let ptr = mem_alloc(bytes)?;
-        let buf = DeviceBuffer { ptr, bytes };
+        let account = ACCOUNT.with(|a| a.borrow().clone());
+        if let Some(a) = &account {
+            a.fetch_add(bytes.max(1) as u64, Ordering::Relaxed);
+        }
+        let buf = DeviceBuffer {
+            ptr,
+            bytes,
+            account,
+        };
         memset_zero(ptr, bytes.max(1))?;
         Ok(buf)
     }
@@ -723,6 +757,9 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let _ = mem_free(self.ptr);
+        if let Some(a) = &self.account {
+            a.fetch_sub(self.bytes.max(1) as u64, Ordering::Relaxed);
+        }
     }
 }
 

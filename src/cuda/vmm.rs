@@ -141,3 +141,105 @@ pub fn free(ptr: u64) -> Result<()> {
     }
     Ok(())
 }
+
+/// The `alloc` mapping that holds `ptr`: its base and size.
+fn mapping_of(ptr: u64) -> Option<(u64, usize)> {
+    MAPPINGS
+        .lock()
+        .iter()
+        .find(|(&base, m)| ptr >= base && ptr < base + m.size as u64)
+        .map(|(&base, m)| (base, m.size))
+}
+
+/// Memory from `alloc` holding `ptr`, exported for another process: a POSIX file descriptor
+/// of the allocation, its size, and `ptr`'s offset in it. `None` for other memory.
+pub fn export(ptr: u64) -> Result<Option<(std::os::fd::OwnedFd, usize, u64)>> {
+    use std::os::fd::FromRawFd;
+    let Some((base, size)) = mapping_of(ptr) else {
+        return Ok(None);
+    };
+    let handle = MAPPINGS.lock().get(&base).map(|m| m.handle).unwrap_or(0);
+    let mut fd: std::os::raw::c_int = -1;
+    // SAFETY: handle is a live allocation of `alloc`, created exportable as a POSIX fd; writes
+    // one int.
+    check(
+        unsafe {
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut _ as *mut std::ffi::c_void,
+                handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        },
+        "cuMemExportToShareableHandle",
+    )?;
+    // SAFETY: the driver returned a new descriptor that we own.
+    Ok(Some((
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
+        size,
+        ptr - base,
+    )))
+}
+
+/// Another process's allocation mapped here (read-write for the current device); unmapped on
+/// drop.
+pub struct Imported {
+    pub ptr: u64,
+    size: usize,
+}
+
+impl Drop for Imported {
+    fn drop(&mut self) {
+        // SAFETY: ptr/size describe the mapping made by `import`, unmapped once.
+        unsafe {
+            sys::cuMemUnmap(self.ptr, self.size);
+            sys::cuMemAddressFree(self.ptr, self.size);
+        }
+    }
+}
+
+/// Map an allocation of `size` bytes exported by another process as `fd`.
+pub fn import(fd: &std::os::fd::OwnedFd, size: usize) -> Result<Imported> {
+    use std::os::fd::AsRawFd;
+    let dev = current_device()?;
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: fd is an exported allocation; the driver reads the descriptor's value.
+    check(
+        unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        },
+        "cuMemImportFromShareableHandle",
+    )?;
+    let mut ptr: sys::CUdeviceptr = 0;
+    // SAFETY: reserves address space only; writes one pointer. Each failure below undoes
+    // what succeeded before it.
+    let mapped = unsafe {
+        check(
+            sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0),
+            "cuMemAddressReserve",
+        )
+        .and_then(|()| {
+            check(sys::cuMemMap(ptr, size, 0, handle, 0), "cuMemMap").inspect_err(|_| {
+                sys::cuMemAddressFree(ptr, size);
+            })
+        })
+    };
+    // SAFETY: the mapping (if any) keeps the allocation alive; this reference is dropped.
+    unsafe { sys::cuMemRelease(handle) };
+    mapped?;
+    let imported = Imported { ptr, size };
+    let desc = sys::CUmemAccessDesc {
+        location: location(dev),
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: ptr..ptr+size is mapped above; one descriptor.
+    check(
+        unsafe { sys::cuMemSetAccess(ptr, size, &desc, 1) },
+        "cuMemSetAccess",
+    )?;
+    Ok(imported)
+}

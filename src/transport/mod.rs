@@ -18,6 +18,7 @@
 //! as a [`Placement`]) and, for a new placement, its `map_remote`; a [`Transport`] variant;
 //! and the topology rule that picks it (`topo::Allowed::choose`).
 
+pub mod fdpass;
 pub mod net;
 mod p2p;
 mod shm;
