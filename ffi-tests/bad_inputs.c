@@ -206,6 +206,103 @@ static int gather_null(void) { return ncclGather(buf, buf, 4, ncclInt8, 0, NULL,
 static int scatter_null(void) { return ncclScatter(buf, buf, 4, ncclInt8, 0, NULL, NULL); }
 static int send_null(void) { return ncclSend(buf, 4, ncclInt8, 1, NULL, NULL); }
 static int recv_null(void) { return ncclRecv(buf, 4, ncclInt8, 1, NULL, NULL); }
+
+/* ---- the configured collectives (ncclXConfig): the config is checked, then the comm ---- */
+static int allreduce_config(ncclComm_t comm, const ncclCollConfig_t *config) {
+  return ncclAllReduceConfig(buf, buf, 4, ncclFloat32, ncclSum, comm, NULL, config);
+}
+static ncclCollConfig_t coll_config(void) {
+  ncclCollConfig_t c = NCCL_COLLCONFIG_INITIALIZER;
+  return c;
+}
+static int allreduce_config_null_config(void) { return allreduce_config(NULL, NULL); }
+static int allreduce_config_null_comm(void) {
+  ncclCollConfig_t c = coll_config();
+  return allreduce_config(NULL, &c);
+}
+static int allreduce_config_garbage_comm(void) {
+  ncclCollConfig_t c = coll_config();
+  return allreduce_config(GARBAGE, &c);
+}
+static int allreduce_config_bad_magic(void) {
+  ncclCollConfig_t c = coll_config();
+  c.magic = 0x1234;
+  return allreduce_config(NULL, &c);
+}
+static int allreduce_config_size_8(void) {
+  ncclCollConfig_t c = coll_config();
+  c.size = 8;
+  return allreduce_config(NULL, &c);
+}
+static int allreduce_config_size_56(void) {
+  ncclCollConfig_t c = coll_config();
+  c.size = 56;
+  return allreduce_config(NULL, &c);
+}
+static int allreduce_config_force_2(void) {
+  ncclCollConfig_t c = coll_config();
+  c.forceAlgSelection = 2;
+  return allreduce_config(NULL, &c);
+}
+static int allreduce_config_policy_4(void) {
+  ncclCollConfig_t c = coll_config();
+  c.CTAPolicy = 4;
+  return allreduce_config(NULL, &c);
+}
+static int allreduce_config_maxctas_0(void) {
+  ncclCollConfig_t c = coll_config();
+  c.maxCTAs = 0;
+  return allreduce_config(NULL, &c);
+}
+static int allreduce_config_min_above_max(void) {
+  ncclCollConfig_t c = coll_config();
+  c.minCTAs = 8;
+  c.maxCTAs = 2;
+  return allreduce_config(NULL, &c);
+}
+static int allreduce_config_unknown_selection(void) {
+  ncclCollConfig_t c = coll_config();
+  c.algSelection = "no-such-algorithm";
+  return allreduce_config(NULL, &c);
+}
+static int allreduce_config_ext_cycle(void) {
+  ncclConfigExt_t a, b;
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  a.next = &b;
+  b.next = &a;
+  ncclCollConfig_t c = coll_config();
+  c.ext = &a;
+  return allreduce_config(NULL, &c);
+}
+static int broadcast_config_null(void) {
+  ncclCollConfig_t c = coll_config();
+  return ncclBroadcastConfig(buf, buf, 4, ncclInt8, 0, NULL, NULL, &c);
+}
+static int reduce_config_null(void) {
+  ncclCollConfig_t c = coll_config();
+  return ncclReduceConfig(buf, buf, 4, ncclInt8, ncclSum, 0, NULL, NULL, &c);
+}
+static int allgather_config_null(void) {
+  ncclCollConfig_t c = coll_config();
+  return ncclAllGatherConfig(buf, buf, 4, ncclInt8, NULL, NULL, &c);
+}
+static int reducescatter_config_null(void) {
+  ncclCollConfig_t c = coll_config();
+  return ncclReduceScatterConfig(buf, buf, 4, ncclInt8, ncclSum, NULL, NULL, &c);
+}
+static int alltoall_config_null(void) {
+  ncclCollConfig_t c = coll_config();
+  return ncclAlltoAllConfig(buf, buf, 4, ncclInt8, NULL, NULL, &c);
+}
+static int gather_config_null(void) {
+  ncclCollConfig_t c = coll_config();
+  return ncclGatherConfig(buf, buf, 4, ncclInt8, 0, NULL, NULL, &c);
+}
+static int scatter_config_null(void) {
+  ncclCollConfig_t c = coll_config();
+  return ncclScatterConfig(buf, buf, 4, ncclInt8, 0, NULL, NULL, &c);
+}
 static int send_peer_garbage(void) { return ncclSend(buf, SIZE_MAX, (ncclDataType_t)99, -1, GARBAGE, NULL); }
 static int recv_garbage(void) { return ncclRecv(buf, 4, ncclInt8, 0, GARBAGE, NULL); }
 
@@ -488,6 +585,25 @@ static const Case cases[] = {
     CASE(scatter_null, ncclInvalidArgument),
     CASE(send_null, ncclInvalidArgument),
     CASE(recv_null, ncclInvalidArgument),
+    CASE(allreduce_config_null_config, ncclInvalidArgument),
+    CASE(allreduce_config_null_comm, ncclInvalidArgument),
+    CASE(allreduce_config_garbage_comm, ncclInvalidArgument),
+    CASE(allreduce_config_bad_magic, ncclInvalidArgument),
+    CASE(allreduce_config_size_8, ncclInvalidArgument),
+    CASE(allreduce_config_size_56, ncclInvalidArgument),
+    CASE(allreduce_config_force_2, ncclInvalidArgument),
+    CASE(allreduce_config_policy_4, ncclInvalidArgument),
+    CASE(allreduce_config_maxctas_0, ncclInvalidArgument),
+    CASE(allreduce_config_min_above_max, ncclInvalidArgument),
+    CASE(allreduce_config_unknown_selection, ncclInvalidArgument),
+    CASE(allreduce_config_ext_cycle, ncclInvalidArgument),
+    CASE(broadcast_config_null, ncclInvalidArgument),
+    CASE(reduce_config_null, ncclInvalidArgument),
+    CASE(allgather_config_null, ncclInvalidArgument),
+    CASE(reducescatter_config_null, ncclInvalidArgument),
+    CASE(alltoall_config_null, ncclInvalidArgument),
+    CASE(gather_config_null, ncclInvalidArgument),
+    CASE(scatter_config_null, ncclInvalidArgument),
     CASE(send_peer_garbage, ncclInvalidArgument),
     CASE(recv_garbage, ncclInvalidArgument),
     CASE(group_end_without_start, ncclInvalidUsage),

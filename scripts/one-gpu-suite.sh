@@ -13,8 +13,11 @@
 #             starts (weights ffi 3, faults 2, matrix 5, bench 3, copy 1, torch 4, net 5);
 #             time a section does not use passes on to the next.
 # Sections:
-#   ffi     lifecycle -n 1 (ours); shared_gpu (ours); shared_gpu against NVIDIA's library as
-#           a reference (it refuses shared GPUs: those cases print SKIP)
+#   ffi     lifecycle -n 1 (ours); coll_config (the ncclXConfig collectives, 2 ranks on GPU 0,
+#           ours; then against NVIDIA's library as a reference, -r: it refuses shared GPUs and
+#           runs 1 rank, its answers that differ from ours print DIFF); shared_gpu (ours);
+#           shared_gpu against NVIDIA's library as a reference (it refuses shared GPUs: those
+#           cases print SKIP)
 #   faults  faults -n 2, then -n 4 if time is left (ffi-tests/gpu/faults.c, ours; issue 13):
 #           a rank that skips collective #4 (report only, then as an error), calls another
 #           collective, another count, is SIGKILLed mid-collective, or skips a CUDA graph's
@@ -207,7 +210,7 @@ test_step() {
     [ "$verdict" = ok ] || FAILED=1
     row "$sec" "$name" "$verdict" - "$ELAPSED" "$note"
   fi
-  grep -E '^(FAIL|SKIP|NOT RUN) ' "$TMP/step.out" | head -20 | sed 's/^/      /'
+  grep -E '^(FAIL|SKIP|NOT RUN|DIFF) ' "$TMP/step.out" | head -20 | sed 's/^/      /'
 }
 
 # only SECTION NAME: 1 when MATRIX_ONLY=REGEX is set and a matrix or net step's name does not
@@ -306,6 +309,15 @@ sec_ffi() {
     LEAVE=60 test_step ffi "lifecycle -n 1 (ours)" 120 0 env LD_LIBRARY_PATH="$DEV/lib" "$DEV/bin/lifecycle" -n 1
   else
     row ffi "lifecycle -n 1 (ours)" SKIP - 0 "$DEV/bin/lifecycle missing"
+  fi
+  if [ -x "$DEV/bin/coll_config" ]; then
+    LEAVE=60 test_step ffi "coll_config (ours)" 120 0 env LD_LIBRARY_PATH="$DEV/lib" "$DEV/bin/coll_config" -n 2
+    if [ -n "$NVLIB" ]; then
+      LEAVE=60 test_step ffi "coll_config (NVIDIA reference)" 120 1 env LD_LIBRARY_PATH="$NVDIR" \
+        "$DEV/bin/coll_config" -n 2 -r
+    fi
+  else
+    row ffi "coll_config (ours)" SKIP - 0 "$DEV/bin/coll_config missing"
   fi
   [ -x "$DEV/bin/shared_gpu" ] || { row ffi shared_gpu SKIP - 0 "$DEV/bin/shared_gpu missing"; return 0; }
   local leave=0

@@ -4,6 +4,7 @@ use super::{entry, export, find_comm};
 use crate::abi::{
     cudaStream_t, ncclCollConfig_t, ncclComm_t, ncclDataType_t, ncclResult_t, RawDataType, RawRedOp,
 };
+use crate::core::coll_config::{self, CallConfig};
 use crate::core::redop::RedOp;
 use crate::error::{Error, Result};
 use crate::sched::{CollKind, Task};
@@ -26,27 +27,29 @@ pub(crate) struct Call {
 
 /// Validate a call as NVIDIA's library does and hand it to the communicator.
 pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
-    entry(name, call.comm, || submit_call(call))
+    entry(name, call.comm, || submit_call(call, CallConfig::default()))
 }
 
-/// `submit` with the caller's per-call configuration (NULL: the plain call).
+/// `submit` with the caller's per-call configuration (NULL: the plain call). The config is
+/// checked first, before the communicator, as NVIDIA's library does.
 pub(crate) fn submit_configured(
     name: &str,
     call: Call,
     config: *const ncclCollConfig_t,
 ) -> ncclResult_t {
     entry(name, call.comm, || {
-        if !config.is_null() {
-            find_comm(call.comm)?;
-            return Err(Error::unsupported(&format!(
-                "{name} with a non-NULL config"
-            )));
-        }
-        submit_call(call)
+        // SAFETY: `config` is NULL or the caller's struct of the size it declares (NCCL's
+        // contract for ncclCollConfig_t).
+        let Some(user) = (unsafe { coll_config::read(config) })? else {
+            return submit_call(call, CallConfig::default());
+        };
+        let c = find_comm(call.comm)?;
+        let cfg = coll_config::resolve(&user, &c.config, call.kind)?;
+        submit_call(call, cfg)
     })
 }
 
-fn submit_call(call: Call) -> Result<()> {
+fn submit_call(call: Call, cfg: CallConfig) -> Result<()> {
     let c = find_comm(call.comm)?;
     c.check_usable()?;
     let dtype = ncclDataType_t::from_raw(call.dtype).ok_or_else(|| {
@@ -80,8 +83,9 @@ fn submit_call(call: Call) -> Result<()> {
         sendbuff: call.sendbuff as u64,
         recvbuff: call.recvbuff as u64,
         root: call.root,
+        opts: cfg.opts,
     };
-    crate::core::enqueue::enqueue(&c, task, call.stream)
+    crate::core::enqueue::enqueue(&c, task, call.stream, cfg.launch_event)
 }
 
 /// Buffers a rank actually touches must not be NULL when there is data to move.

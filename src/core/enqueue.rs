@@ -6,7 +6,9 @@
 //! outside a group counts as launched (and so, once what came before it finishes, done) at
 //! once. With the collective check on (`OXCCL_CHECK_COLLECTIVES=1`), every numbered operation
 //! is also noted for the check of its group (`watchdog::check`), no-ops too: another rank may
-//! have called something else under that number.
+//! have called something else under that number. A call's launch event
+//! (`ncclCollConfig_t.launchCompletionEvent`) is recorded after its group's launch on the
+//! communicator, and for a no-op at once (or at its group's end).
 
 use super::watchdog::check;
 use super::watchdog::wire::OpDesc;
@@ -16,8 +18,14 @@ use crate::error::Result;
 use crate::sched::{CollKind, Task};
 use std::sync::Arc;
 
-/// Queue `task` on `comm` for `stream`.
-pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()> {
+/// Queue `task` on `comm` for `stream`; `launch_event` (0: none) is the caller's event to
+/// record on `stream` once the task's kernel has been launched.
+pub fn enqueue(
+    comm: &Arc<Comm>,
+    task: Task,
+    stream: cudaStream_t,
+    launch_event: usize,
+) -> Result<()> {
     let seq = comm.progress.record(&task, stream as usize);
     let checked = comm.nranks() > 1 && check::enabled();
     if checked {
@@ -37,7 +45,7 @@ pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()>
                 rt.note_launched(comm.progress.launched());
             }
         }
-        return Ok(());
+        return super::group::launch_event(stream as usize, launch_event);
     }
     crate::trace!(
         COLL,
@@ -48,7 +56,7 @@ pub fn enqueue(comm: &Arc<Comm>, task: Task, stream: cudaStream_t) -> Result<()>
         task.root,
         comm.rank()
     );
-    super::group::submit_op(comm, task, stream as usize)
+    super::group::submit_op(comm, task, stream as usize, launch_event)
 }
 
 /// What the collective check compares of `task`, numbered `seq`.

@@ -3,7 +3,10 @@
 //! (concurrently, one thread each) and then each communicator's operations as one launch
 //! (concurrently across communicators, since connection setup waits on peers). With the
 //! collective check on (`OXCCL_CHECK_COLLECTIVES=1`), the ranks compare what they are about to
-//! run first (`watchdog::check`); a communicator whose check fails launches nothing.
+//! run first (`watchdog::check`); a communicator whose check fails launches nothing. The
+//! launch events of the group's calls (`ncclCollConfig_t.launchCompletionEvent`) are recorded
+//! on their streams right after their communicator's launch; those of no-op calls once the
+//! group's launches are out.
 
 use super::watchdog::check;
 use super::Comm;
@@ -27,6 +30,17 @@ struct Op {
     comm: Arc<Comm>,
     task: Task,
     stream: usize,
+    /// The caller's event to record after the launch (0: none).
+    event: usize,
+}
+
+/// The operations of a group on one communicator: its tasks in order, their streams, and the
+/// (stream, event) pairs to record after its launch.
+struct CommOps {
+    comm: Arc<Comm>,
+    tasks: Vec<Task>,
+    streams: Vec<usize>,
+    events: Vec<(usize, usize)>,
 }
 
 #[derive(Default)]
@@ -36,6 +50,8 @@ struct Pending {
     ops: Vec<Op>,
     /// Communicators whose only operations in the group were no-ops, still to be checked.
     checks: Vec<Arc<Comm>>,
+    /// (stream, event) of the group's no-op calls that asked for a launch event.
+    noop_events: Vec<(usize, usize)>,
 }
 
 thread_local! {
@@ -54,7 +70,7 @@ pub fn depth() -> usize {
 
 /// Close a group; the outermost end runs what was collected.
 pub fn end() -> Result<()> {
-    let (inits, ops, checks) = GROUP.with(|g| {
+    let (inits, ops, checks, noop_events) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Err(Error::invalid_usage(
@@ -69,9 +85,12 @@ pub fn end() -> Result<()> {
             std::mem::take(&mut g.inits),
             std::mem::take(&mut g.ops),
             std::mem::take(&mut g.checks),
+            std::mem::take(&mut g.noop_events),
         ))
     })?;
-    execute(inits, ops, checks)
+    let launched = execute(inits, ops, checks);
+    let recorded = record_events(&noop_events);
+    launched.and(recorded)
 }
 
 /// `ncclGroupSimulateEnd`: close the group without running it and estimate its time in µs.
@@ -89,6 +108,7 @@ pub fn simulate_end() -> Result<f32> {
         }
         g.inits.clear();
         g.checks.clear();
+        g.noop_events.clear();
         Ok(std::mem::take(&mut g.ops))
     })?;
     let tasks: Vec<(i32, Option<crate::sched::NetLink>, Task)> = ops
@@ -124,18 +144,44 @@ pub fn submit_init(job: InitWork) -> Result<()> {
     }
 }
 
-/// An operation: collected inside a group, run at once outside one.
-pub fn submit_op(comm: &Arc<Comm>, task: Task, stream: usize) -> Result<()> {
+/// An operation: collected inside a group, run at once outside one; `event` (0: none) is
+/// recorded on `stream` after its launch.
+pub fn submit_op(comm: &Arc<Comm>, task: Task, stream: usize, event: usize) -> Result<()> {
     let op = Op {
         comm: comm.clone(),
         task,
         stream,
+        event,
     };
     if depth() > 0 {
         GROUP.with(|g| g.borrow_mut().ops.push(op));
         return Ok(());
     }
     execute(Vec::new(), vec![op], Vec::new())
+}
+
+/// The launch event `event` (0: none) of a no-op call on `stream`: recorded now outside a
+/// group, else once the group's launches are out.
+pub fn launch_event(stream: usize, event: usize) -> Result<()> {
+    if event == 0 {
+        return Ok(());
+    }
+    if depth() > 0 {
+        GROUP.with(|g| g.borrow_mut().noop_events.push((stream, event)));
+        return Ok(());
+    }
+    record_events(&[(stream, event)])
+}
+
+/// Record each caller's event of `events` ((stream, event) pairs) on its stream.
+fn record_events(events: &[(usize, usize)]) -> Result<()> {
+    for &(stream, event) in events {
+        crate::cuda::record_user_event(
+            event as crate::cuda::CUevent,
+            stream as crate::cuda::CUstream,
+        )?;
+    }
+    Ok(())
 }
 
 /// A no-op (no GPU work) under the collective check: checked now outside a group, else at
@@ -171,17 +217,25 @@ fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result
         run_inits(inits)?;
     }
     // Group the operations by communicator, keeping their order.
-    let mut per_comm: Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)> = Vec::new();
+    let mut per_comm: Vec<CommOps> = Vec::new();
     for op in ops {
-        match per_comm
-            .iter_mut()
-            .find(|(c, _, _)| Arc::ptr_eq(c, &op.comm))
-        {
-            Some((_, tasks, streams)) => {
-                tasks.push(op.task);
-                streams.push(op.stream);
+        let i = match per_comm.iter().position(|c| Arc::ptr_eq(&c.comm, &op.comm)) {
+            Some(i) => i,
+            None => {
+                per_comm.push(CommOps {
+                    comm: op.comm.clone(),
+                    tasks: Vec::new(),
+                    streams: Vec::new(),
+                    events: Vec::new(),
+                });
+                per_comm.len() - 1
             }
-            None => per_comm.push((op.comm, vec![op.task], vec![op.stream])),
+        };
+        let c = &mut per_comm[i];
+        c.tasks.push(op.task);
+        c.streams.push(op.stream);
+        if op.event != 0 {
+            c.events.push((op.stream, op.event));
         }
     }
     let check_failure = check_group(&mut per_comm, checks);
@@ -195,14 +249,11 @@ fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result
 /// The collective check of every communicator of the group with operations noted for it
 /// (those with work, and `noop_only` ones whose calls were all no-ops): the communicators that
 /// fail it are dropped from `per_comm`; the first failure is returned.
-fn check_group(
-    per_comm: &mut Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)>,
-    noop_only: Vec<Arc<Comm>>,
-) -> Option<Error> {
+fn check_group(per_comm: &mut Vec<CommOps>, noop_only: Vec<Arc<Comm>>) -> Option<Error> {
     if !check::enabled() {
         return None;
     }
-    let mut comms: Vec<Arc<Comm>> = per_comm.iter().map(|(c, _, _)| c.clone()).collect();
+    let mut comms: Vec<Arc<Comm>> = per_comm.iter().map(|c| c.comm.clone()).collect();
     for c in noop_only {
         if !comms.iter().any(|k| Arc::ptr_eq(k, &c)) {
             comms.push(c);
@@ -216,15 +267,15 @@ fn check_group(
     let mut first = None;
     for (comm, result) in comms.iter().zip(results) {
         if let Err(e) = result {
-            per_comm.retain(|(c, _, _)| !Arc::ptr_eq(c, comm));
+            per_comm.retain(|c| !Arc::ptr_eq(&c.comm, comm));
             first.get_or_insert(e);
         }
     }
     first
 }
 
-/// Connect and launch each communicator's operations.
-fn launch_all(per_comm: Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)>) -> Result<()> {
+/// Connect and launch each communicator's operations, then record its calls' launch events.
+fn launch_all(per_comm: Vec<CommOps>) -> Result<()> {
     if per_comm.len() > 1 {
         check_rank_streams(&per_comm)?;
     }
@@ -232,11 +283,12 @@ fn launch_all(per_comm: Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)>) -> Result<()> {
     // several, set up in parallel threads. Launches then go out from this thread.
     let needs_connect: Vec<bool> = per_comm
         .iter()
-        .map(|(comm, tasks, _)| {
-            comm.rt
+        .map(|c| {
+            c.comm
+                .rt
                 .lock()
                 .as_ref()
-                .is_some_and(|rt| rt.needs_connect(comm.rank(), comm.nranks(), tasks))
+                .is_some_and(|rt| rt.needs_connect(c.comm.rank(), c.comm.nranks(), &c.tasks))
         })
         .collect();
     if per_comm.len() > 1 && needs_connect.contains(&true) {
@@ -245,7 +297,8 @@ fn launch_all(per_comm: Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)>) -> Result<()> {
                 .iter()
                 .zip(&needs_connect)
                 .filter(|(_, &n)| n)
-                .map(|((comm, tasks, _), _)| {
+                .map(|(c, _)| {
+                    let (comm, tasks) = (&c.comm, &c.tasks);
                     s.spawn(move || {
                         with_runtime(comm, |rt| rt.connect_for(comm.rank(), comm.nranks(), tasks))
                     })
@@ -261,15 +314,23 @@ fn launch_all(per_comm: Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)>) -> Result<()> {
         });
         results.into_iter().collect::<Result<()>>()?;
     }
-    for (comm, tasks, streams) in &per_comm {
+    for c in &per_comm {
+        let comm = &c.comm;
         with_runtime(comm, |rt| {
-            rt.connect_for(comm.rank(), comm.nranks(), tasks)?;
-            rt.launch_group(comm.rank(), comm.nranks(), tasks, streams, &comm.abort)?;
+            rt.connect_for(comm.rank(), comm.nranks(), &c.tasks)?;
+            rt.launch_group(
+                comm.rank(),
+                comm.nranks(),
+                &c.tasks,
+                &c.streams,
+                &comm.abort,
+            )?;
             // Under the runtime's lock, so the watchdog sees the launch and its count together.
             comm.progress.mark_launched();
             rt.note_launched(comm.progress.launched());
             Ok(())
         })?;
+        record_events(&c.events)?;
     }
     Ok(())
 }
@@ -278,15 +339,15 @@ fn launch_all(per_comm: Vec<(Arc<Comm>, Vec<Task>, Vec<usize>)>) -> Result<()> {
 /// would queue behind the other's, which waits for it — forever (ranks sharing a GPU, or a
 /// stream handed to the wrong rank). Nor may one of two ranks on one GPU use the legacy
 /// default stream while the other uses a blocking stream, which waits for it implicitly.
-fn check_rank_streams(per_comm: &[(Arc<Comm>, Vec<Task>, Vec<usize>)]) -> Result<()> {
+fn check_rank_streams(per_comm: &[CommOps]) -> Result<()> {
     let ids: Vec<Option<u64>> = per_comm
         .iter()
-        .map(|(c, _, _)| c.rt.lock().as_ref().map(|rt| rt.comm_hash()))
+        .map(|c| c.comm.rt.lock().as_ref().map(|rt| rt.comm_hash()))
         .collect();
     for i in 0..per_comm.len() {
         for j in i + 1..per_comm.len() {
-            let (a, _, sa) = &per_comm[i];
-            let (b, _, sb) = &per_comm[j];
+            let (a, sa) = (&per_comm[i].comm, &per_comm[i].streams);
+            let (b, sb) = (&per_comm[j].comm, &per_comm[j].streams);
             if ids[i].is_none() || ids[i] != ids[j] {
                 continue;
             }

@@ -1,6 +1,7 @@
 //! Communicator state and lifecycle: the registry of live handles, ranks and devices, the
 //! async error and abort flag, user-defined reduction ops, and the group/enqueue machinery.
 
+pub mod coll_config;
 pub mod config;
 pub mod enqueue;
 pub mod group;

@@ -241,6 +241,7 @@ mod tests {
             sendbuff: 0,
             recvbuff: 0,
             root,
+            opts: Default::default(),
         }
     }
 

@@ -163,7 +163,7 @@ pub struct Runtime {
     /// Task shapes whose connections are known to exist: the per-call path skips
     /// `connections_needed` for them (it costs microseconds).
     connected_shapes: HashSet<Vec<Shape>>,
-    /// Plans of recent groups, by their exact tasks (buffers included): a training loop or a
+    /// Plans of recent groups, by their exact tasks (buffers and options included): a training loop or a
     /// benchmark repeats the same calls, and a plan is a pure function of the tasks and the
     /// geometry, so it is computed once. Cleared whenever the geometry changes.
     plans: HashMap<Vec<Task>, Arc<CachedPlan>>,
@@ -185,13 +185,20 @@ pub struct Runtime {
     park: Vec<bool>,
 }
 
-/// What decides the connections a task needs: its kind, type, count and root (or peer).
-type Shape = (sched::CollKind, crate::abi::ncclDataType_t, usize, i32);
+/// What decides the connections a task needs: its kind, type, count, root (or peer) and
+/// options (which bound its channels).
+type Shape = (
+    sched::CollKind,
+    crate::abi::ncclDataType_t,
+    usize,
+    i32,
+    sched::TaskOptions,
+);
 
 fn shapes(tasks: &[Task]) -> Vec<Shape> {
     tasks
         .iter()
-        .map(|t| (t.kind, t.dtype, t.count, t.root))
+        .map(|t| (t.kind, t.dtype, t.count, t.root, t.opts))
         .collect()
 }
 

@@ -371,6 +371,23 @@ pub fn stream_is_capturing(stream: CUstream) -> Result<bool> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// Record the caller's event `event` on `stream`: after the work queued there so far, or,
+/// while the stream captures a graph, as an event-record node of the graph
+/// (`CU_EVENT_RECORD_EXTERNAL`), which every launch of the graph records.
+pub fn record_user_event(event: CUevent, stream: CUstream) -> Result<()> {
+    let flags = if stream_is_capturing(stream)? {
+        sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32
+    } else {
+        0
+    };
+    // SAFETY: the caller's event and stream are live handles (NCCL's contract); the driver
+    // validates both.
+    check(
+        unsafe { sys::cuEventRecordWithFlags(event, stream, flags) },
+        "cuEventRecordWithFlags",
+    )
+}
+
 /// The graph that `stream`, which must be capturing, records into.
 pub fn capturing_graph(stream: CUstream) -> Result<sys::CUgraph> {
     capture_dependencies(stream).map(|(graph, _)| graph)

@@ -54,6 +54,7 @@
 //! the channels are raised to the in-node model's choice, because a channel keeps only about
 //! one slot in flight per hop (measured: `ring_plan_net_with`).
 
+use super::options::TaskOptions;
 use super::proto::Proto;
 use super::CollKind;
 
@@ -388,6 +389,43 @@ pub fn ring_time_proto_us(proto: Proto, kind: CollKind, bytes: u64, nranks: i32,
     }
 }
 
+/// What bounds one task's plan: its channel range and the protocols and algorithms it may
+/// use. The communicator's settings (`NCCL_MIN_CTAS`, its channels, `NCCL_PROTO`,
+/// `NCCL_ALGO`), narrowed by the task's own options (`TaskOptions`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The channel floor (at most `max_channels`).
+    pub min_channels: u32,
+    pub max_channels: u32,
+    pub protocols: Protocols,
+    pub algorithms: Algorithms,
+}
+
+impl Limits {
+    /// The limits of a task with options `opts` on a communicator of `nchannels` channels.
+    pub fn of(nchannels: u32, opts: &TaskOptions) -> Limits {
+        let max = opts.max_channels(nchannels);
+        Limits {
+            min_channels: opts.min_channels(min_channels_setting(), max),
+            max_channels: max,
+            protocols: protocols(),
+            algorithms: opts.algorithms_with(algorithms()),
+        }
+    }
+
+    /// The communicator's limits on `max_channels` channels with the protocols `allowed` and
+    /// every algorithm (the plain call's, with the protocols given).
+    fn plain(max_channels: u32, allowed: Protocols) -> Limits {
+        let max = max_channels.max(1);
+        Limits {
+            min_channels: min_channels_setting().min(max),
+            max_channels: max,
+            protocols: allowed,
+            algorithms: Algorithms { one_shot: true },
+        }
+    }
+}
+
 /// Protocol and channels for a ring collective under the protocols `allowed`.
 pub fn ring_plan_with(
     kind: CollKind,
@@ -396,7 +434,12 @@ pub fn ring_plan_with(
     max_channels: u32,
     allowed: Protocols,
 ) -> (Proto, u32) {
-    ring_choice(bytes, max_channels, allowed, &|proto, c| {
+    ring_plan_in(kind, bytes, nranks, &Limits::plain(max_channels, allowed))
+}
+
+/// Protocol and channels for a ring collective within the limits `lim`.
+pub fn ring_plan_in(kind: CollKind, bytes: u64, nranks: i32, lim: &Limits) -> (Proto, u32) {
+    ring_choice(bytes, lim, &|proto, c| {
         ring_time_proto_us(proto, kind, bytes, nranks, c)
     })
 }
@@ -420,14 +463,29 @@ pub fn ring_plan_net_with(
     allowed: Protocols,
     link: NetLink,
 ) -> (Proto, u32) {
-    let (proto, nch) = ring_choice(bytes, max_channels, allowed, &|proto, c| {
+    let lim = Limits::plain(max_channels, allowed);
+    ring_plan_net_in(kind, bytes, nranks, &lim, link)
+}
+
+/// `ring_plan_net_with` within the limits `lim`.
+pub fn ring_plan_net_in(
+    kind: CollKind,
+    bytes: u64,
+    nranks: i32,
+    lim: &Limits,
+    link: NetLink,
+) -> (Proto, u32) {
+    let (proto, nch) = ring_choice(bytes, lim, &|proto, c| {
         ring_time_net_us(proto, kind, bytes, nranks, c, link)
     });
-    let only = Protocols {
-        simple: proto == Proto::Simple,
-        ll: proto == Proto::Ll,
+    let only = Limits {
+        protocols: Protocols {
+            simple: proto == Proto::Simple,
+            ll: proto == Proto::Ll,
+        },
+        ..*lim
     };
-    let (_, floor) = ring_plan_with(kind, bytes, nranks, max_channels, only);
+    let (_, floor) = ring_plan_in(kind, bytes, nranks, &only);
     (proto, nch.max(floor))
 }
 
@@ -460,17 +518,12 @@ fn choose(
     }
 }
 
-/// `choose` for a ring collective of `bytes` on at most `max_channels` (raised to the user's
-/// floor, LL up to `LL_MAX_BYTES`).
-fn ring_choice(
-    bytes: u64,
-    max_channels: u32,
-    allowed: Protocols,
-    time: &dyn Fn(Proto, u32) -> f64,
-) -> (Proto, u32) {
-    let max = max_channels.max(1);
-    let floor = min_channels_setting().min(max);
-    choose((1, max), floor, bytes <= LL_MAX_BYTES, allowed, time)
+/// `choose` for a ring collective of `bytes` within the limits `lim` (LL up to
+/// `LL_MAX_BYTES`).
+fn ring_choice(bytes: u64, lim: &Limits, time: &dyn Fn(Proto, u32) -> f64) -> (Proto, u32) {
+    let max = lim.max_channels.max(1);
+    let floor = lim.min_channels.min(max);
+    choose((1, max), floor, bytes <= LL_MAX_BYTES, lim.protocols, time)
 }
 
 /// Protocol and channels for a ring collective, under `NCCL_PROTO`.
@@ -541,16 +594,28 @@ pub fn allreduce_plan_with(
     allowed: Protocols,
     algos: Algorithms,
 ) -> AllReducePlan {
-    let (proto, nch) = ring_plan_with(CollKind::AllReduce, bytes, nranks, max_channels, allowed);
-    let direct_ok = allowed.ll
-        && algos.one_shot
+    let lim = Limits {
+        algorithms: algos,
+        ..Limits::plain(max_channels, allowed)
+    };
+    allreduce_plan_in(bytes, nranks, &lim)
+}
+
+/// `allreduce_plan_with` within the limits `lim`.
+pub fn allreduce_plan_in(bytes: u64, nranks: i32, lim: &Limits) -> AllReducePlan {
+    let (proto, nch) = ring_plan_in(CollKind::AllReduce, bytes, nranks, lim);
+    let direct_ok = lim.protocols.ll
+        && lim.algorithms.one_shot
         && (2..=super::device::DIRECT_MAX_PEERS as i32 + 1).contains(&nranks)
         && bytes <= DIRECT_MAX_BYTES;
     if !direct_ok {
         return AllReducePlan::Ring { proto, nch };
     }
     let ring_t = ring_time_proto_us(proto, CollKind::AllReduce, bytes, nranks, nch);
-    let floor = min_channels_setting().min(DIRECT_MAX_CHANNELS.min(max_channels).max(1));
+    let max_channels = lim.max_channels;
+    let floor = lim
+        .min_channels
+        .min(DIRECT_MAX_CHANNELS.min(max_channels).max(1));
     let dnch = (1..=DIRECT_MAX_CHANNELS.min(max_channels).max(1))
         .min_by(|&a, &b| {
             direct_time_us(bytes, nranks, a).total_cmp(&direct_time_us(bytes, nranks, b))
@@ -731,7 +796,7 @@ pub fn p2p_channels_in(bytes: u64, nchannels: u32, min: u32, max: u32) -> u32 {
 /// plus a one-shot all-reduce that NVIDIA's list has no name for: any `NCCL_ALGO` setting
 /// turns the one-shot path off, so the user gets the ring they asked for. A setting that
 /// leaves no Ring is warned about once and runs Ring anyway.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Algorithms {
     /// The cost model may pick the one-shot all-reduce.
     pub one_shot: bool,

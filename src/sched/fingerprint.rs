@@ -169,6 +169,7 @@ fn task(kind: CollKind, dtype: ncclDataType_t, op: RedOp, count: usize, bufs: (u
         sendbuff: bufs.0,
         recvbuff: bufs.1,
         root: 0,
+        opts: Default::default(),
     }
 }
 

@@ -77,6 +77,7 @@ impl CollKind {
 /// One operation of a group, as the user called it. `count` keeps the API's meaning:
 /// per-rank count for AllGather (sendcount), ReduceScatter (recvcount), AlltoAll, Gather and
 /// Scatter; the whole buffer otherwise. `root` is the root rank, or the peer for Send/Recv.
+/// `opts` are the call's own options (`ncclXConfig`; the default for every other call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Task {
     pub kind: CollKind,
@@ -86,6 +87,7 @@ pub struct Task {
     pub sendbuff: u64,
     pub recvbuff: u64,
     pub root: i32,
+    pub opts: TaskOptions,
 }
 
 pub mod cost;
@@ -93,6 +95,7 @@ pub mod device;
 #[cfg(test)]
 mod fingerprint;
 mod lower;
+pub mod options;
 pub mod plan;
 pub mod proto;
 pub mod redop;
@@ -103,6 +106,7 @@ mod sim;
 pub use cost::NetLink;
 pub use cost::{NCHANNELS, NSLOTS, SLOT_BYTES};
 pub use device::OxConn;
+pub use options::TaskOptions;
 pub use plan::{connections_needed, plan, Dir, Geometry, NetView, Plan};
 pub use ring::RingOrder;
 

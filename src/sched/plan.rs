@@ -252,9 +252,15 @@ fn conn_of(geom: &Geometry, dir: Dir, ch: u32, peer: i32) -> Result<OxConn> {
 }
 
 /// CTA of every item group: ring channel c is CTA c; P2P groups follow in order of first
-/// appearance; beyond `nchannels` (at most MAX_CTAS) groups fold onto CTAs (correct because
-/// every CTA runs its items by key).
+/// appearance; beyond `nchannels` (at most MAX_CTAS), or beyond the fewest CTAs a task of
+/// the group may use (`Piece::max_cta`), groups fold onto CTAs (correct because every CTA
+/// runs its items by key).
 fn assign_ctas(pieces: &[Piece], nchannels: u32) -> BTreeMap<Group, u32> {
+    let mut cap: BTreeMap<Group, u32> = BTreeMap::new();
+    for p in pieces {
+        let c = cap.entry(p.group).or_insert(MAX_CTAS);
+        *c = (*c).min(p.max_cta);
+    }
     let mut groups: Vec<Group> = pieces.iter().map(|p| p.group).collect();
     groups.sort_by_key(|g| match g {
         Group::Chan(c) => (0, *c, 0),
@@ -281,7 +287,8 @@ fn assign_ctas(pieces: &[Piece], nchannels: u32) -> BTreeMap<Group, u32> {
                 next_cta - 1
             }
         };
-        cta_of.insert(g, cta % nchannels.clamp(1, MAX_CTAS));
+        let fold = nchannels.min(cap[&g]).clamp(1, MAX_CTAS);
+        cta_of.insert(g, cta % fold);
     }
     cta_of
 }

@@ -9,6 +9,7 @@
 //! protocol, that both ends of every connection end at the same position, and that nothing
 //! deadlocks.
 
+use super::cost::Algorithms;
 use super::device::{
     deserialize_all, ll_step_bytes, op, ring_table_bytes, simple_step_bytes, OxConn, OxWork,
     WorkKind, FLAG_LL, FLAG_OPS, FLAG_OWN_BLOCK, FLAG_RING_ORDER,
@@ -16,7 +17,7 @@ use super::device::{
 use super::plan::{conn_channels, connections_needed, plan, Dir, Geometry, NetView, Plan};
 use super::redop::{RedOp, Scalar};
 use super::ring::{self, RingOrder};
-use super::{CollKind, Task};
+use super::{CollKind, Task, TaskOptions};
 use crate::abi::ncclDataType_t;
 use std::collections::{HashMap, VecDeque};
 
@@ -903,6 +904,7 @@ fn prepare(world: &mut World, c: &Case) -> Prepared {
             sendbuff: send,
             recvbuff: recv,
             root: c.root,
+            opts: Default::default(),
         };
         if c.kind == CollKind::Send {
             // Ring exchange: send to r+1 and receive from r-1 in one group.
@@ -1140,6 +1142,7 @@ fn in_place_reductions_single_launch() {
                     sendbuff: buf,
                     recvbuff: recv,
                     root: 0,
+                    opts: Default::default(),
                 }]);
             }
             let geoms = geometries(nranks, 3, 4096, 2, &tasks);
@@ -1184,6 +1187,7 @@ fn mixed_group_and_unbalanced_p2p_do_not_deadlock() {
             sendbuff: s,
             recvbuff: d,
             root,
+            opts: Default::default(),
         };
         let mut sends = vec![
             t(CollKind::Send, ((r + 1) % n) as i32, a, 0),
@@ -1430,6 +1434,7 @@ fn planning_cost() {
         sendbuff: 0x1000,
         recvbuff: 0x2000,
         root: 0,
+        opts: Default::default(),
     };
     let tasks = vec![vec![task]; 2];
     let geoms = geometries(
@@ -1531,6 +1536,7 @@ fn float_task(kind: CollKind, count: usize, send: u64, recv: u64, op: RedOp) -> 
         sendbuff: send,
         recvbuff: recv,
         root: 0,
+        opts: Default::default(),
     }
 }
 
@@ -1792,6 +1798,7 @@ fn items_on_parking_peers_are_flagged_and_make_a_yielding_plan() {
                 sendbuff: 0x1000,
                 recvbuff: 0x1000_0000,
                 root: 0,
+                opts: Default::default(),
             }]
         })
         .collect();
@@ -2073,4 +2080,188 @@ fn a_permuted_ring_without_its_table_is_refused() {
     g.ring = RingOrder::identity(5);
     let e = plan(&g, &tasks[0]).unwrap_err();
     assert!(e.msg.contains("ring order"), "{}", e.msg);
+}
+
+/// `check` with the options `opts` on every task (as every rank passes the same config):
+/// every rank's plan stays within `opts.max_ctas` CTAs, and the data are right.
+fn check_with(c: &Case, opts: TaskOptions) {
+    let mut world = World::new();
+    let mut prepared = prepare(&mut world, c);
+    for t in prepared.tasks.iter_mut().flatten() {
+        t.opts = opts;
+    }
+    let geoms = geometries(c.nranks, c.nchannels, 4096, 2, &prepared.tasks);
+    if opts.max_ctas > 0 {
+        for (g, t) in geoms.iter().zip(&prepared.tasks) {
+            let p = plan(g, t).expect("plan");
+            assert!(
+                p.grid <= opts.max_ctas,
+                "{:?} n={} count={}: grid {} > maxCTAs {}",
+                c.kind,
+                c.nranks,
+                c.count,
+                p.grid,
+                opts.max_ctas
+            );
+        }
+    }
+    run(&mut world, &geoms, &prepared.tasks, 2);
+    verify(&world, c, &prepared);
+}
+
+#[test]
+fn per_call_options_every_collective_is_correct_within_its_ctas() {
+    let ring_only = Algorithms { one_shot: false };
+    let options = [
+        (1, 1, Algorithms { one_shot: true }),
+        (0, 2, Algorithms { one_shot: true }),
+        (4, 4, Algorithms { one_shot: true }),
+        (3, 3, ring_only),
+        (5, 0, ring_only),
+    ];
+    for kind in KINDS {
+        for nranks in [2, 3, 4] {
+            for count in [5usize, 1000, 70000] {
+                for (min_ctas, max_ctas, algorithms) in options {
+                    let case = Case {
+                        kind,
+                        nranks,
+                        nchannels: 8,
+                        count,
+                        dtype: ncclDataType_t::ncclInt32,
+                        op: RedOp::Sum,
+                        root: nranks - 1,
+                        in_place: false,
+                        misalign: 0,
+                    };
+                    let opts = TaskOptions {
+                        min_ctas,
+                        max_ctas,
+                        algorithms,
+                    };
+                    check_with(&case, opts);
+                }
+            }
+        }
+    }
+}
+
+/// The plan of rank 0 of `nranks` on `nchannels` channels for `tasks_of(rank)`.
+fn plan0(nranks: i32, nchannels: u32, tasks_of: &dyn Fn(i32) -> Vec<Task>) -> Plan {
+    let tasks: Vec<Vec<Task>> = (0..nranks).map(tasks_of).collect();
+    let geoms = geometries(nranks, nchannels, 4096, 2, &tasks);
+    plan(&geoms[0], &tasks[0]).expect("plan")
+}
+
+/// A float task of `kind` with `count` elements and the options `opts`, on rank `rank`'s
+/// buffers.
+fn opt_task(kind: CollKind, count: usize, rank: i32, opts: TaskOptions) -> Task {
+    let base = 0x10_0000_0000u64 * (rank as u64 + 1);
+    Task {
+        opts,
+        ..float_task(kind, count, base, base + 0x8_0000_0000, RedOp::Sum)
+    }
+}
+
+#[test]
+fn per_call_options_bound_channels_and_filter_algorithms() {
+    let plain = TaskOptions::default();
+    let caps = |min_ctas, max_ctas| TaskOptions {
+        min_ctas,
+        max_ctas,
+        ..plain
+    };
+    let grid = |kind, count, opts| plan0(4, 16, &|r| vec![opt_task(kind, count, r, opts)]).grid;
+    // A large all-reduce spreads over many channels, unless capped.
+    assert!(grid(CollKind::AllReduce, 4 << 20, plain) > 4);
+    assert_eq!(grid(CollKind::AllReduce, 4 << 20, caps(0, 4)), 4);
+    assert_eq!(grid(CollKind::AllReduce, 4 << 20, caps(0, 1)), 1);
+    // A small one uses one channel, unless raised.
+    assert_eq!(grid(CollKind::AllGather, 16, plain), 1);
+    assert_eq!(grid(CollKind::AllGather, 16, caps(1, 0)), 1);
+    assert_eq!(grid(CollKind::AllGather, 1 << 12, caps(6, 6)), 6);
+    // The floor never passes the communicator's channels.
+    assert_eq!(
+        plan0(4, 2, &|r| vec![opt_task(
+            CollKind::Reduce,
+            1 << 16,
+            r,
+            caps(8, 0)
+        )])
+        .grid,
+        2
+    );
+    // P2P collectives fold onto the cap too, whatever their peers.
+    for kind in [CollKind::AlltoAll, CollKind::Gather, CollKind::Scatter] {
+        assert!(grid(kind, 1 << 20, plain) > 1, "{kind:?}");
+        assert_eq!(grid(kind, 1 << 20, caps(0, 1)), 1, "{kind:?}");
+        assert!(grid(kind, 1 << 20, caps(0, 3)) <= 3, "{kind:?}");
+    }
+    // The selection turns the one-shot all-reduce off.
+    let kinds = |opts| {
+        let p = plan0(4, 16, &|r| vec![opt_task(CollKind::AllReduce, 64, r, opts)]);
+        deserialize_all(&p.items)
+            .iter()
+            .map(|w| w.kind)
+            .collect::<Vec<u32>>()
+    };
+    assert!(kinds(plain).contains(&(WorkKind::DirectAllReduce as u32)));
+    let ring = TaskOptions {
+        algorithms: Algorithms { one_shot: false },
+        ..plain
+    };
+    assert!(kinds(ring)
+        .iter()
+        .all(|&k| k == WorkKind::RingAllReduce as u32));
+    // In one group, a capped task keeps to its CTAs while a plain one spreads.
+    let p = plan0(4, 16, &|r| {
+        vec![
+            opt_task(CollKind::AlltoAll, 1 << 20, r, caps(0, 1)),
+            opt_task(CollKind::AllReduce, 4 << 20, r, plain),
+        ]
+    });
+    let items = deserialize_all(&p.items);
+    assert!(p.grid > 4);
+    assert!(items
+        .iter()
+        .filter(|w| w.kind == WorkKind::Send as u32 || w.kind == WorkKind::Recv as u32)
+        .all(|w| w.cta == 0));
+}
+
+#[test]
+fn equal_options_plan_as_the_plain_call() {
+    // Options that restrict nothing: the communicator's channels, no floor above its own.
+    let same = |nchannels| TaskOptions {
+        min_ctas: 1,
+        max_ctas: nchannels,
+        ..TaskOptions::default()
+    };
+    for nchannels in [1, 3, 16] {
+        for nranks in [1, 2, 4] {
+            for kind in KINDS {
+                for count in [0usize, 7, 5000, 1 << 20] {
+                    let tasks_of = |opts| {
+                        move |r: i32| {
+                            let mut t = vec![opt_task(kind, count, r, opts)];
+                            if kind == CollKind::Send {
+                                let n = nranks;
+                                t[0].root = (r + 1) % n;
+                                t.push(Task {
+                                    kind: CollKind::Recv,
+                                    root: (r + n - 1) % n,
+                                    ..t[0]
+                                });
+                            }
+                            t
+                        }
+                    };
+                    assert_eq!(
+                        plan0(nranks, nchannels, &tasks_of(TaskOptions::default())),
+                        plan0(nranks, nchannels, &tasks_of(same(nchannels))),
+                        "{kind:?} n={nranks} ch={nchannels} count={count}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -535,6 +535,7 @@ fn check_collective(
             sendbuff: send_ptr,
             recvbuff: recv_ptr,
             root,
+            opts: Default::default(),
         };
         groups.push(if kind == CollKind::Send {
             vec![
@@ -839,6 +840,7 @@ fn run_all(dev: i32, quick: bool) -> Res<(usize, usize)> {
                 sendbuff: b.ptr,
                 recvbuff: b.ptr,
                 root: 0,
+                opts: Default::default(),
             }]);
             bufs.push(b);
         }

@@ -133,6 +133,7 @@ fn task(kind: CollKind, count: usize, root: i32) -> Task {
         sendbuff: 0,
         recvbuff: 0,
         root,
+        opts: Default::default(),
     }
 }
 
@@ -1157,12 +1158,13 @@ fn enqueue_and_group_end_run_the_check_before_any_launch() {
         std::thread::spawn(move || {
             crate::core::group::start();
             let queued =
-                crate::core::enqueue::enqueue(&comm, task(kind, count, 0), std::ptr::null_mut());
+                crate::core::enqueue::enqueue(&comm, task(kind, count, 0), std::ptr::null_mut(), 0);
             // A zero-count no-op of the same group is checked with it.
             let noop = crate::core::enqueue::enqueue(
                 &comm,
                 task(CollKind::AllReduce, 0, 0),
                 std::ptr::null_mut(),
+                0,
             );
             let _ = tx.send((queued, noop, crate::core::group::end()));
         });

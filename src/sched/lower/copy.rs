@@ -17,14 +17,16 @@ pub fn one_rank_transform(task: &Task) -> bool {
     is_reduction(task.kind) && matches!(task.op, RedOp::PreMulSum(_))
 }
 
-/// A kernel copy item on ring channel `c` (no connections).
-fn copy_piece(c: usize, key: (u8, u64, u64, u64, u64), work: OxWork) -> Piece {
+/// A kernel copy item on ring channel `c` (no connections) of a task that may use up to
+/// `max_cta` CTAs.
+fn copy_piece(c: usize, key: (u8, u64, u64, u64, u64), work: OxWork, max_cta: u32) -> Piece {
     Piece {
         group: Group::Chan(c as u32),
         key,
         work,
         send: None,
         recv: None,
+        max_cta,
     }
 }
 
@@ -46,7 +48,8 @@ impl Lowering<'_> {
             });
             return;
         }
-        let nch = cost::copy_channels(bytes, self.nchannels);
+        let max = self.limits.max_channels;
+        let nch = cost::copy_channels(bytes, max);
         for (c, (start, len)) in split(count, nch, 16).into_iter().enumerate() {
             if len == 0 {
                 continue;
@@ -55,7 +58,7 @@ impl Lowering<'_> {
             w.src = task.sendbuff + start * es;
             w.dst = task.recvbuff + start * es;
             w.count = len;
-            self.pieces.push(copy_piece(c, collective_key(seq), w));
+            self.pieces.push(copy_piece(c, collective_key(seq), w, max));
         }
     }
 
@@ -71,26 +74,29 @@ impl Lowering<'_> {
         }
         let sends = std::mem::take(&mut self.self_sends);
         let recvs = std::mem::take(&mut self.self_recvs);
-        for (seq, ((src, sbytes), (dst, rbytes))) in sends.into_iter().zip(recvs).enumerate() {
+        for (seq, ((src, sbytes, smax), (dst, rbytes, rmax))) in
+            sends.into_iter().zip(recvs).enumerate()
+        {
             if sbytes != rbytes {
                 return Err(Error::invalid_usage(format!(
                     "rank {rank}: send to itself of {sbytes} bytes matched with a receive of {rbytes} bytes"
                 )));
             }
             if sbytes != 0 && src != dst {
-                self.self_copy(seq as u64, src, dst, sbytes);
+                self.self_copy(seq as u64, src, dst, sbytes, smax.min(rmax));
             }
         }
         Ok(())
     }
 
-    /// The `seq`-th copy to self of a group: `bytes` from `src` to `dst`.
-    fn self_copy(&mut self, seq: u64, src: u64, dst: u64, bytes: u64) {
+    /// The `seq`-th copy to self of a group: `bytes` from `src` to `dst`, on at most `max`
+    /// channels.
+    fn self_copy(&mut self, seq: u64, src: u64, dst: u64, bytes: u64, max: u32) {
         if self.nranks == 1 || bytes >= cost::COPY_ENGINE_MIN_BYTES {
             self.copies.push(LocalCopy { dst, src, bytes });
             return;
         }
-        let nch = cost::copy_channels(bytes, self.nchannels);
+        let nch = cost::copy_channels(bytes, max);
         for (c, (start, len)) in split(bytes, nch, 512).into_iter().enumerate() {
             if len == 0 {
                 continue;
@@ -100,7 +106,7 @@ impl Lowering<'_> {
             w.dst = dst + start;
             w.count = len;
             let key = (1, 0, self.rank as u64, seq, c as u64);
-            self.pieces.push(copy_piece(c, key, w));
+            self.pieces.push(copy_piece(c, key, w, max));
         }
     }
 }

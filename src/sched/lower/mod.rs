@@ -18,7 +18,7 @@ mod to_p2p;
 
 pub use copy::one_rank_transform;
 
-use super::cost::{self, Algo, MAX_CTAS};
+use super::cost::{self, Algo, Limits, MAX_CTAS};
 use super::device::{OxWork, WorkKind, FLAG_OPS, FLAG_SCALAR_DEVICE};
 use super::plan::{Dir, LocalCopy, NetView};
 use super::redop::{RedOp, Scalar};
@@ -43,6 +43,9 @@ pub struct Piece {
     /// (connection row, peer) of the item's send and receive connections.
     pub send: Option<(u32, i32)>,
     pub recv: Option<(u32, i32)>,
+    /// Most CTAs the item's task may use (`Limits::max_channels`): its group's CTA is below
+    /// the least of its items'.
+    pub max_cta: u32,
 }
 
 /// The ordering key of every item of the collective with sequence number `seq`.
@@ -61,9 +64,12 @@ struct Lowering<'a> {
     coll_seq: u64,
     /// Sequence number of the next operation towards (peer, direction).
     p2p_seq: BTreeMap<(i32, Dir), u64>,
-    /// (address, bytes) of every send to self and every receive from self, in order.
-    self_sends: Vec<(u64, u64)>,
-    self_recvs: Vec<(u64, u64)>,
+    /// (address, bytes, the task's most channels) of every send to self and every receive
+    /// from self, in order.
+    self_sends: Vec<(u64, u64, u32)>,
+    self_recvs: Vec<(u64, u64, u32)>,
+    /// The limits of the task being lowered (`Limits::of` its options).
+    limits: Limits,
     /// The network, when the communicator uses it: rings are planned for its link, and the
     /// one-shot all-reduce is never chosen (the proxy moves data between steps, and one-shot
     /// steps, LL words to every peer at once, have no step words).
@@ -109,6 +115,7 @@ impl<'a> Lowering<'a> {
             p2p_seq: BTreeMap::new(),
             self_sends: Vec::new(),
             self_recvs: Vec::new(),
+            limits: Limits::of(nchannels, &Default::default()),
             net,
             ring,
             ring_table,
@@ -121,11 +128,12 @@ impl<'a> Lowering<'a> {
         self.coll_seq - 1
     }
 
-    /// Lower one task with the algorithm the cost model picks for it.
+    /// Lower one task with the algorithm the cost model picks for it, within its limits.
     fn task(&mut self, task: &Task) -> Result<()> {
         if task.dtype.size() == 0 {
             return Err(Error::invalid_argument("invalid data type"));
         }
+        self.limits = Limits::of(self.nchannels, &task.opts);
         match cost::algorithm(task.kind, self.nranks) {
             Algo::Copy => {
                 let seq = self.next_collective();
@@ -232,6 +240,7 @@ mod tests {
             sendbuff: 0x1000,
             recvbuff: 0x2000,
             root: 0,
+            opts: Default::default(),
         }
     }
 

@@ -36,6 +36,7 @@ impl Lowering<'_> {
                     work: w,
                     send: Some((row, (rank + 1 + k).rem_euclid(nranks))),
                     recv: Some((row, (rank - 1 - k).rem_euclid(nranks))),
+                    max_cta: self.limits.max_channels,
                 });
             }
         }

@@ -16,9 +16,10 @@ impl Lowering<'_> {
     pub(super) fn p2p_ops(&mut self, kind: CollKind, ops: Vec<P2pOp>) {
         for op in ops {
             if op.peer == self.rank {
+                let own = (op.addr, op.bytes, self.limits.max_channels);
                 match op.dir {
-                    Dir::Send => self.self_sends.push((op.addr, op.bytes)),
-                    Dir::Recv => self.self_recvs.push((op.addr, op.bytes)),
+                    Dir::Send => self.self_sends.push(own),
+                    Dir::Recv => self.self_recvs.push(own),
                 }
                 continue;
             }
@@ -39,7 +40,8 @@ impl Lowering<'_> {
         };
         let round = (dst - src).rem_euclid(self.nranks) as u64;
         let link = self.net.and_then(|n| n.link_to(op.peer));
-        let (proto, parts) = cost::p2p_plan(kind, op.bytes, self.nchannels, link);
+        let max = self.limits.max_channels;
+        let (proto, parts) = cost::p2p_plan(kind, op.bytes, max, link);
         for (j, (start, len)) in split(op.bytes, parts, 512).into_iter().enumerate() {
             if len == 0 {
                 continue;
@@ -62,6 +64,7 @@ impl Lowering<'_> {
                 work: w,
                 send: (op.dir == Dir::Send).then_some((ch, op.peer)),
                 recv: (op.dir == Dir::Recv).then_some((ch, op.peer)),
+                max_cta: max,
             });
         }
     }

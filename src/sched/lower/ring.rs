@@ -41,10 +41,11 @@ impl Lowering<'_> {
         }
         let own_flag = self.own_all_gather_block(task);
         let bytes = task.count as u64 * task.dtype.size() as u64;
+        let lim = &self.limits;
         let (proto, nch) = if let Some(net) = self.net {
-            cost::ring_plan_net(task.kind, bytes, self.nranks, self.nchannels, net.link)
+            cost::ring_plan_net_in(task.kind, bytes, self.nranks, lim, net.link)
         } else if task.kind == CollKind::AllReduce {
-            match cost::allreduce_plan(bytes, self.nranks, self.nchannels) {
+            match cost::allreduce_plan_in(bytes, self.nranks, lim) {
                 AllReducePlan::Ring { proto, nch } => (proto, nch),
                 AllReducePlan::Direct { nch } => {
                     self.one_shot_all_reduce(task, seq, nch);
@@ -52,7 +53,7 @@ impl Lowering<'_> {
                 }
             }
         } else {
-            cost::ring_plan(task.kind, bytes, self.nranks, self.nchannels)
+            cost::ring_plan_in(task.kind, bytes, self.nranks, lim)
         };
         self.ring_items(task, seq, proto, nch, own_flag);
         Ok(())
@@ -99,6 +100,7 @@ impl Lowering<'_> {
                 work: w,
                 send: Some((c as u32, next)),
                 recv: Some((c as u32, prev)),
+                max_cta: self.limits.max_channels,
             });
         }
     }
