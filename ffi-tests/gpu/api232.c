@@ -97,8 +97,13 @@ static long allreduce(float **buf, size_t n, ncclComm_t *cs, int nr, ncclResult_
     cudaMemcpy(buf[r], h, n * sizeof(float), cudaMemcpyHostToDevice);
   }
   ncclGroupStart();
-  for (int r = 0; r < nr; r++) ncclAllReduce(buf[r], buf[r], n, ncclFloat, ncclSum, cs[r], streams[r % NR]);
-  ncclResult_t rc = ncclGroupEnd();
+  ncclResult_t rc = ncclSuccess;
+  for (int r = 0; r < nr; r++) {
+    ncclResult_t x = ncclAllReduce(buf[r], buf[r], n, ncclFloat, ncclSum, cs[r], streams[r % NR]);
+    if (rc == ncclSuccess) rc = x;
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (rc == ncclSuccess) rc = end;
   *rcOut = rc;
   long wrong = 0;
   if (rc == ncclSuccess) {

@@ -1,7 +1,8 @@
 /* One-sided operations between two processes sharing GPU 0: each rank registers a symmetric
  * window in ncclMemAlloc memory; rank 0 puts two 1 MiB chunks into rank 1's window, each with
  * a signal, and rank 1 checks each chunk after waiting for its signal (exact data, in order);
- * then rank 1 signals rank 0 three times and rank 0 waits for the three. Runs against
+ * then rank 1 signals rank 0 three times (signal index 2 of the 4 the config asks for) and
+ * rank 0 waits for the three. Runs against
  * whichever libnccl.so.2 the loader finds. Prints PASS/FAIL lines and 'N passed, M failed';
  * an alarm bounds the run.
  *
@@ -31,7 +32,10 @@ static float value(int chunk, size_t i) { return (float)(chunk * 1000 + (int)(i 
 static int run(int rank, ncclUniqueId id) {
   cudaSetDevice(0);
   ncclComm_t comm;
-  ncclResult_t rc = ncclCommInitRank(&comm, 2, id, rank);
+  /* Signal index 2 below: NVIDIA's default is one signal index (numRmaSig 1). */
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.numRmaSig = 4;
+  ncclResult_t rc = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
   check(rank, rc == ncclSuccess, "init", rc);
   if (rc != ncclSuccess) return 1;
   cudaStream_t s;
