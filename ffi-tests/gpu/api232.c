@@ -358,8 +358,8 @@ static void rma(void) {
   CASE("put_wait_no_group", rp | rw, "put %d wait %d sync %d %d", rp, rw, cudaStreamSynchronize(streams[0]),
        cudaStreamSynchronize(streams[1]));
   /* Other signal indices and contexts, and bad arguments. */
-  CASE("signal_sigidx1", ncclSignal(0, 1, 0, 0, comms[1], streams[1]), "sigIdx 1");
-  CASE("signal_ctx1", ncclSignal(0, 0, 1, 0, comms[1], streams[1]), "ctx 1");
+  CASE("signal_sigidx1", ncclSignal(0, 1, 0, 0, comms[1], streams[1]), "sigIdx 1 (default numRmaSig)");
+  CASE("signal_ctx1", ncclSignal(0, 0, 1, 0, comms[1], streams[1]), "ctx 1 (default numRmaCtx)");
   CASE("signal_bad_peer", ncclSignal(NR + 2, 0, 0, 0, comms[1], streams[1]), "peer %d", NR + 2);
   CASE("signal_flags", ncclSignal(0, 0, 0, 1, comms[1], streams[1]), "flags 1");
   CASE("put_null_win", ncclPutSignal(src, 4, ncclFloat, 1, NULL, 0, 0, 0, 0, comms[0], streams[0]), "-");
@@ -386,8 +386,13 @@ static void config_one(const char *name, ncclCollConfig_t *cfg) {
     cudaMemcpy(buf[r], hb, n * sizeof(float), cudaMemcpyHostToDevice);
   }
   ncclGroupStart();
-  for (int r = 0; r < NR; r++) ncclAllReduceConfig(buf[r], buf[r], n, ncclFloat, ncclSum, comms[r], streams[r], cfg);
-  ncclResult_t rc = ncclGroupEnd();
+  ncclResult_t rc = ncclSuccess;
+  for (int r = 0; r < NR; r++) {
+    ncclResult_t x = ncclAllReduceConfig(buf[r], buf[r], n, ncclFloat, ncclSum, comms[r], streams[r], cfg);
+    if (rc == ncclSuccess) rc = x;
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (rc == ncclSuccess) rc = end;
   long wrong = 0;
   if (rc == ncclSuccess) {
     if (cfg && cfg->launchCompletionEvent) {

@@ -22,10 +22,10 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-/// Signal indices per context (`ncclConfig_t::numRmaSig` when set).
-pub const DEFAULT_SIGNALS: i32 = 64;
-/// Contexts (`ncclConfig_t::numRmaCtx` when set).
-pub const DEFAULT_CONTEXTS: i32 = 4;
+/// Signal indices per context unless `ncclConfig_t::numRmaSig` asks for more (NVIDIA's default).
+pub const DEFAULT_SIGNALS: i32 = 1;
+/// Contexts unless `ncclConfig_t::numRmaCtx` asks for more (NVIDIA's default).
+pub const DEFAULT_CONTEXTS: i32 = 1;
 /// The value an abort writes into every counter: past any total a wait can ask for.
 const RELEASED: u64 = 1 << 60;
 /// Known `NCCL_WIN_*` flags.
