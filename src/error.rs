@@ -159,7 +159,8 @@ mod tests {
     fn strings_for_every_code() {
         assert_eq!(error_string(0), "no error");
         assert_eq!(error_string(7), "NCCL operation in progress");
-        assert_eq!(error_string(8), "unknown result code");
+        assert_eq!(error_string(8), "timeout");
+        assert_eq!(error_string(9), "unknown result code");
         assert_eq!(error_string(-3), "unknown result code");
     }
 
