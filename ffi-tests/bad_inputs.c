@@ -157,6 +157,26 @@ static int shrink_garbage_negative_count(void) {
   ncclComm_t n;
   return ncclCommShrink(GARBAGE, NULL, -1, &n, NULL, NCCL_SHRINK_DEFAULT);
 }
+static int comm_get_unique_id_null(void) { ncclUniqueId id; return ncclCommGetUniqueId(NULL, &id); }
+static int comm_get_unique_id_garbage(void) { ncclUniqueId id; return ncclCommGetUniqueId(GARBAGE, &id); }
+static int grow_all_null(void) { return ncclCommGrow(NULL, 4, NULL, -1, NULL, NULL); }
+static int grow_null_newcomm(void) {
+  ncclUniqueId id = zero_id();
+  return ncclCommGrow(NULL, 4, &id, 2, NULL, NULL);
+}
+static int grow_new_rank_null_id(void) { ncclComm_t n; return ncclCommGrow(NULL, 4, NULL, 2, &n, NULL); }
+static int grow_new_rank_eq_nranks(void) {
+  ncclUniqueId id = zero_id();
+  ncclComm_t n;
+  return ncclCommGrow(NULL, 4, &id, 4, &n, NULL);
+}
+static int grow_new_rank_negative(void) {
+  ncclUniqueId id = zero_id();
+  ncclComm_t n;
+  return ncclCommGrow(NULL, 4, &id, -1, &n, NULL);
+}
+/* A garbage parent asking for fewer ranks than any communicator has. */
+static int grow_garbage_smaller(void) { ncclComm_t n; return ncclCommGrow(GARBAGE, 1, NULL, -1, &n, NULL); }
 static int register_null(void) { char b[8]; void *h; return ncclCommRegister(NULL, b, 8, &h); }
 static int deregister_null(void) { char b[8]; return ncclCommDeregister(NULL, b); }
 static int window_register_null(void) {
@@ -554,6 +574,14 @@ static const Case cases[] = {
     CASE(split_garbage, ncclInvalidArgument),
     CASE(shrink_null, ncclInvalidArgument),
     CASE(shrink_garbage_negative_count, ncclInvalidArgument),
+    CASE(comm_get_unique_id_null, ncclInvalidArgument),
+    CASE(comm_get_unique_id_garbage, ncclInvalidArgument),
+    CASE(grow_all_null, ncclInvalidArgument),
+    CASE(grow_null_newcomm, ncclInvalidArgument),
+    CASE(grow_new_rank_null_id, ncclInvalidArgument),
+    CASE(grow_new_rank_eq_nranks, ncclInvalidArgument),
+    CASE(grow_new_rank_negative, ncclInvalidArgument),
+    CASE(grow_garbage_smaller, ncclInvalidArgument),
     CASE(register_null, ncclInvalidArgument),
     CASE(deregister_null, ncclInvalidArgument),
     CASE(window_register_null, ncclInvalidArgument),

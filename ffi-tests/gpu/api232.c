@@ -2,7 +2,8 @@
  * finds (oxccl's, or NVIDIA's 2.32.3 as the reference): properties, memory statistics,
  * suspend/resume (with cudaMemGetInfo around them), windows and their pointers, one-sided
  * put/signal/wait, per-call configured collectives, the parameter API, grow from NR to
- * 2*NR ranks, and encryption. Every case prints one line
+ * 2*NR ranks (blocking and non-blocking; a consumed id and a size not larger refused), and
+ * encryption. Every case prints one line
  *     CASE <name> rc=<code> <observations> | <ncclGetLastError>
  * so that two libraries' runs can be compared line by line; data checks print ok/WRONG.
  * Ranks are threads-free: NR communicators on GPU 0 in this process (ncclCommInitAll), driven
@@ -52,7 +53,7 @@ Team ncclTeamLsa(ncclComm_t comm);
 #define MAXR 8
 static int NR = 2;
 static ncclComm_t comms[MAXR];
-static cudaStream_t streams[MAXR];
+static cudaStream_t streams[2 * MAXR]; /* one per rank, grown communicators' too */
 static const char *sections = "pmwrcage";
 static const char *dumpfile;
 
@@ -99,7 +100,7 @@ static long allreduce(float **buf, size_t n, ncclComm_t *cs, int nr, ncclResult_
   ncclGroupStart();
   ncclResult_t rc = ncclSuccess;
   for (int r = 0; r < nr; r++) {
-    ncclResult_t x = ncclAllReduce(buf[r], buf[r], n, ncclFloat, ncclSum, cs[r], streams[r % NR]);
+    ncclResult_t x = ncclAllReduce(buf[r], buf[r], n, ncclFloat, ncclSum, cs[r], streams[r]);
     if (rc == ncclSuccess) rc = x;
   }
   ncclResult_t end = ncclGroupEnd();
@@ -107,7 +108,7 @@ static long allreduce(float **buf, size_t n, ncclComm_t *cs, int nr, ncclResult_
   *rcOut = rc;
   long wrong = 0;
   if (rc == ncclSuccess) {
-    for (int r = 0; r < nr; r++) cudaStreamSynchronize(streams[r % NR]);
+    for (int r = 0; r < nr; r++) cudaStreamSynchronize(streams[r]);
     for (int r = 0; r < nr; r++) {
       cudaMemcpy(h, buf[r], n * sizeof(float), cudaMemcpyDeviceToHost);
       for (size_t i = 0; i < n; i++) {
@@ -499,61 +500,103 @@ static void params(void) {
 struct grow_arg {
   int rank; /* existing rank index, or new rank's rank in the grown communicator */
   bool existing;
-  ncclUniqueId *id;
+  const ncclUniqueId *id;
+  ncclConfig_t *config;
   ncclComm_t out;
-  ncclResult_t rc;
+  ncclResult_t first; /* what ncclCommGrow returned */
+  ncclResult_t rc;    /* and once a non-blocking one completed, its async state */
 };
 static void *grow_thread(void *p) {
   struct grow_arg *a = p;
   cudaSetDevice(0);
   if (a->existing)
-    a->rc = ncclCommGrow(comms[a->rank], 2 * NR, a->rank == 0 ? a->id : NULL, -1, &a->out, NULL);
+    a->first = ncclCommGrow(comms[a->rank], 2 * NR, a->rank == 0 ? a->id : NULL, -1, &a->out, a->config);
   else
-    a->rc = ncclCommGrow(NULL, 2 * NR, a->id, a->rank, &a->out, NULL);
+    a->first = ncclCommGrow(NULL, 2 * NR, a->id, a->rank, &a->out, a->config);
+  a->rc = a->first;
+  while (a->rc == ncclInProgress && a->out != NULL) {
+    usleep(1000);
+    if (ncclCommGetAsyncError(a->out, &a->rc) != ncclSuccess) break;
+  }
   return NULL;
+}
+/* Members 0..members-1 of the grown communicator call ncclCommGrow at once (the first NR are
+ * the existing ranks); returns the last error of any member, ncclSuccess if none. */
+static ncclResult_t grow_members(int members, const ncclUniqueId *id, ncclConfig_t *config,
+                                 struct grow_arg *args) {
+  pthread_t th[2 * MAXR];
+  for (int i = 0; i < members; i++) {
+    args[i] = (struct grow_arg){i, i < NR, id, config, NULL, ncclSuccess, ncclSuccess};
+    pthread_create(&th[i], NULL, grow_thread, &args[i]);
+  }
+  for (int i = 0; i < members; i++) pthread_join(th[i], NULL);
+  ncclResult_t all = ncclSuccess;
+  for (int i = 0; i < members; i++)
+    if (args[i].rc != ncclSuccess) all = args[i].rc;
+  return all;
+}
+/* Ranks, sizes and an all-reduce on a grown communicator, then the old one; destroys it. */
+static void check_grown(struct grow_arg *args, const char *what) {
+  ncclComm_t g[2 * MAXR];
+  char name[64];
+  for (int i = 0; i < 2 * NR; i++) {
+    g[i] = args[i].out;
+    int rank = -1, count = -1;
+    ncclCommUserRank(g[i], &rank);
+    ncclCommCount(g[i], &count);
+    snprintf(name, sizeof name, "%s_rank", what);
+    printf("CASE %-28s rc=0 member %d rank %d count %d\n", name, i, rank, count);
+  }
+  step("allreduce on the grown communicator");
+  size_t n = 1 << 18;
+  float *buf[2 * MAXR];
+  for (int i = 0; i < 2 * NR; i++) cudaMalloc((void **)&buf[i], n * sizeof(float));
+  ncclResult_t rc;
+  long wrong = allreduce(buf, n, g, 2 * NR, &rc);
+  snprintf(name, sizeof name, "%s_allreduce", what);
+  CASE(name, rc, "wrong %ld", wrong);
+  wrong = allreduce(buf, n, comms, NR, &rc);
+  snprintf(name, sizeof name, "old_comm_after_%s", what);
+  CASE(name, rc, "wrong %ld", wrong);
+  for (int i = 0; i < 2 * NR; i++) {
+    ncclCommDestroy(g[i]);
+    cudaFree(buf[i]);
+  }
 }
 static void grow(void) {
   ncclUniqueId id;
   ncclResult_t rc = ncclCommGetUniqueId(comms[0], &id);
   CASE("comm_get_unique_id", rc, "root rank 0");
   ncclUniqueId id2;
-  CASE("comm_get_unique_id_again", ncclCommGetUniqueId(comms[0], &id2), "while unconsumed");
+  rc = ncclCommGetUniqueId(comms[0], &id2);
+  CASE("comm_get_unique_id_again", rc, "while unconsumed, same id %d", rc == ncclSuccess && !memcmp(&id, &id2, sizeof id));
   if (rc != ncclSuccess) return;
   step("grow");
   struct grow_arg args[2 * MAXR];
-  pthread_t th[2 * MAXR];
-  for (int i = 0; i < 2 * NR; i++) {
-    args[i] = (struct grow_arg){i < NR ? i : i, i < NR, &id, NULL, ncclSuccess};
-    pthread_create(&th[i], NULL, grow_thread, &args[i]);
-  }
-  for (int i = 0; i < 2 * NR; i++) pthread_join(th[i], NULL);
-  ncclResult_t all = ncclSuccess;
-  for (int i = 0; i < 2 * NR; i++)
-    if (args[i].rc != ncclSuccess) all = args[i].rc;
+  ncclResult_t all = grow_members(2 * NR, &id, NULL, args);
   CASE("comm_grow", all, "to %d ranks", 2 * NR);
-  if (all != ncclSuccess) return;
-  ncclComm_t g[2 * MAXR];
-  for (int i = 0; i < 2 * NR; i++) {
-    g[i] = args[i].out;
-    int rank = -1, count = -1;
-    ncclCommUserRank(g[i], &rank);
-    ncclCommCount(g[i], &count);
-    printf("CASE %-28s rc=0 member %d rank %d count %d\n", "grown_rank", i, rank, count);
+  if (all == ncclSuccess) check_grown(args, "grown");
+
+  ncclUniqueId id3;
+  rc = ncclCommGetUniqueId(comms[0], &id3);
+  CASE("comm_get_unique_id_after_grow", rc, "differs from the consumed one %d", memcmp(&id, &id3, sizeof id) != 0);
+  if (rc == ncclSuccess) {
+    step("non-blocking grow");
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    all = grow_members(2 * NR, &id3, &cfg, args);
+    int inprogress = 0;
+    for (int i = 0; i < 2 * NR; i++) inprogress += args[i].first == ncclInProgress;
+    CASE("comm_grow_nonblocking", all, "to %d ranks, %d calls returned ncclInProgress", 2 * NR, inprogress);
+    if (all == ncclSuccess) check_grown(args, "grown_nb");
   }
-  step("allreduce on the grown communicator");
-  size_t n = 1 << 18;
-  float *buf[2 * MAXR];
-  for (int i = 0; i < 2 * NR; i++) cudaMalloc((void **)&buf[i], n * sizeof(float));
-  cudaStream_t saved[MAXR];
-  memcpy(saved, streams, sizeof saved);
-  long wrong = allreduce(buf, n, g, 2 * NR, &rc);
-  CASE("grown_allreduce", rc, "wrong %ld", wrong);
-  wrong = allreduce(buf, n, comms, NR, &rc);
-  CASE("old_comm_after_grow", rc, "wrong %ld", wrong);
-  for (int i = 0; i < 2 * NR; i++) {
-    ncclCommDestroy(g[i]);
-    cudaFree(buf[i]);
-  }
+
+  ncclComm_t n = NULL;
+  CASE("comm_grow_not_larger", ncclCommGrow(comms[0], NR, NULL, -1, &n, NULL), "nRanks %d = the communicator's", NR);
+  /* Last: a library that does not refuse the consumed id may wait here for new ranks. */
+  step("grow with the consumed id");
+  all = grow_members(NR, &id, NULL, args);
+  CASE("comm_grow_consumed_id", all, "existing ranks only, the first grow's id");
 }
 
 static void encryption(void) {
@@ -590,7 +633,7 @@ int main(int argc, char **argv) {
   ncclResult_t rc = ncclCommInitAll(comms, NR, devs);
   CASE("init_all", rc, "%d ranks on GPU 0", NR);
   if (rc != ncclSuccess) return 1;
-  for (int r = 0; r < NR; r++) cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking);
+  for (int r = 0; r < 2 * NR; r++) cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking);
   if (strchr(sections, 'p')) properties();
   if (strchr(sections, 'm')) memory();
   if (strchr(sections, 'w')) windows();

@@ -1,5 +1,5 @@
 //! Communicator lifecycle: init (one rank, all local devices, several roots), split, shrink,
-//! revoke, finalize, destroy and abort. Creation returns the handle at once; the rendezvous
+//! grow (its arguments and id exchange in `grow.rs`), revoke, finalize, destroy and abort. Creation returns the handle at once; the rendezvous
 //! runs now (blocking, outside a group), at the outermost `ncclGroupEnd` (inside a group), or
 //! in the background (non-blocking communicators, which report `ncclInProgress` meanwhile).
 
@@ -35,6 +35,12 @@ pub enum Origin {
         exclude: Vec<i32>,
         flags: i32,
     },
+    /// Grown from a parent (None for a new rank) with the grow's id (None for the existing
+    /// ranks other than the root, who learn it from the root).
+    Grow {
+        parent: Option<Arc<Comm>>,
+        id: Option<ncclUniqueId>,
+    },
 }
 
 /// One pending creation: the child (if this rank gets one) and where it comes from.
@@ -44,7 +50,7 @@ pub struct InitJob {
 }
 
 /// Publish `comm`, store its handle for the caller, and run or defer its init.
-fn start(out: *mut ncclComm_t, job: InitJob) -> Result<()> {
+pub(super) fn start(out: *mut ncclComm_t, job: InitJob) -> Result<()> {
     match &job.child {
         Some(c) => {
             let handle = Comm::register(c.clone());
@@ -158,7 +164,7 @@ fn run_job(job: &InitJob) -> Result<()> {
 /// split and shrink (None for init from ids, or for a NOCOLOR rank).
 fn members_of(origin: &Origin, _child: Option<&Comm>) -> Result<Option<(Vec<i32>, i32)>> {
     match origin {
-        Origin::Ids(_) => Ok(None),
+        Origin::Ids(_) | Origin::Grow { .. } => Ok(None),
         Origin::Split { parent, color, key } => {
             let rt = parent.rt.lock();
             let rt = rt
@@ -229,6 +235,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
             let bytes: Vec<u8> = ids[0].internal.iter().map(|&c| c as u8).collect();
             (b, topo::fnv1a(&bytes))
         }
+        Origin::Grow { parent, id } => super::grow::bootstrap(comm, parent.as_ref(), id.as_ref())?,
         Origin::Split { parent, .. } | Origin::Shrink { parent, .. } => {
             if let Origin::Shrink { flags, .. } = origin {
                 if flags & NCCL_SHRINK_ABORT != 0 {

@@ -62,6 +62,8 @@ pub struct Comm {
     pub progress: progress::Progress,
     /// The watchdog thread (dead ranks, hang reports) and what transports report to it.
     pub watch: watchdog::Slot,
+    /// The ids `ncclCommGetUniqueId` handed out for growing this communicator.
+    pub grow: grow::GrowIds,
     destroyed: AtomicBool,
 }
 
@@ -90,6 +92,7 @@ impl Comm {
             redops: redop::RedOpTable::default(),
             progress: progress::Progress::default(),
             watch: watchdog::Slot::default(),
+            grow: grow::GrowIds::default(),
             destroyed: AtomicBool::new(false),
         }
     }
