@@ -95,16 +95,11 @@ pub extern "C" fn ncclWaitSignal(
     entry(name, comm, || {
         let c = find_comm(comm)?;
         c.check_usable()?;
-        if nDesc < 0 {
+        // As NVIDIA's: no descriptor at all is an invalid argument too.
+        if nDesc <= 0 || signalDescs.is_null() {
             return Err(Error::invalid_argument(format!(
-                "nDesc {nDesc} is negative"
+                "invalid arguments: nDesc {nDesc}, signalDescs {signalDescs:p}"
             )));
-        }
-        if nDesc == 0 {
-            return Ok(());
-        }
-        if signalDescs.is_null() {
-            return Err(Error::invalid_argument("signalDescs argument is NULL"));
         }
         // SAFETY: the caller passes nDesc descriptors (NCCL's contract); read unaligned.
         let waits: Vec<window::WaitFor> = (0..nDesc as usize)
