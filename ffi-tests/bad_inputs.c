@@ -1,7 +1,7 @@
 /* Bad inputs through the C ABI, no GPU needed. Every case runs in a forked child (so a crash
  * or hang in one case is recorded, not fatal) and prints one tab-separated line:
  *   RESULT <case> <code|CRASH:sig|TIMEOUT> <expected> <PASS|FAIL|INFO> <ms> <last error> <detail>
- * Expected codes are NVIDIA NCCL 2.28.9's answers on a machine with a working GPU (argument
+ * Expected codes are NVIDIA NCCL 2.32.3's answers on a machine with a working GPU (argument
  * errors ncclInvalidArgument, usage errors ncclInvalidUsage, ...). With --report the program
  * never fails (used to run NVIDIA's own library, which on a GPU-less machine fails many calls
  * on CUDA first); without it every case must give its expected code and, when it is an error,
@@ -177,6 +177,71 @@ static int grow_new_rank_negative(void) {
 }
 /* A garbage parent asking for fewer ranks than any communicator has. */
 static int grow_garbage_smaller(void) { ncclComm_t n; return ncclCommGrow(GARBAGE, 1, NULL, -1, &n, NULL); }
+/* 2.31-2.32: suspend, memory statistics, windows, one-sided operations, encryption, and the
+ * device-API host functions of nccl_device/host.h (C++ only there; declared here by their C ABI). */
+typedef struct { int nRanks, rank, stride; } TeamAbi;
+ncclResult_t ncclCommQueryProperties(ncclComm_t comm, void *props);
+ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void **outPtr);
+ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window, size_t offset, int lsaRank, void **outPtr);
+ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void **outPtr);
+ncclResult_t ncclGetMultimemDeviceLeInfo(ncclWindow_t window, size_t offset, uint32_t *leId, size_t *leOffset);
+static int suspend_null(void) { return ncclCommSuspend(NULL, NCCL_SUSPEND_MEM); }
+static int suspend_garbage(void) { return ncclCommSuspend(GARBAGE, NCCL_SUSPEND_MEM); }
+static int resume_null(void) { return ncclCommResume(NULL); }
+static int mem_stats_null(void) { uint64_t v; return ncclCommMemStats(NULL, ncclStatGpuMemTotal, &v); }
+static int mem_stats_null_value(void) { return ncclCommMemStats(NULL, ncclStatGpuMemTotal, NULL); }
+static int win_user_ptr_null(void) { void *p; return ncclWinGetUserPtr(NULL, NULL, &p); }
+static int put_signal_null_comm(void) {
+  char b[8] = {0};
+  return ncclPutSignal(b, 1, ncclFloat, 0, NULL, 0, 0, 0, 0, NULL, NULL);
+}
+static int signal_null_comm(void) { return ncclSignal(0, 0, 0, 0, NULL, NULL); }
+static int signal_garbage_comm(void) { return ncclSignal(0, 0, 0, 0, GARBAGE, NULL); }
+static int wait_signal_null_comm(void) {
+  ncclWaitSignalDesc_t d = {1, 0, 0, 0};
+  return ncclWaitSignal(1, &d, NULL, NULL);
+}
+static int query_properties_null_comm(void) { char p[256] = {0}; return ncclCommQueryProperties(NULL, p); }
+static int peer_pointer_null_window(void) { void *p; return ncclGetPeerDevicePointer(NULL, 0, 0, &p); }
+static int lsa_pointer_null_window(void) { void *p; return ncclGetLsaDevicePointer(NULL, 0, 0, &p); }
+static int lsa_multimem_null_window(void) { void *p; return ncclGetLsaMultimemDevicePointer(NULL, 0, &p); }
+static int multimem_le_null_window(void) {
+  uint32_t le;
+  size_t off;
+  return ncclGetMultimemDeviceLeInfo(NULL, 0, &le, &off);
+}
+static int encryption_null(void) { return ncclSetEncryption(NULL); }
+static int encryption_none(void) {
+  ncclEncryptionConfig_t c = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  return ncclSetEncryption(&c);
+}
+static int encryption_psk_null(void) {
+  ncclEncryptionConfig_t c = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  c.mode = NCCL_ENCRYPTION_MODE_PSK;
+  return ncclSetEncryption(&c);
+}
+static int encryption_psk_short(void) {
+  ncclEncryptionConfig_t c = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  c.mode = NCCL_ENCRYPTION_MODE_PSK;
+  c.psk = "too short";
+  return ncclSetEncryption(&c);
+}
+static int encryption_psk_ok(void) {
+  ncclEncryptionConfig_t c = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  c.mode = NCCL_ENCRYPTION_MODE_PSK;
+  c.psk = "0123456789abcdef0123456789abcdef";
+  return ncclSetEncryption(&c);
+}
+static int encryption_bad_mode(void) {
+  ncclEncryptionConfig_t c = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  c.mode = 5;
+  return ncclSetEncryption(&c);
+}
+static int encryption_bad_magic(void) {
+  ncclEncryptionConfig_t c = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  c.magic = 1;
+  return ncclSetEncryption(&c);
+}
 static int register_null(void) { char b[8]; void *h; return ncclCommRegister(NULL, b, 8, &h); }
 static int deregister_null(void) { char b[8]; return ncclCommDeregister(NULL, b); }
 static int window_register_null(void) {
@@ -582,6 +647,28 @@ static const Case cases[] = {
     CASE(grow_new_rank_eq_nranks, ncclInvalidArgument),
     CASE(grow_new_rank_negative, ncclInvalidArgument),
     CASE(grow_garbage_smaller, ncclInvalidArgument),
+    CASE(suspend_null, ncclInvalidArgument),
+    CASE(suspend_garbage, ncclInvalidArgument),
+    CASE(resume_null, ncclInvalidArgument),
+    CASE(mem_stats_null, ncclInvalidArgument),
+    CASE(mem_stats_null_value, ncclInvalidArgument),
+    CASE(win_user_ptr_null, ncclInvalidArgument),
+    CASE(put_signal_null_comm, ncclInvalidArgument),
+    CASE(signal_null_comm, ncclInvalidArgument),
+    CASE(signal_garbage_comm, ncclInvalidArgument),
+    CASE(wait_signal_null_comm, ncclInvalidArgument),
+    CASE(query_properties_null_comm, ncclInvalidArgument),
+    CASE(peer_pointer_null_window, ncclInvalidArgument),
+    CASE(lsa_pointer_null_window, ncclInvalidArgument),
+    CASE(lsa_multimem_null_window, ncclInvalidArgument),
+    CASE(multimem_le_null_window, ncclInvalidArgument),
+    CASE(encryption_null, ncclSuccess),
+    CASE(encryption_none, ncclSuccess),
+    CASE(encryption_psk_null, ncclInvalidArgument),
+    CASE(encryption_psk_short, ncclInvalidArgument),
+    CASE(encryption_psk_ok, ncclSuccess),
+    CASE(encryption_bad_mode, ncclInvalidArgument),
+    CASE(encryption_bad_magic, ncclInvalidArgument),
     CASE(register_null, ncclInvalidArgument),
     CASE(deregister_null, ncclInvalidArgument),
     CASE(window_register_null, ncclInvalidArgument),
