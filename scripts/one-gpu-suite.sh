@@ -17,7 +17,9 @@
 #           ours; then against NVIDIA's library as a reference, -r: it refuses shared GPUs and
 #           runs 1 rank, its answers that differ from ours print DIFF); shared_gpu (ours);
 #           shared_gpu against NVIDIA's library as a reference (it refuses shared GPUs: those
-#           cases print SKIP)
+#           cases print SKIP); rma2p (put/signal/wait between two processes on GPU 0, ours);
+#           scripts/api232.sh (the 2.31-2.32 entry points, ours and NVIDIA's 2.32.3 side by
+#           side, report only, under $OUT/api232)
 #   faults  faults -n 2, then -n 4 if time is left (ffi-tests/gpu/faults.c, ours; issue 13):
 #           a rank that skips collective #4 (report only, then as an error), calls another
 #           collective, another count, is SIGKILLed mid-collective, or skips a CUDA graph's
@@ -318,6 +320,19 @@ sec_ffi() {
     fi
   else
     row ffi "coll_config (ours)" SKIP - 0 "$DEV/bin/coll_config missing"
+  fi
+  # One-sided operations between two processes on GPU 0 (windows of ncclMemAlloc memory).
+  if [ -x "$DEV/bin/rma2p" ]; then
+    LEAVE=60 test_step ffi "rma2p (ours)" 60 0 env LD_LIBRARY_PATH="$DEV/lib" "$DEV/bin/rma2p"
+  else
+    row ffi "rma2p (ours)" SKIP - 0 "$DEV/bin/rma2p missing"
+  fi
+  # The 2.31-2.32 entry points against NVIDIA's 2.32.3 (.device/ref), side by side: a record.
+  if [ -x "$DEV/bin/api232" ] && [ -f "$DEV/ref/libnccl-2.32.3.so.2.xz" ]; then
+    LEAVE=60 test_step ffi "api232 side by side with NVIDIA 2.32.3 (report)" 400 1 \
+      env OUT="$OUT/api232" bash scripts/api232.sh
+  else
+    row ffi "api232 side by side" SKIP - 0 "$DEV/bin/api232 or $DEV/ref (../shared/tools/nccl-reference 2.32.3 90 .device/ref) missing"
   fi
   [ -x "$DEV/bin/shared_gpu" ] || { row ffi shared_gpu SKIP - 0 "$DEV/bin/shared_gpu missing"; return 0; }
   local leave=0
