@@ -6,7 +6,9 @@
  * whichever libnccl.so.2 the loader finds. Prints PASS/FAIL lines and 'N passed, M failed';
  * an alarm bounds the run.
  *
- * usage: rma2p   (set NCCL_MULTI_RANK_GPU_ENABLE=1 for two ranks on one GPU) */
+ * usage: rma2p [-H]   (set NCCL_MULTI_RANK_GPU_ENABLE=1 for two ranks on one GPU)
+ *   -H  each process claims a host of its own (NCCL_HOSTID): the operations go over the
+ *       network instead of through mapped memory */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <signal.h>
@@ -29,7 +31,10 @@ static void check(int rank, int ok, const char *what, ncclResult_t rc) {
 
 static float value(int chunk, size_t i) { return (float)(chunk * 1000 + (int)(i % 997)); }
 
+static int hosts;
+
 static int run(int rank, ncclUniqueId id) {
+  if (hosts) setenv("NCCL_HOSTID", rank ? "rma2p-host-b" : "rma2p-host-a", 1);
   cudaSetDevice(0);
   ncclComm_t comm;
   /* Signal index 2 below: NVIDIA's default is one signal index (numRmaSig 1). */
@@ -95,7 +100,8 @@ static int run(int rank, ncclUniqueId id) {
   return failures != 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  hosts = argc > 1 && strcmp(argv[1], "-H") == 0;
   alarm(60);
   int fds[2];
   if (pipe(fds) != 0) return 2;
@@ -109,6 +115,7 @@ int main(void) {
     _exit(run(1, id));
   }
   close(fds[0]);
+  if (hosts) setenv("NCCL_HOSTID", "rma2p-host-a", 1);
   ncclResult_t rc = ncclGetUniqueId(&id);
   if (rc != ncclSuccess || write(fds[1], &id, sizeof id) != (ssize_t)sizeof id) {
     printf("FAIL ncclGetUniqueId: %s\n", ncclGetLastError(NULL));

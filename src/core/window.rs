@@ -17,9 +17,11 @@ use crate::abi::{ncclCommProperties_t, ncclWindow_t, NCCL_API_MAGIC};
 use crate::cuda::{self, CUstream, DeviceBuffer};
 use crate::error::{Error, Result};
 use crate::topo::{Path, Topology};
+use crate::transport::rma_socket::{Header, RmaSocket};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 
 /// Signal indices per context unless `ncclConfig_t::numRmaSig` asks for more (NVIDIA's default).
@@ -66,6 +68,8 @@ pub struct Window {
     peers: Vec<Option<u64>>,
     /// Ranks on this rank's host (its LSA team), in rank order.
     lsa_ranks: Vec<i32>,
+    /// Its number among the communicator's registrations (the same on every rank).
+    seq: u64,
     _mappings: Vec<Mapping>,
 }
 
@@ -136,16 +140,81 @@ pub fn find(handle: ncclWindow_t) -> Result<Arc<Window>> {
         })
 }
 
-/// A communicator's signal counters and what it has sent and consumed.
-pub struct Signals {
+/// How a rank's signal counters are laid out: `[context][signal][sender]`, 8 bytes each.
+#[derive(Clone, Copy)]
+struct Layout {
     ncontexts: i32,
     nsignals: i32,
     nranks: i32,
-    /// This rank's counters: `[context][signal][sender]`.
+}
+
+impl Layout {
+    fn bytes(&self) -> usize {
+        (self.ncontexts * self.nsignals * self.nranks) as usize * 8
+    }
+
+    fn index(&self, ctx: i32, sig: i32, sender: i32) -> u64 {
+        (((ctx * self.nsignals + sig) * self.nranks + sender) as u64) * 8
+    }
+}
+
+/// What operations from other hosts write into: this rank's windows by number, and its
+/// signal counters.
+struct Inbound {
+    windows: Mutex<HashMap<u64, (u64, usize)>>,
+    counters: u64,
+    layout: Layout,
+}
+
+impl Inbound {
+    /// Write an arrived put's payload into the window, then raise the sender's counter.
+    fn deliver(&self, h: &Header, payload: &[u8]) -> Result<()> {
+        if h.bytes > 0 {
+            let (base, size) = *self.windows.lock().get(&h.window).ok_or_else(|| {
+                Error::system(format!(
+                    "RMA/Socket: a put into unknown window {}",
+                    h.window
+                ))
+            })?;
+            if h.offset
+                .checked_add(h.bytes)
+                .is_none_or(|end| end > size as u64)
+            {
+                return Err(Error::system(format!(
+                    "RMA/Socket: a put of {} bytes at {} is past window {}'s {size} bytes",
+                    h.bytes, h.offset, h.window
+                )));
+            }
+            cuda::copy_to_device(base + h.offset, payload)?;
+        }
+        let l = self.layout;
+        let (ctx, sig, sender) = (h.ctx as i32, h.sig as i32, h.sender as i32);
+        if ctx >= l.ncontexts || sig >= l.nsignals || sender >= l.nranks {
+            return Err(Error::system(
+                "RMA/Socket: a signal out of this rank's range",
+            ));
+        }
+        cuda::copy_to_device(
+            self.counters + l.index(ctx, sig, sender),
+            &h.value.to_le_bytes(),
+        )
+    }
+}
+
+/// A communicator's signal counters, what it has sent and consumed, and its network side.
+pub struct Signals {
+    layout: Layout,
+    /// This rank's counters.
     local: DeviceBuffer,
-    /// Every rank's counter block as mapped here (`None`: unreachable).
+    /// Every rank's counter block as mapped here (`None`: not by load/store).
     peers: Vec<Option<u64>>,
     _mappings: Vec<Mapping>,
+    inbound: Arc<Inbound>,
+    /// Operations with ranks of other hosts, and where each of those ranks listens.
+    net: Option<RmaSocket>,
+    remote: Vec<Option<SocketAddr>>,
+    /// Registrations so far (the next window's number).
+    windows: std::sync::atomic::AtomicU64,
     /// Signals sent, per (receiver, context, signal).
     sent: Mutex<HashMap<(i32, i32, i32), u64>>,
     /// Signals waited for, per (sender, context, signal).
@@ -154,37 +223,68 @@ pub struct Signals {
 
 impl Signals {
     fn index(&self, ctx: i32, sig: i32, sender: i32) -> u64 {
-        (((ctx * self.nsignals + sig) * self.nranks + sender) as u64) * 8
+        self.layout.index(ctx, sig, sender)
     }
 
     fn check(&self, peer: i32, sig: i32, ctx: i32) -> Result<()> {
-        if peer < 0 || peer >= self.nranks {
+        let l = self.layout;
+        if peer < 0 || peer >= l.nranks {
             return Err(Error::invalid_argument(format!(
                 "peer {peer} is not within valid range of ranks {}",
-                self.nranks
+                l.nranks
             )));
         }
-        if sig < 0 || sig >= self.nsignals {
+        if sig < 0 || sig >= l.nsignals {
             return Err(Error::invalid_argument(format!(
                 "sigIdx {sig} is not within the {} signals (ncclConfig_t::numRmaSig)",
-                self.nsignals
+                l.nsignals
             )));
         }
-        if ctx < 0 || ctx >= self.ncontexts {
+        if ctx < 0 || ctx >= l.ncontexts {
             return Err(Error::invalid_argument(format!(
                 "ctx {ctx} is not within the {} contexts (ncclConfig_t::numRmaCtx)",
-                self.ncontexts
+                l.ncontexts
             )));
         }
         Ok(())
     }
 
-    /// Raise one signal at `peer` (from `me`) in `stream`'s order.
-    fn raise(&self, me: i32, peer: i32, sig: i32, ctx: i32, stream: CUstream) -> Result<()> {
-        let base = self.peers[peer as usize].ok_or_else(|| unreachable_peer(peer))?;
+    /// Raise one signal at `peer` (from `me`) in `stream`'s order; `put` is the data that
+    /// goes before it to a rank of another host (window number, offset, source, bytes).
+    fn raise(
+        &self,
+        me: i32,
+        peer: i32,
+        sig: i32,
+        ctx: i32,
+        put: Option<(u64, u64, u64, u64)>,
+        stream: CUstream,
+    ) -> Result<()> {
         let mut sent = self.sent.lock();
         let count = sent.entry((peer, ctx, sig)).or_insert(0);
-        cuda::write_u64(stream, base + self.index(ctx, sig, me), *count + 1)?;
+        match (
+            self.peers[peer as usize],
+            &self.net,
+            self.remote[peer as usize],
+        ) {
+            (Some(base), _, _) if put.is_none() => {
+                cuda::write_u64(stream, base + self.index(ctx, sig, me), *count + 1)?
+            }
+            (_, Some(net), Some(addr)) => {
+                let (window, offset, src, bytes) = put.unwrap_or((u64::MAX, 0, 0, 0));
+                let header = Header {
+                    window,
+                    offset,
+                    bytes,
+                    ctx: ctx as u32,
+                    sig: sig as u32,
+                    sender: me as u32,
+                    value: *count + 1,
+                };
+                net.send(addr, src, header, stream)?
+            }
+            _ => return Err(unreachable_peer(peer)),
+        }
         *count += 1;
         Ok(())
     }
@@ -219,7 +319,7 @@ impl Signals {
 
 fn unreachable_peer(peer: i32) -> Error {
     Error::invalid_usage(format!(
-        "peer {peer} is not reachable by load/store from this rank: one-sided operations reach ranks of this host only"
+        "peer {peer} is not reachable from this rank (neither by load/store nor over the network)"
     ))
 }
 
@@ -235,9 +335,45 @@ struct Exported {
     /// For memory without an IPC handle: its allocation's size, the buffer's offset in it,
     /// and the tag of the socket that passes its descriptor.
     vmm: Option<(u64, u64, u64)>,
+    /// Where the rank takes one-sided operations from other hosts (first registration).
+    rma_addr: Option<SocketAddr>,
 }
 
-const EXPORTED_BYTES: usize = 8 + 8 + 1 + 64 + 8 + 1 + 8 + 64 + 1 + 24;
+const EXPORTED_BYTES: usize = 8 + 8 + 1 + 64 + 8 + 1 + 8 + 64 + 1 + 24 + 20;
+
+fn encode_addr(a: Option<SocketAddr>) -> [u8; 20] {
+    let mut b = [0u8; 20];
+    if let Some(a) = a {
+        b[0] = 1;
+        match a.ip() {
+            IpAddr::V4(ip) => {
+                b[1] = 4;
+                b[2..6].copy_from_slice(&ip.octets());
+            }
+            IpAddr::V6(ip) => {
+                b[1] = 6;
+                b[2..18].copy_from_slice(&ip.octets());
+            }
+        }
+        b[18..20].copy_from_slice(&a.port().to_le_bytes());
+    }
+    b
+}
+
+fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
+    let port = u16::from_le_bytes([b[18], b[19]]);
+    match (b[0], b[1]) {
+        (1, 4) => Some(SocketAddr::new(
+            IpAddr::from(<[u8; 4]>::try_from(&b[2..6]).ok()?),
+            port,
+        )),
+        (1, 6) => Some(SocketAddr::new(
+            IpAddr::from(<[u8; 16]>::try_from(&b[2..18]).ok()?),
+            port,
+        )),
+        _ => None,
+    }
+}
 
 impl Exported {
     fn encode(&self) -> Vec<u8> {
@@ -257,6 +393,7 @@ impl Exported {
         for x in [size, off, tag] {
             v.extend_from_slice(&x.to_le_bytes());
         }
+        v.extend_from_slice(&encode_addr(self.rma_addr));
         v
     }
 
@@ -275,6 +412,7 @@ impl Exported {
             ipc: (b[16] != 0).then(|| (handle_at(17), u64_at(81))),
             signals: (b[89] != 0).then(|| (u64_at(90), handle_at(98))),
             vmm: (b[162] != 0).then(|| (u64_at(163), u64_at(171), u64_at(179))),
+            rma_addr: decode_addr(&b[187..207]),
         })
     }
 }
@@ -346,6 +484,27 @@ fn import_by_fd(
     Ok(Some(ptr))
 }
 
+/// The network side of one-sided operations, when some rank of the communicator is on another
+/// host: a listener on this rank's bootstrap address, writing what arrives into `inbound`.
+fn start_network(
+    rt: &crate::core::runtime::Runtime,
+    inbound: &Arc<Inbound>,
+) -> Result<Option<RmaSocket>> {
+    let topo = &rt.topo;
+    if !topo.paths.iter().any(|p| *p == Path::Net) {
+        return Ok(None);
+    }
+    let Some(me) = rt.bootstrap.peer_addrs()[topo.my_rank as usize] else {
+        crate::warn!(
+            "RMA/Socket: no bootstrap address of my own: no one-sided operations with other hosts"
+        );
+        return Ok(None);
+    };
+    let inbound = inbound.clone();
+    let deliver = Arc::new(move |h: &Header, payload: &[u8]| inbound.deliver(h, payload));
+    Ok(Some(RmaSocket::start(me.ip(), rt.ctx, deliver)?))
+}
+
 fn signal_counts(comm: &Comm) -> (i32, i32) {
     let pick = |v: i32, d: i32| if v > 0 { v } else { d };
     (
@@ -369,10 +528,23 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
     cuda::set_current(rt.ctx)?;
     let _counted = cuda::account_into(&comm.mem.persistent);
     let mut rma = comm.rma.lock();
+    // The first registration makes the signal counters, and the network side when some
+    // rank is on another host.
     let new_signals = if rma.is_none() {
-        let (nctx, nsig) = signal_counts(comm);
-        let bytes = (nctx * nsig * comm.nranks()) as usize * 8;
-        Some(DeviceBuffer::zeroed(bytes)?)
+        let (ncontexts, nsignals) = signal_counts(comm);
+        let layout = Layout {
+            ncontexts,
+            nsignals,
+            nranks: comm.nranks(),
+        };
+        let local = DeviceBuffer::zeroed(layout.bytes())?;
+        let inbound = Arc::new(Inbound {
+            windows: Mutex::new(HashMap::new()),
+            counters: local.ptr(),
+            layout,
+        });
+        let net = start_network(rt, &inbound)?;
+        Some((layout, local, inbound, net))
     } else {
         None
     };
@@ -397,12 +569,15 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
         size: size as u64,
         ipc,
         signals: match &new_signals {
-            Some(b) => Some((b.ptr(), cuda::ipc_handle(b.ptr())?)),
+            Some((_, b, ..)) => Some((b.ptr(), cuda::ipc_handle(b.ptr())?)),
             None => None,
         },
         vmm: fd_export
             .as_ref()
             .map(|(_, alloc, off, tag)| (*alloc as u64, *off, *tag)),
+        rma_addr: new_signals
+            .as_ref()
+            .and_then(|(.., net)| net.as_ref().map(|n| n.addr())),
     };
     let all = rt.bootstrap.allgather(&mine.encode())?;
     let all: Vec<Exported> = all
@@ -439,9 +614,10 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
             None => Ok(()),
         }
     })?;
-    if let Some(local) = new_signals {
+    if let Some((layout, local, inbound, net)) = new_signals {
         let mut sig_keep = Vec::new();
         let mut sig_peers = Vec::with_capacity(all.len());
+        let mut remote = Vec::with_capacity(all.len());
         for (peer, e) in all.iter().enumerate() {
             let (p, h) = e.signals.ok_or_else(|| {
                 Error::internal(format!(
@@ -449,19 +625,26 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
                 ))
             })?;
             sig_peers.push(reach(topo, peer as i32, p, Some((h, 0)), &mut sig_keep)?);
+            remote.push(e.rma_addr.filter(|_| topo.paths[peer] == Path::Net));
         }
-        let (ncontexts, nsignals) = signal_counts(comm);
         *rma = Some(Arc::new(Signals {
-            ncontexts,
-            nsignals,
-            nranks: comm.nranks(),
+            layout,
             local,
             peers: sig_peers,
             _mappings: sig_keep,
+            inbound,
+            net,
+            remote,
+            windows: std::sync::atomic::AtomicU64::new(0),
             sent: Mutex::new(HashMap::new()),
             awaited: Mutex::new(HashMap::new()),
         }));
     }
+    let signals = rma.clone().expect("made above");
+    let seq = signals
+        .windows
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    signals.inbound.windows.lock().insert(seq, (ptr, size));
     let lsa_ranks = (0..comm.nranks())
         .filter(|&r| !matches!(topo.paths[r as usize], Path::Net))
         .collect();
@@ -471,6 +654,7 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
         size,
         peers,
         lsa_ranks,
+        seq,
         _mappings: keep,
     });
     let handle = Arc::as_ptr(&window) as ncclWindow_t;
@@ -499,6 +683,9 @@ pub fn deregister(comm: &Arc<Comm>, handle: ncclWindow_t) -> Result<()> {
         }
     }
     WINDOWS.lock().remove(&(handle as usize));
+    if let Some(s) = comm.rma.lock().as_ref() {
+        s.inbound.windows.lock().remove(&w.seq);
+    }
     Ok(())
 }
 
@@ -550,11 +737,25 @@ pub fn put_signal(
         }
     }
     enter_context(comm)?;
-    if bytes > 0 {
-        let dst = w.peer_pointer(offset, peer)?;
-        cuda::copy_async(dst, src, bytes, stream)?;
+    let direct = w.peers.get(peer as usize).copied().flatten();
+    match direct {
+        // Another host: the data goes with the signal, in one message.
+        None if bytes > 0 => s.raise(
+            comm.rank(),
+            peer,
+            sig,
+            ctx,
+            Some((w.seq, offset as u64, src, bytes as u64)),
+            stream,
+        ),
+        _ => {
+            if bytes > 0 {
+                let dst = w.peer_pointer(offset, peer)?;
+                cuda::copy_async(dst, src, bytes, stream)?;
+            }
+            s.raise(comm.rank(), peer, sig, ctx, None, stream)
+        }
     }
-    s.raise(comm.rank(), peer, sig, ctx, stream)
 }
 
 /// One `ncclSignal`: raise signal (`sig`, `ctx`) at `peer` in `stream`'s order.
@@ -562,7 +763,7 @@ pub fn signal(comm: &Arc<Comm>, peer: i32, sig: i32, ctx: i32, stream: CUstream)
     let s = signals(comm)?;
     s.check(peer, sig, ctx)?;
     enter_context(comm)?;
-    s.raise(comm.rank(), peer, sig, ctx, stream)
+    s.raise(comm.rank(), peer, sig, ctx, None, stream)
 }
 
 /// One wait of `ncclWaitSignal`: `stream` continues after `count` more signals from `peer`.
@@ -658,6 +859,7 @@ mod tests {
             ipc: Some(([3; 64], 4096)),
             signals: Some((0x7000_2000_0000, [9; 64])),
             vmm: Some((8 << 20, 2 << 20, 17)),
+            rma_addr: Some("10.1.2.3:4567".parse().unwrap()),
         };
         let back = Exported::decode(&e.encode()).unwrap();
         assert_eq!(back.ptr, e.ptr);
@@ -665,8 +867,12 @@ mod tests {
         assert_eq!(back.ipc, e.ipc);
         assert_eq!(back.signals, e.signals);
         assert_eq!(back.vmm, e.vmm);
+        assert_eq!(back.rma_addr, e.rma_addr);
+        let v6: SocketAddr = "[fe80::1]:99".parse().unwrap();
+        assert_eq!(decode_addr(&encode_addr(Some(v6))), Some(v6));
         let none = Exported::decode(&Exported::default().encode()).unwrap();
         assert!(none.ipc.is_none() && none.signals.is_none() && none.vmm.is_none());
+        assert!(none.rma_addr.is_none());
         assert!(Exported::decode(&[0; 10]).is_err());
     }
 }

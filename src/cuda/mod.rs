@@ -246,6 +246,19 @@ pub fn copy_to_device(dst: CUdeviceptr, src: &[u8]) -> Result<()> {
     stream_synchronize(stream.raw())
 }
 
+/// Device-to-host copy on a private non-blocking stream (so it waits for no other thread's
+/// work on the legacy stream), complete on return.
+pub fn read_device(dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
+    let stream = Stream::new()?;
+    // SAFETY: src holds at least dst.len() bytes (caller's contract); dst is writable for that
+    // long and outlives the synchronisation below.
+    check(
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, dst.len(), stream.raw()) },
+        "cuMemcpyDtoHAsync",
+    )?;
+    stream_synchronize(stream.raw())
+}
+
 /// Synchronous device-to-host copy.
 pub fn copy_from_device(dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
     // SAFETY: dst is a valid host slice; src holds at least dst.len() bytes (caller's contract).

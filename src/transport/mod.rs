@@ -21,6 +21,7 @@
 pub mod fdpass;
 pub mod net;
 mod p2p;
+pub mod rma_socket;
 mod shm;
 pub mod sizes;
 mod wire;
