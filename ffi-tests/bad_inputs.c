@@ -45,8 +45,7 @@ static int version_value(void) {
   int v = 0;
   int r = ncclGetVersion(&v);
   snprintf(detail, sizeof detail, "version %d", v);
-  /* 22809 until every 2.32.3 entry point is real (src/abi.rs RUNTIME_VERSION_CODE). */
-  return r == ncclSuccess && v != 22809 ? WRONG_VALUE : r;
+  return r == ncclSuccess && v != NCCL_VERSION_CODE ? WRONG_VALUE : r;
 }
 static int error_string(int code) {
   const char *s = ncclGetErrorString((ncclResult_t)code);

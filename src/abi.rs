@@ -20,8 +20,9 @@ pub const NCCL_PATCH: c_int = 3;
 /// The version of the header (the ABI): NVIDIA's 2.32.3.
 pub const NCCL_VERSION_CODE: c_int = 23203;
 /// The version `ncclGetVersion` reports: the newest NVIDIA release whose every entry point
-/// oxccl answers for real (callers test it to decide which features to use).
-pub const RUNTIME_VERSION_CODE: c_int = 22809;
+/// oxccl answers for real (callers test it to decide which features to use). The device API
+/// (`ncclDevCommCreate` and its kernels) is the exception: it answers "not yet supported".
+pub const RUNTIME_VERSION_CODE: c_int = NCCL_VERSION_CODE;
 pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
