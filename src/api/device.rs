@@ -200,6 +200,22 @@ pub extern "C" fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int
     maxElts.saturating_mul((maxEltSize + 7) / 8)
 }
 
+/// The CFT load/store endpoint queries: the arguments are checked, then NVIDIA's answer on an
+/// H200 (no CFT).
+fn le_info(
+    name: &str,
+    window: ncclWindow_t,
+    leId: *mut ncclCftLeId,
+    leOffset: *mut usize,
+) -> ncclResult_t {
+    entry(name, std::ptr::null_mut(), || {
+        out(leId, "leId")?;
+        out(leOffset, "leOffset")?;
+        crate::core::window::find(window)?;
+        Err(no_hardware("CFT"))
+    })
+}
+
 /// A call that needs hardware oxccl does not drive (NVLink multicast, GIN or CFT): NVIDIA's
 /// answer on an H200 with NVLS off is `ncclInvalidArgument`.
 fn no_hardware(what: &str) -> Error {
@@ -297,12 +313,7 @@ pub extern "C" fn ncclGetMultimemDeviceLeInfo(
 ) -> ncclResult_t {
     export!(ncclGetMultimemDeviceLeInfo, name);
     let _ = offset;
-    entry(name, std::ptr::null_mut(), || {
-        out(leId, "leId")?;
-        out(leOffset, "leOffset")?;
-        crate::core::window::find(window)?;
-        Err(no_hardware("CFT"))
-    })
+    le_info(name, window, leId, leOffset)
 }
 
 #[no_mangle]
@@ -316,12 +327,7 @@ pub extern "C" fn ncclGetCftDeviceLeInfo(
 ) -> ncclResult_t {
     export!(ncclGetCftDeviceLeInfo, name);
     let _ = (offset, peerCft, cftTeam);
-    entry(name, std::ptr::null_mut(), || {
-        out(leId, "leId")?;
-        out(leOffset, "leOffset")?;
-        crate::core::window::find(window)?;
-        Err(no_hardware("CFT"))
-    })
+    le_info(name, window, leId, leOffset)
 }
 
 #[no_mangle]
@@ -334,12 +340,7 @@ pub extern "C" fn ncclGetPeerDeviceLeInfo(
 ) -> ncclResult_t {
     export!(ncclGetPeerDeviceLeInfo, name);
     let _ = (offset, peerWorld);
-    entry(name, std::ptr::null_mut(), || {
-        out(leId, "leId")?;
-        out(leOffset, "leOffset")?;
-        crate::core::window::find(window)?;
-        Err(no_hardware("CFT"))
-    })
+    le_info(name, window, leId, leOffset)
 }
 
 #[no_mangle]

@@ -751,7 +751,7 @@ pub fn put_signal(
         _ => {
             if bytes > 0 {
                 let dst = w.peer_pointer(offset, peer)?;
-                cuda::copy_async(dst, src, bytes, stream)?;
+                cuda::memcpy_dtod_async(dst, src, bytes, stream)?;
             }
             s.raise(comm.rank(), peer, sig, ctx, None, stream)
         }

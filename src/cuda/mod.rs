@@ -358,21 +358,6 @@ pub fn address_range(ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize)> {
     Ok((base, size))
 }
 
-/// Copy `bytes` between device addresses (of any device of the process) in `stream`'s order.
-pub fn copy_async(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    bytes: usize,
-    stream: CUstream,
-) -> Result<()> {
-    // SAFETY: dst and src are device memory of at least `bytes` bytes, mapped in this process,
-    // valid until the copy runs (the caller's contract).
-    check(
-        unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) },
-        "cuMemcpyAsync",
-    )
-}
-
 /// Whether a stream is being captured into a CUDA graph.
 pub fn stream_is_capturing(stream: CUstream) -> Result<bool> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;

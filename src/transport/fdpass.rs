@@ -120,31 +120,49 @@ fn wait_readable(fd: RawFd, deadline: Instant, name: &str) -> Result<()> {
     }
 }
 
+/// A one-byte message with room for one descriptor: its buffers, and the header pointing at
+/// them (valid while the buffers live and do not move: the caller keeps `Message` in place).
+struct Message {
+    byte: [u8; 1],
+    iov: libc::iovec,
+    control: Vec<u8>,
+    msg: libc::msghdr,
+}
+
+impl Message {
+    fn new() -> Box<Message> {
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        // SAFETY: iovec and msghdr are plain data; all zero is valid until filled in below.
+        let mut m = Box::new(Message {
+            byte: [0],
+            iov: unsafe { std::mem::zeroed() },
+            control: vec![0u8; space],
+            msg: unsafe { std::mem::zeroed() },
+        });
+        m.iov.iov_base = m.byte.as_mut_ptr() as *mut libc::c_void;
+        m.iov.iov_len = 1;
+        m.msg.msg_iov = &mut m.iov;
+        m.msg.msg_iovlen = 1;
+        m.msg.msg_control = m.control.as_mut_ptr() as *mut libc::c_void;
+        m.msg.msg_controllen = space as _;
+        m
+    }
+}
+
 fn send_fd(conn: RawFd, fd: RawFd) -> Result<()> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr() as *mut libc::c_void,
-        iov_len: 1,
-    };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: msghdr is plain data; the fields set below point at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
+    let m = Message::new();
+    let msg = &m.msg;
     // SAFETY: the control buffer holds one cmsg with room for one descriptor.
     unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        let cmsg = libc::CMSG_FIRSTHDR(msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
         (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
     }
     // SAFETY: msg describes live buffers; conn is a connected socket.
-    if unsafe { libc::sendmsg(conn, &msg, libc::MSG_NOSIGNAL) } != 1 {
+    if unsafe { libc::sendmsg(conn, msg, libc::MSG_NOSIGNAL) } != 1 {
         return Err(sys_err("sendmsg(SCM_RIGHTS)"));
     }
     Ok(())
@@ -174,27 +192,15 @@ pub fn receive(name: &str, limit: Duration) -> Result<OwnedFd> {
         std::thread::sleep(Duration::from_millis(5));
     };
     wait_readable(sock.as_raw_fd(), deadline, name)?;
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr() as *mut libc::c_void,
-        iov_len: 1,
-    };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: msghdr is plain data; the fields set below point at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
+    let mut m = Message::new();
+    let msg = &mut m.msg;
     // SAFETY: msg describes live buffers; sock is connected.
-    if unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) } != 1 {
+    if unsafe { libc::recvmsg(sock.as_raw_fd(), msg, libc::MSG_CMSG_CLOEXEC) } != 1 {
         return Err(sys_err(&format!("recvmsg(@{name})")));
     }
     // SAFETY: msg was filled by recvmsg; a SCM_RIGHTS message carries one descriptor.
     unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        let cmsg = libc::CMSG_FIRSTHDR(msg);
         if cmsg.is_null() || (*cmsg).cmsg_type != libc::SCM_RIGHTS {
             return Err(Error::system(format!("@{name} sent no descriptor")));
         }
