@@ -491,7 +491,7 @@ fn start_network(
     inbound: &Arc<Inbound>,
 ) -> Result<Option<RmaSocket>> {
     let topo = &rt.topo;
-    if !topo.paths.iter().any(|p| *p == Path::Net) {
+    if !topo.paths.contains(&Path::Net) {
         return Ok(None);
     }
     let Some(me) = rt.bootstrap.peer_addrs()[topo.my_rank as usize] else {
