@@ -9,10 +9,10 @@
  *
  * Cases (names for -c; a prefix selects all that start with it, e.g. -c b,d):
  *   a-initall-unset     env unset: ncclCommInitAll(2, {0,0}) is ncclInvalidUsage, and
- *                       ncclGetLastError() mentions "Duplicate GPU" (required of oxccl only:
+ *                       ncclGetLastError() mentions "same GPU" (required of oxccl only:
  *                       NVIDIA's ncclCommInitAll refuses a repeated device without a message)
  *   a-threads-unset     env unset: 2 threads, ncclCommInitRank on device 0: ncclInvalidUsage and
- *                       "Duplicate GPU" on every rank (the message required of oxccl only)
+ *                       "same GPU" on every rank (the message required of oxccl only)
  *   b-initall-2/4/8     env=1: ncclCommInitAll of n ranks on device 0 (queries), then in one
  *                       group per collective (one stream per rank) at counts 1, 1023 and
  *                       2^20+3: all_reduce sum float and int32 (out of place), all_reduce in
@@ -38,7 +38,7 @@
  *                       all_reduce int32 in place, all_gather, checked; exit status = failures;
  *                       killed after 120 s
  *   f-procs-unset-2/4   env unset: every rank process's init is ncclInvalidUsage with
- *                       "Duplicate GPU" (the message required of oxccl only)
+ *                       "same GPU" (the message required of oxccl only)
  * A library older than 2.30 that is not oxccl (NVIDIA's 2.28.9) refuses shared GPUs: an init
  * that fails with ncclInvalidUsage under NCCL_MULTI_RANK_GPU_ENABLE=1 is then reported as
  * "refused by this library: <error>" and the case counts as SKIP, not FAIL. oxccl is
@@ -265,13 +265,15 @@ static int init_failed(ncclResult_t res, const char *msg, const char *what) {
   return 0;
 }
 
-/* The refusal's message names the duplicate GPU: required of oxccl ("Duplicate GPU detected",
- * as NVIDIA's 2.28); only noted for other libraries (NVIDIA's 2.30 words it differently). */
+/* The refusal's message says ranks share the GPU: required of oxccl (NVIDIA 2.32's words,
+ * "Multiple Ranks are using the same GPU/Partition"); only noted for other libraries (NVIDIA's
+ * 2.28 said "Duplicate GPU detected"). */
 static void duplicate_message(const char *msg, int rank) {
+  int says = mentions(msg, "same GPU") || mentions(msg, "Duplicate GPU");
   if (lib_is_oxccl)
-    CHECK(mentions(msg, "Duplicate GPU"), "rank %d: ncclGetLastError does not mention \"Duplicate GPU\": %s", rank, msg);
-  else if (!mentions(msg, "Duplicate GPU"))
-    printf("  note: rank %d's message does not mention \"Duplicate GPU\" (not required of this library)\n", rank);
+    CHECK(mentions(msg, "same GPU"), "rank %d: ncclGetLastError does not mention \"same GPU\": %s", rank, msg);
+  else if (!says)
+    printf("  note: rank %d's message does not say the GPU is shared (not required of this library)\n", rank);
 }
 
 /* ---------------------------------------------------------------- bounded threads */

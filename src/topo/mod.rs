@@ -7,7 +7,8 @@
 //! NVLink, PCIe; off with `NCCL_P2P_DISABLE=1` or above `NCCL_P2P_LEVEL`), host shared memory
 //! (off with `NCCL_SHM_DISABLE=1`), the network — also between ranks of one host, as in
 //! NVIDIA's library. Ranks of one communicator may share a GPU only with
-//! `NCCL_MULTI_RANK_GPU_ENABLE=1` (NVIDIA's 2.30 variable); otherwise "Duplicate GPU detected".
+//! `NCCL_MULTI_RANK_GPU_ENABLE=1` (NVIDIA's variable since 2.30); otherwise `ncclInvalidUsage`
+//! with NVIDIA 2.32's words ("Multiple Ranks are using the same GPU/Partition ...").
 
 pub mod nvml;
 
@@ -310,8 +311,9 @@ impl Topology {
         if !policy.multi_rank_gpu {
             if let Some((a, b)) = first_shared_gpu(&peers) {
                 return Err(Error::invalid_usage(format!(
-                    "Duplicate GPU detected : rank {} and rank {} both on CUDA device {} (bus id {}); \
-                     set NCCL_MULTI_RANK_GPU_ENABLE=1 to let ranks share a GPU",
+                    "Multiple Ranks are using the same GPU/Partition (rank {} and rank {} on \
+                     CUDA device {}, bus id {}). Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable \
+                     this configuration.",
                     a.rank, b.rank, a.cuda_dev, a.bus_id
                 )));
             }
@@ -471,7 +473,11 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code, crate::abi::ncclResult_t::ncclInvalidUsage);
-        assert!(e.msg.contains("Duplicate GPU detected"), "{}", e.msg);
+        assert!(
+            e.msg.contains("Multiple Ranks are using the same GPU"),
+            "{}",
+            e.msg
+        );
         assert!(e.msg.contains("NCCL_MULTI_RANK_GPU_ENABLE"), "{}", e.msg);
         // Same device number on another host is fine.
         let other_host = vec![peer(0, 1, 0, 0), peer(1, 2, 0, 0)];
