@@ -162,7 +162,9 @@ impl Layout {
 /// signal counters.
 struct Inbound {
     windows: Mutex<HashMap<u64, (u64, usize)>>,
-    counters: u64,
+    /// This rank's counters, owned here: a network thread delivering late (after the
+    /// communicator is gone) holds the last reference, so it never writes freed memory.
+    counters: DeviceBuffer,
     layout: Layout,
 }
 
@@ -195,7 +197,7 @@ impl Inbound {
             ));
         }
         cuda::copy_to_device(
-            self.counters + l.index(ctx, sig, sender),
+            self.counters.ptr() + l.index(ctx, sig, sender),
             &h.value.to_le_bytes(),
         )
     }
@@ -204,8 +206,6 @@ impl Inbound {
 /// A communicator's signal counters, what it has sent and consumed, and its network side.
 pub struct Signals {
     layout: Layout,
-    /// This rank's counters.
-    local: DeviceBuffer,
     /// Every rank's counter block as mapped here (`None`: not by load/store).
     peers: Vec<Option<u64>>,
     _mappings: Vec<Mapping>,
@@ -295,7 +295,7 @@ impl Signals {
         let total = awaited.entry((sender, ctx, sig)).or_insert(0);
         cuda::wait_u64_geq(
             stream,
-            self.local.ptr() + self.index(ctx, sig, sender),
+            self.inbound.counters.ptr() + self.index(ctx, sig, sender),
             *total + count,
         )?;
         *total += count;
@@ -304,11 +304,12 @@ impl Signals {
 
     /// Release every stream waiting on this rank's counters (abort).
     fn release(&self) {
-        let n = self.local.len() / 8;
+        let local = &self.inbound.counters;
+        let n = local.len() / 8;
         let words: Vec<u8> = std::iter::repeat_n(RELEASED.to_le_bytes(), n)
             .flatten()
             .collect();
-        if let Err(e) = cuda::copy_to_device(self.local.ptr(), &words) {
+        if let Err(e) = cuda::copy_to_device(local.ptr(), &words) {
             crate::warn!(
                 "abort: cannot release the streams waiting on signals: {}",
                 e.msg
@@ -500,8 +501,12 @@ fn start_network(
         );
         return Ok(None);
     };
-    let inbound = inbound.clone();
-    let deliver = Arc::new(move |h: &Header, payload: &[u8]| inbound.deliver(h, payload));
+    // Weak: a message arriving after the communicator is gone is dropped.
+    let inbound = Arc::downgrade(inbound);
+    let deliver = Arc::new(move |h: &Header, payload: &[u8]| match inbound.upgrade() {
+        Some(inbound) => inbound.deliver(h, payload),
+        None => Ok(()),
+    });
     Ok(Some(RmaSocket::start(me.ip(), rt.ctx, deliver)?))
 }
 
@@ -537,14 +542,13 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
             nsignals,
             nranks: comm.nranks(),
         };
-        let local = DeviceBuffer::zeroed(layout.bytes())?;
         let inbound = Arc::new(Inbound {
             windows: Mutex::new(HashMap::new()),
-            counters: local.ptr(),
+            counters: DeviceBuffer::zeroed(layout.bytes())?,
             layout,
         });
         let net = start_network(rt, &inbound)?;
-        Some((layout, local, inbound, net))
+        Some((layout, inbound, net))
     } else {
         None
     };
@@ -569,7 +573,10 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
         size: size as u64,
         ipc,
         signals: match &new_signals {
-            Some((_, b, ..)) => Some((b.ptr(), cuda::ipc_handle(b.ptr())?)),
+            Some((_, inbound, _)) => {
+                let b = inbound.counters.ptr();
+                Some((b, cuda::ipc_handle(b)?))
+            }
             None => None,
         },
         vmm: fd_export
@@ -614,7 +621,7 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
             None => Ok(()),
         }
     })?;
-    if let Some((layout, local, inbound, net)) = new_signals {
+    if let Some((layout, inbound, net)) = new_signals {
         let mut sig_keep = Vec::new();
         let mut sig_peers = Vec::with_capacity(all.len());
         let mut remote = Vec::with_capacity(all.len());
@@ -629,7 +636,6 @@ pub fn register(comm: &Arc<Comm>, ptr: u64, size: usize, flags: i32) -> Result<n
         }
         *rma = Some(Arc::new(Signals {
             layout,
-            local,
             peers: sig_peers,
             _mappings: sig_keep,
             inbound,
