@@ -7,7 +7,9 @@
  *   RDMA READ of 1 MiB, SEND/RECV both ways, 100 outstanding writes completing in order,
  *   unsignaled writes (one completion for the signaled last), a bad rkey and an out-of-range
  *   address (REM_ACCESS_ERR, then WR_FLUSH_ERR), SOFT_VERBS_FAIL_AFTER=3 (RETRY_EXC_ERR).
- * Not tested here: port-down async events, two ports, iova registration.
+ * Then, in a fresh process: SOFT_VERBS_PORTS=2 (two ACTIVE ports, distinct LIDs) and
+ * SOFT_VERBS_PORT_DOWN_AFTER_MS (IBV_EVENT_PORT_ERR through ibv_get_async_event, ports DOWN).
+ * Not tested here: iova registration, SEND larger than the receive (LOC_LEN_ERR).
  * Prints "ok"/"FAIL" lines and "N passed, M failed"; exits non-zero on any failure. */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
@@ -393,7 +395,41 @@ static void rank1(const struct info *peer) {
   check(qa.qp_state == IBV_QPS_ERR, "the responder of the bad-rkey QP went to ERR too");
 }
 
-int main(void) {
+/* A fresh process: two ports, then both go down with an async event each. */
+static int port_down_check(void) {
+  who = "ports";
+  setenv("SOFT_VERBS_PORTS", "2", 1);
+  setenv("SOFT_VERBS_RATE_GBPS", "200", 1);
+  setenv("SOFT_VERBS_PORT_DOWN_AFTER_MS", "100", 1);
+  struct ibv_device **list = ibv_get_device_list(NULL);
+  if (!list || !list[0]) die("no device");
+  struct ibv_context *c = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!c) die("ibv_open_device");
+  struct ibv_device_attr da;
+  struct ibv_port_attr p1, p2;
+  check(ibv_query_device(c, &da) == 0 && da.phys_port_cnt == 2, "SOFT_VERBS_PORTS=2: two ports");
+  check(ibv_query_port(c, 1, &p1) == 0 && ibv_query_port(c, 2, &p2) == 0 &&
+            p1.state == IBV_PORT_ACTIVE && p2.state == IBV_PORT_ACTIVE && p1.lid != p2.lid &&
+            p1.active_width == 2 && p1.active_speed == 64 /* HDR */,
+        "both ports ACTIVE, distinct LIDs, 4X HDR for 200 Gb/s");
+  int seen[3] = {0, 0, 0};
+  for (int i = 0; i < 2; i++) {
+    struct ibv_async_event ev;
+    if (ibv_get_async_event(c, &ev)) break;
+    if (ev.event_type == IBV_EVENT_PORT_ERR && ev.element.port_num >= 1 &&
+        ev.element.port_num <= 2)
+      seen[ev.element.port_num] = 1;
+    ibv_ack_async_event(&ev);
+  }
+  check(seen[1] && seen[2], "SOFT_VERBS_PORT_DOWN_AFTER_MS: IBV_EVENT_PORT_ERR for each port");
+  check(ibv_query_port(c, 1, &p1) == 0 && p1.state == IBV_PORT_DOWN, "the port is DOWN after");
+  ibv_close_device(c);
+  return failed ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "ports") == 0) return port_down_check();
   setenv("SOFT_VERBS_RATE_GBPS", "100", 1);
   int p2c[2], c2p[2];
   if (pipe(p2c) || pipe(c2p)) return 2;
@@ -424,6 +460,15 @@ int main(void) {
   waitpid(pid, &st, 0);
   int child_ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
   check(child_ok, "rank1 exited cleanly with no failures");
+  fflush(stdout);
+  pid = fork();
+  if (pid == 0) { /* exec: the library's process state must start fresh */
+    execl("/proc/self/exe", argv[0], "ports", (char *)NULL);
+    _exit(3);
+  }
+  st = 0;
+  waitpid(pid, &st, 0);
+  check(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "port checks in a fresh process");
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
