@@ -10,6 +10,10 @@
 #            -Wall -Werror and exports ncclNetPlugin_v8 .. _v11; its CUDA memory path moves
 #            400 messages through a stand-in CUDA driver whose copies run late
 #            (net_plugin/cuda_copies.c, net_plugin/cuda_stub.c)
+#   verbs    ibverbs/soft_verbs.c (a software RDMA device) builds as $OUT/ibverbs/libibverbs.so.1
+#            with rdma-core's symbol versions; ibverbs/verbs_test.c, linked with -libverbs
+#            against it, runs RC queue pairs between two processes; every versioned verbs
+#            symbol the test binds to in the real libibverbs.so.1 is exported the same way
 # Usage: ffi-tests/run.sh [release|debug]   (default release; builds nothing with cargo)
 # Prints 'N passed, M failed' and exits non-zero on any failure.
 set -uo pipefail
@@ -180,6 +184,51 @@ if "$CC" -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libcuda.so.1 -o "$OUT/libcu
   done
 else
   fail "net plugin CUDA memory test builds" "see $OUT/cuda_copies.log"; cat "$OUT/cuda_copies.log"
+fi
+
+# ---- the software verbs device (a stand-in libibverbs.so.1 for the IB network's tests) ----
+VERBS_OUT="$OUT/ibverbs"
+REAL_VERBS=/usr/lib/x86_64-linux-gnu/libibverbs.so.1
+mkdir -p "$VERBS_OUT"
+rm -f "$VERBS_OUT/libibverbs.so.1" "$VERBS_OUT/verbs_test"
+if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libibverbs.so.1 \
+    -Wl,--version-script="$ROOT/ffi-tests/ibverbs/libibverbs.map" -o "$VERBS_OUT/libibverbs.so.1" \
+    "$ROOT/ffi-tests/ibverbs/soft_verbs.c" -lpthread 2>"$VERBS_OUT/build.log" &&
+  ln -sf libibverbs.so.1 "$VERBS_OUT/libibverbs.so" &&
+  "$CC" -O2 "${WARN[@]}" -o "$VERBS_OUT/verbs_test" "$ROOT/ffi-tests/ibverbs/verbs_test.c" \
+    -L "$VERBS_OUT" -libverbs 2>>"$VERBS_OUT/build.log"; then
+  log=$VERBS_OUT/verbs_test.log
+  if LD_LIBRARY_PATH="$VERBS_OUT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 120 \
+      "$VERBS_OUT/verbs_test" >"$log" 2>&1; then
+    pass "software verbs: RC QPs between two processes ($(tail -n 1 "$log"))"
+  else
+    fail "software verbs: RC QPs between two processes" "see $log"; grep -E '^FAIL|passed' "$log"
+  fi
+  # The versioned names a program built against the real library binds to must be exported by
+  # the stand-in with the same versions.
+  if [[ -e $REAL_VERBS ]]; then
+    mkdir -p "$VERBS_OUT/real" && ln -sf "$REAL_VERBS" "$VERBS_OUT/real/libibverbs.so"
+    # "VERSION name" per line. An undefined reference prints its version in parentheses; a
+    # definition in parentheses is a hidden (compatibility) one and does not count.
+    versioned() { objdump -T "$1" | awk '$0 ~ /IBVERBS_/ && $0 ~ /'"$2"'/ {v = $(NF-1); if ("'"$2"'" == "UND") gsub(/[()]/, "", v); print v, $NF}' | sort -u; }
+    if "$CC" -O2 "${WARN[@]}" -o "$VERBS_OUT/verbs_test_real" "$ROOT/ffi-tests/ibverbs/verbs_test.c" \
+        -L "$VERBS_OUT/real" -libverbs 2>>"$VERBS_OUT/build.log"; then
+      versioned "$VERBS_OUT/verbs_test_real" UND >"$VERBS_OUT/needed.txt"
+      versioned "$VERBS_OUT/libibverbs.so.1" '[.]text' >"$VERBS_OUT/exported.txt"
+      missing=$(comm -23 "$VERBS_OUT/needed.txt" "$VERBS_OUT/exported.txt")
+      if [[ -s $VERBS_OUT/needed.txt && -z $missing ]]; then
+        pass "software verbs exports the $(wc -l <"$VERBS_OUT/needed.txt") versioned symbols the test binds to in the real libibverbs"
+      else
+        fail "software verbs symbol versions" "missing: ${missing:-nothing bound}"
+      fi
+    else
+      fail "verbs_test builds against the real libibverbs" "see $VERBS_OUT/build.log"; cat "$VERBS_OUT/build.log"
+    fi
+  else
+    fail "software verbs symbol versions" "no $REAL_VERBS (run scripts/setup)"
+  fi
+else
+  fail "software verbs libibverbs.so.1 and verbs_test build" "see $VERBS_OUT/build.log"; cat "$VERBS_OUT/build.log"
 fi
 
 echo

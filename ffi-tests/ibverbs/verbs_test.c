@@ -1,0 +1,474 @@
+/* verbs_test.c: exercises the software verbs stand-in (soft_verbs.c, built as libibverbs.so.1)
+ * the way a real program uses libibverbs: linked with -libverbs, rdma-core's public header,
+ * the inline ibv_post_send/ibv_post_recv/ibv_poll_cq/ibv_query_port helpers.
+ * Two processes (fork) each open soft_0, register buffers, create CQ + RC QPs, exchange
+ * (lid, qpn, addr, rkey) over pipes, connect INIT -> RTR -> RTS with NCCL-like attributes, then:
+ *   1 MiB RDMA WRITE + WRITE WITH IMM (data exact, imm received as RECV_RDMA_WITH_IMM),
+ *   RDMA READ of 1 MiB, SEND/RECV both ways, 100 outstanding writes completing in order,
+ *   unsignaled writes (one completion for the signaled last), a bad rkey and an out-of-range
+ *   address (REM_ACCESS_ERR, then WR_FLUSH_ERR), SOFT_VERBS_FAIL_AFTER=3 (RETRY_EXC_ERR).
+ * Then, in a fresh process: SOFT_VERBS_PORTS=2 (two ACTIVE ports, distinct LIDs) and
+ * SOFT_VERBS_PORT_DOWN_AFTER_MS (IBV_EVENT_PORT_ERR through ibv_get_async_event, ports DOWN).
+ * Not tested here: iova registration, SEND larger than the receive (LOC_LEN_ERR).
+ * Prints "ok"/"FAIL" lines and "N passed, M failed"; exits non-zero on any failure. */
+#define _GNU_SOURCE
+#include <infiniband/verbs.h>
+
+#include <arpa/inet.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1u << 20)
+#define NQP 5 /* 0 main, 1 bad rkey, 2 out of range, 3 fail-after, 4 unsignaled */
+
+static int passed, failed;
+static const char *who = "?";
+
+static void check(int cond, const char *what) {
+  if (cond) {
+    passed++;
+    printf("ok    [%s] %s\n", who, what);
+  } else {
+    failed++;
+    printf("FAIL  [%s] %s\n", who, what);
+  }
+  fflush(stdout);
+}
+
+static void die(const char *what) {
+  printf("FAIL  [%s] fatal: %s\n", who, what);
+  fflush(stdout);
+  exit(2);
+}
+
+struct info {
+  uint16_t lid;
+  uint32_t qpn[NQP];
+  uint64_t buf;
+  uint32_t rkey;
+};
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static struct ibv_cq *cq;
+static struct ibv_qp *qp[NQP];
+static struct ibv_mr *mr;
+static char *buf; /* [0, 4 MiB): 0..1M write target, 1..2M read source, 2..3M local scratch */
+static int wfd, rfd;
+
+static void put(const void *p, size_t n) {
+  if (write(wfd, p, n) != (ssize_t)n) die("pipe write");
+}
+static void get(void *p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(rfd, (char *)p + got, n - got);
+    if (r <= 0) die("pipe read");
+    got += (size_t)r;
+  }
+}
+static void sync_with_peer(char tag) {
+  char c;
+  put(&tag, 1);
+  get(&c, 1);
+  if (c != tag) die("out of step with the peer");
+}
+
+/* Polls until n completions arrived (or 10 s). */
+static int poll_n(struct ibv_wc *wc, int n) {
+  int got = 0;
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (got < n) {
+    int r = ibv_poll_cq(cq, n - got, wc + got);
+    if (r < 0) return got;
+    got += r;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 10) break;
+    if (!r) usleep(100);
+  }
+  return got;
+}
+
+static int post_rdma(int q, enum ibv_wr_opcode op, uint64_t wr_id, size_t loff, uint32_t len,
+                     uint64_t raddr, uint32_t rkey, int signaled, uint32_t imm) {
+  struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf + loff), len, mr->lkey};
+  struct ibv_send_wr wr, *bad;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = op;
+  wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+  wr.imm_data = htonl(imm);
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  return ibv_post_send(qp[q], &wr, &bad);
+}
+
+static int post_recv(int q, uint64_t wr_id, size_t off, uint32_t len) {
+  struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf + off), len, mr->lkey};
+  struct ibv_recv_wr wr, *bad;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = len ? 1 : 0;
+  return ibv_post_recv(qp[q], &wr, &bad);
+}
+
+static void setup(struct info *me) {
+  int n = 0;
+  struct ibv_device **list = ibv_get_device_list(&n);
+  check(list && n == 1 && strcmp(ibv_get_device_name(list[0]), "soft_0") == 0,
+        "one device named soft_0");
+  if (!list || n < 1) die("no device");
+  check(ibv_get_device_guid(list[0]) != 0, "device GUID is set");
+  ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!ctx) die("ibv_open_device");
+  struct ibv_device_attr da;
+  check(ibv_query_device(ctx, &da) == 0 && da.phys_port_cnt == 1 && da.max_qp_wr >= 256,
+        "ibv_query_device: 1 port, max_qp_wr >= 256");
+  struct ibv_port_attr pa;
+  check(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE &&
+            pa.link_layer == IBV_LINK_LAYER_INFINIBAND && pa.lid != 0 &&
+            pa.active_width == 2 /* 4X */ && pa.active_speed == 32 /* EDR */,
+        "ibv_query_port: ACTIVE, InfiniBand, LID set, 4X EDR for SOFT_VERBS_RATE_GBPS=100");
+  check(ibv_query_port(ctx, 2, &pa) != 0, "ibv_query_port: no port 2");
+  union ibv_gid gid;
+  check(ibv_query_gid(ctx, 1, 0, &gid) == 0 && gid.raw[0] == 0xfe && gid.raw[1] == 0x80,
+        "ibv_query_gid: link-local prefix");
+  __be16 pkey;
+  check(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == htons(0xffff), "ibv_query_pkey");
+  ibv_query_port(ctx, 1, &pa);
+  me->lid = pa.lid;
+  pd = ibv_alloc_pd(ctx);
+  if (!pd) die("ibv_alloc_pd");
+  buf = aligned_alloc(4096, 4 * MIB);
+  if (!buf) die("alloc");
+  memset(buf, 0, 4 * MIB);
+  mr = ibv_reg_mr(pd, buf, 4 * MIB,
+                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  check(mr != NULL && mr->lkey && mr->rkey, "ibv_reg_mr: keys");
+  if (!mr) die("ibv_reg_mr");
+  check(ibv_reg_dmabuf_mr(pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) == NULL,
+        "ibv_reg_dmabuf_mr is refused (not emulated)");
+  cq = ibv_create_cq(ctx, 1024, NULL, NULL, 0);
+  if (!cq) die("ibv_create_cq");
+  for (int i = 0; i < NQP; i++) {
+    if (i == 3) setenv("SOFT_VERBS_FAIL_AFTER", "3", 1);
+    struct ibv_qp_init_attr ia;
+    memset(&ia, 0, sizeof ia);
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 256;
+    ia.cap.max_recv_wr = 256;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    qp[i] = ibv_create_qp(pd, &ia);
+    if (i == 3) unsetenv("SOFT_VERBS_FAIL_AFTER");
+    if (!qp[i]) die("ibv_create_qp");
+    me->qpn[i] = qp[i]->qp_num;
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                      IBV_QP_ACCESS_FLAGS))
+      die("modify INIT");
+  }
+  me->buf = (uint64_t)(uintptr_t)buf;
+  me->rkey = mr->rkey;
+}
+
+static void connect_qps(const struct info *peer) {
+  for (int i = 0; i < NQP; i++) {
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTR; /* as NCCL's IB transport sets it up */
+    a.path_mtu = IBV_MTU_4096;
+    a.dest_qp_num = peer->qpn[i];
+    a.rq_psn = 0;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 0;
+    a.ah_attr.dlid = peer->lid;
+    a.ah_attr.sl = 0;
+    a.ah_attr.port_num = 1;
+    if (ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                      IBV_QP_MIN_RNR_TIMER))
+      die("modify RTR");
+  }
+  sync_with_peer('r'); /* both RTR before either sends (as NCCL's handshake guarantees) */
+  for (int i = 0; i < NQP; i++) {
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 0;
+    a.timeout = 20;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 1;
+    if (ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+                                      IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                      IBV_QP_MAX_QP_RD_ATOMIC))
+      die("modify RTS");
+  }
+  struct ibv_qp_attr qa;
+  struct ibv_qp_init_attr qi;
+  check(ibv_query_qp(qp[0], &qa, IBV_QP_STATE | IBV_QP_DEST_QPN, &qi) == 0 &&
+            qa.qp_state == IBV_QPS_RTS && qa.dest_qp_num == peer->qpn[0] &&
+            qa.ah_attr.dlid == peer->lid && qa.path_mtu == IBV_MTU_4096,
+        "ibv_query_qp: RTS, dest_qp_num, dlid, path_mtu");
+  sync_with_peer('s');
+}
+
+static uint8_t pat(size_t i, int seed) { return (uint8_t)(i * 131 + (i >> 13) + (size_t)seed); }
+
+/* Rank 0: the requester of every operation except one send. */
+static void rank0(const struct info *peer) {
+  struct ibv_wc wc[128];
+  /* 1 MiB write, then write-with-imm of 4 KiB into [1M-4K... no: into offset 3M of the peer */
+  for (size_t i = 0; i < MIB; i++) buf[2 * MIB + i] = (char)pat(i, 1);
+  check(post_rdma(0, IBV_WR_RDMA_WRITE, 1, 2 * MIB, MIB, peer->buf, peer->rkey, 1, 0) == 0 &&
+            post_rdma(0, IBV_WR_RDMA_WRITE_WITH_IMM, 2, 2 * MIB, 4096, peer->buf + 3 * MIB,
+                      peer->rkey, 1, 0x12345678) == 0,
+        "post 1 MiB RDMA WRITE + WRITE WITH IMM");
+  int n = poll_n(wc, 2);
+  check(n == 2 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 1 &&
+            wc[0].opcode == IBV_WC_RDMA_WRITE && wc[1].status == IBV_WC_SUCCESS &&
+            wc[1].wr_id == 2,
+        "write completions, in order");
+  sync_with_peer('1'); /* peer checked the data and the immediate */
+
+  /* RDMA READ 1 MiB of the peer's [1M, 2M) into our [2M, 3M) */
+  check(post_rdma(0, IBV_WR_RDMA_READ, 3, 2 * MIB, MIB, peer->buf + MIB, peer->rkey, 1, 0) == 0,
+        "post RDMA READ");
+  n = poll_n(wc, 1);
+  int same = 1;
+  for (size_t i = 0; i < MIB && same; i++) same = (uint8_t)buf[2 * MIB + i] == pat(i, 2);
+  check(n == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].opcode == IBV_WC_RDMA_READ &&
+            wc[0].byte_len == MIB && same,
+        "RDMA READ: 1 MiB exact");
+
+  /* SEND 1000 bytes to the peer; receive its 777-byte SEND WITH IMM */
+  post_recv(0, 50, 3 * MIB, 4096);
+  sync_with_peer('2'); /* both receives posted */
+  memset(buf + 2 * MIB, 0x5a, 1000);
+  check(post_rdma(0, IBV_WR_SEND, 4, 2 * MIB, 1000, 0, 0, 1, 0) == 0, "post SEND");
+  n = poll_n(wc, 2);
+  int sent = 0, rcvd = 0;
+  for (int i = 0; i < n; i++) {
+    if (wc[i].wr_id == 4 && wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_SEND) sent = 1;
+    if (wc[i].wr_id == 50 && wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_RECV &&
+        wc[i].byte_len == 777 && (wc[i].wc_flags & IBV_WC_WITH_IMM) &&
+        ntohl(wc[i].imm_data) == 0xabcdef && (uint8_t)buf[3 * MIB + 776] == 0xa5)
+      rcvd = 1;
+  }
+  check(n == 2 && sent, "SEND completes");
+  check(rcvd, "RECV of the peer's SEND WITH IMM: length, immediate, data");
+  sync_with_peer('3');
+
+  /* 100 outstanding 8 KiB writes, completing in order; the last carries an immediate */
+  for (size_t i = 0; i < MIB; i++) buf[2 * MIB + i] = (char)pat(i, 3);
+  int rc = 0;
+  for (int i = 0; i < 100; i++)
+    rc |= post_rdma(0, i == 99 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE, 100 + (uint64_t)i,
+                    2 * MIB + (size_t)i * 8192, 8192, peer->buf + (uint64_t)i * 8192, peer->rkey,
+                    1, 99);
+  check(rc == 0, "post 100 writes back to back");
+  n = poll_n(wc, 100);
+  int inorder = n == 100;
+  for (int i = 0; i < n && inorder; i++)
+    inorder = wc[i].wr_id == 100 + (uint64_t)i && wc[i].status == IBV_WC_SUCCESS;
+  check(inorder, "100 outstanding writes complete in order");
+  sync_with_peer('4');
+
+  /* unsignaled: 10 writes, only the last signaled -> exactly one completion */
+  rc = 0;
+  for (int i = 0; i < 10; i++)
+    rc |= post_rdma(4, IBV_WR_RDMA_WRITE, 200 + (uint64_t)i, 2 * MIB, 4096, peer->buf, peer->rkey,
+                    i == 9, 0);
+  n = poll_n(wc, 1);
+  usleep(20000);
+  int extra = ibv_poll_cq(cq, 8, wc + 1);
+  check(rc == 0 && n == 1 && wc[0].wr_id == 209 && wc[0].status == IBV_WC_SUCCESS && extra == 0,
+        "unsignaled writes: one completion, for the signaled last");
+
+  /* bad rkey on QP 1: REM_ACCESS_ERR, then the QP is in error and flushes */
+  post_rdma(1, IBV_WR_RDMA_WRITE, 300, 2 * MIB, 4096, peer->buf, peer->rkey ^ 0x5a5a0000, 1, 0);
+  n = poll_n(wc, 1);
+  check(n == 1 && wc[0].wr_id == 300 && wc[0].status == IBV_WC_REM_ACCESS_ERR,
+        "bad rkey: IBV_WC_REM_ACCESS_ERR");
+  post_rdma(1, IBV_WR_RDMA_WRITE, 301, 2 * MIB, 4096, peer->buf, peer->rkey, 0, 0);
+  n = poll_n(wc, 1);
+  struct ibv_qp_attr qa;
+  struct ibv_qp_init_attr qi;
+  ibv_query_qp(qp[1], &qa, IBV_QP_STATE, &qi);
+  check(n == 1 && wc[0].wr_id == 301 && wc[0].status == IBV_WC_WR_FLUSH_ERR &&
+            qa.qp_state == IBV_QPS_ERR,
+        "after the error: QP in ERR, next WR (even unsignaled) flushed");
+
+  /* out of range on QP 2: a read past the end of the peer's MR */
+  post_rdma(2, IBV_WR_RDMA_READ, 400, 2 * MIB, 8192, peer->buf + 4 * MIB - 4096, peer->rkey, 1, 0);
+  n = poll_n(wc, 1);
+  check(n == 1 && wc[0].wr_id == 400 && wc[0].status == IBV_WC_REM_ACCESS_ERR,
+        "address beyond the MR: IBV_WC_REM_ACCESS_ERR");
+
+  /* SOFT_VERBS_FAIL_AFTER=3 on QP 3: writes 1..3 succeed, 4 retry-exceeded, 5 flushed */
+  rc = 0;
+  for (int i = 0; i < 5; i++)
+    rc |= post_rdma(3, IBV_WR_RDMA_WRITE, 500 + (uint64_t)i, 2 * MIB, 4096,
+                    peer->buf + (uint64_t)i * 4096, peer->rkey, 1, 0);
+  n = poll_n(wc, 5);
+  check(rc == 0 && n == 5 && wc[0].status == IBV_WC_SUCCESS && wc[1].status == IBV_WC_SUCCESS &&
+            wc[2].status == IBV_WC_SUCCESS && wc[3].wr_id == 503 &&
+            wc[3].status == IBV_WC_RETRY_EXC_ERR && wc[4].wr_id == 504 &&
+            wc[4].status == IBV_WC_WR_FLUSH_ERR,
+        "SOFT_VERBS_FAIL_AFTER=3: 3 writes succeed, the 4th RETRY_EXC_ERR, the 5th flushed");
+  sync_with_peer('5');
+}
+
+/* Rank 1: the target; also sends once. */
+static void rank1(const struct info *peer) {
+  struct ibv_wc wc[128];
+  (void)peer;
+  for (size_t i = 0; i < MIB; i++) buf[MIB + i] = (char)pat(i, 2); /* READ source */
+  post_recv(0, 10, 0, 0);                                          /* for the imm */
+  int n = poll_n(wc, 1);
+  int same = 1;
+  for (size_t i = 0; i < MIB && same; i++) same = (uint8_t)buf[i] == pat(i, 1);
+  for (size_t i = 0; i < 4096 && same; i++) same = (uint8_t)buf[3 * MIB + i] == pat(i, 1);
+  check(n == 1 && wc[0].wr_id == 10 && wc[0].status == IBV_WC_SUCCESS &&
+            wc[0].opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc[0].wc_flags & IBV_WC_WITH_IMM) &&
+            ntohl(wc[0].imm_data) == 0x12345678 && wc[0].byte_len == 4096,
+        "WRITE WITH IMM consumed a receive: RECV_RDMA_WITH_IMM, immediate 0x12345678");
+  check(same, "1 MiB RDMA WRITE landed exactly, before the immediate");
+  sync_with_peer('1');
+
+  post_recv(0, 20, 2 * MIB, 4096);
+  sync_with_peer('2');
+  memset(buf + 3 * MIB, 0xa5, 777);
+  struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf + 3 * MIB), 777, mr->lkey};
+  struct ibv_send_wr wr, *bad;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = 21;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(0xabcdef);
+  check(ibv_post_send(qp[0], &wr, &bad) == 0, "post SEND WITH IMM");
+  n = poll_n(wc, 2);
+  int rcvd = 0, sent = 0;
+  for (int i = 0; i < n; i++) {
+    if (wc[i].wr_id == 20 && wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_RECV &&
+        wc[i].byte_len == 1000 && !(wc[i].wc_flags & IBV_WC_WITH_IMM) &&
+        (uint8_t)buf[2 * MIB + 999] == 0x5a && wc[i].src_qp == peer->qpn[0])
+      rcvd = 1;
+    if (wc[i].wr_id == 21 && wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_SEND) sent = 1;
+  }
+  check(rcvd, "RECV: 1000 bytes from the peer's SEND, src_qp");
+  check(sent, "SEND WITH IMM completes");
+  sync_with_peer('3');
+
+  post_recv(0, 30, 0, 0);
+  n = poll_n(wc, 1);
+  same = 1;
+  for (size_t i = 0; i < 100 * 8192 && same; i++) same = (uint8_t)buf[i] == pat(i, 3);
+  check(n == 1 && wc[0].wr_id == 30 && ntohl(wc[0].imm_data) == 99 && same,
+        "100 writes: all data landed before the final immediate");
+  sync_with_peer('4');
+  sync_with_peer('5');
+  struct ibv_qp_attr qa;
+  struct ibv_qp_init_attr qi;
+  ibv_query_qp(qp[1], &qa, IBV_QP_STATE, &qi);
+  check(qa.qp_state == IBV_QPS_ERR, "the responder of the bad-rkey QP went to ERR too");
+}
+
+/* A fresh process: two ports, then both go down with an async event each. */
+static int port_down_check(void) {
+  who = "ports";
+  setenv("SOFT_VERBS_PORTS", "2", 1);
+  setenv("SOFT_VERBS_RATE_GBPS", "200", 1);
+  setenv("SOFT_VERBS_PORT_DOWN_AFTER_MS", "100", 1);
+  struct ibv_device **list = ibv_get_device_list(NULL);
+  if (!list || !list[0]) die("no device");
+  struct ibv_context *c = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!c) die("ibv_open_device");
+  struct ibv_device_attr da;
+  struct ibv_port_attr p1, p2;
+  check(ibv_query_device(c, &da) == 0 && da.phys_port_cnt == 2, "SOFT_VERBS_PORTS=2: two ports");
+  check(ibv_query_port(c, 1, &p1) == 0 && ibv_query_port(c, 2, &p2) == 0 &&
+            p1.state == IBV_PORT_ACTIVE && p2.state == IBV_PORT_ACTIVE && p1.lid != p2.lid &&
+            p1.active_width == 2 && p1.active_speed == 64 /* HDR */,
+        "both ports ACTIVE, distinct LIDs, 4X HDR for 200 Gb/s");
+  int seen[3] = {0, 0, 0};
+  for (int i = 0; i < 2; i++) {
+    struct ibv_async_event ev;
+    if (ibv_get_async_event(c, &ev)) break;
+    if (ev.event_type == IBV_EVENT_PORT_ERR && ev.element.port_num >= 1 &&
+        ev.element.port_num <= 2)
+      seen[ev.element.port_num] = 1;
+    ibv_ack_async_event(&ev);
+  }
+  check(seen[1] && seen[2], "SOFT_VERBS_PORT_DOWN_AFTER_MS: IBV_EVENT_PORT_ERR for each port");
+  check(ibv_query_port(c, 1, &p1) == 0 && p1.state == IBV_PORT_DOWN, "the port is DOWN after");
+  ibv_close_device(c);
+  return failed ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "ports") == 0) return port_down_check();
+  setenv("SOFT_VERBS_RATE_GBPS", "100", 1);
+  int p2c[2], c2p[2];
+  if (pipe(p2c) || pipe(c2p)) return 2;
+  pid_t pid = fork();
+  if (pid < 0) return 2;
+  int rank = pid == 0;
+  who = rank ? "rank1" : "rank0";
+  wfd = rank ? c2p[1] : p2c[1];
+  rfd = rank ? p2c[0] : c2p[0];
+  struct info me, peer;
+  memset(&me, 0, sizeof me);
+  setup(&me);
+  put(&me, sizeof me);
+  get(&peer, sizeof peer);
+  check(peer.lid != me.lid && peer.qpn[0] != me.qpn[0], "distinct LIDs and QP numbers");
+  connect_qps(&peer);
+  if (rank == 0) rank0(&peer); else rank1(&peer);
+  sync_with_peer('e');
+  for (int i = 0; i < NQP; i++) ibv_destroy_qp(qp[i]);
+  ibv_destroy_cq(cq);
+  check(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibv_close_device(ctx) == 0,
+        "teardown");
+  if (rank == 1) {
+    printf("rank1: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  int child_ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  check(child_ok, "rank1 exited cleanly with no failures");
+  fflush(stdout);
+  pid = fork();
+  if (pid == 0) { /* exec: the library's process state must start fresh */
+    execl("/proc/self/exe", argv[0], "ports", (char *)NULL);
+    _exit(3);
+  }
+  st = 0;
+  waitpid(pid, &st, 0);
+  check(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "port checks in a fresh process");
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
