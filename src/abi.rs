@@ -506,6 +506,47 @@ pub struct ncclCommProperties {
 }
 pub type ncclCommProperties_t = ncclCommProperties;
 
+/// The header every versioned struct of the API starts with (`ncclConfig_t`,
+/// `ncclCollConfig_t`, `ncclEncryptionConfig_t`, `ncclCommProperties_t`, ...).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VersionedHeader {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+}
+
+/// A caller's versioned struct, read by the size it declares: its first `size` bytes laid
+/// over `base` (the fields an older, shorter struct lacks keep `base`'s values; a newer,
+/// longer one is read up to our size). Returns the header as the caller wrote it, and the
+/// merged struct.
+///
+/// # Safety
+/// `p` is non-NULL and points to a struct that starts with a `VersionedHeader` and has at
+/// least `size` readable bytes, `size` being its first field (NCCL's contract).
+pub unsafe fn read_versioned<T: Copy>(p: *const T, base: T) -> (VersionedHeader, T) {
+    // SAFETY: every versioned struct starts with the header (the caller's contract).
+    let header = unsafe { (p as *const VersionedHeader).read_unaligned() };
+    let mut out = base;
+    let n = header.size.min(std::mem::size_of::<T>());
+    // SAFETY: the caller provides `header.size` readable bytes; at most that many are copied,
+    // into a `T` of at least `n` bytes. `T` is plain C data.
+    unsafe { std::ptr::copy_nonoverlapping(p as *const u8, &mut out as *mut T as *mut u8, n) };
+    (header, out)
+}
+
+/// Write `value` into the caller's versioned struct at `p`, up to the `size` it declares.
+///
+/// # Safety
+/// As for [`read_versioned`], with the `size` bytes writable.
+pub unsafe fn write_versioned<T: Copy>(p: *mut T, value: &T) {
+    // SAFETY: every versioned struct starts with the header (the caller's contract).
+    let size = unsafe { (p as *const VersionedHeader).read_unaligned() }.size;
+    let n = size.min(std::mem::size_of::<T>());
+    // SAFETY: at most the caller's `size` bytes are written, from a `T` of at least `n`.
+    unsafe { std::ptr::copy_nonoverlapping(value as *const T as *const u8, p as *mut u8, n) };
+}
+
 /// Untyped pointer alias used by the allocation entry points.
 pub type VoidPtr = *mut c_void;
 
@@ -603,6 +644,7 @@ mod tests {
     #[test]
     fn layouts_match_nvidia_2_32_3() {
         assert_eq!(std::mem::size_of::<ncclUniqueId>(), 128);
+        assert_eq!(std::mem::size_of::<VersionedHeader>(), 16);
         assert_eq!(std::mem::size_of::<ncclConfig_t>(), 120);
         assert_eq!(std::mem::offset_of!(ncclConfig_t, graphUsageMode), 80);
         assert_eq!(std::mem::offset_of!(ncclConfig_t, nvlsHostMode), 112);
@@ -625,6 +667,26 @@ mod tests {
         assert_eq!(std::mem::size_of::<ncclSimInfo_t>(), 24);
         assert_eq!(std::mem::size_of::<ncclResult_t>(), 4);
         assert_eq!(std::mem::size_of::<ncclRedOp_t>(), 4);
+    }
+
+    #[test]
+    fn a_shorter_older_struct_keeps_the_defaults_past_its_size() {
+        let mut old = [0u8; 80];
+        let header = VersionedHeader {
+            size: 80,
+            magic: NCCL_API_MAGIC,
+            version: 22809,
+        };
+        // SAFETY: old has room for the header.
+        unsafe { (old.as_mut_ptr() as *mut VersionedHeader).write_unaligned(header) };
+        old[16..20].copy_from_slice(&1i32.to_ne_bytes()); // blocking
+                                                          // SAFETY: old is an 80-byte struct starting with its header.
+        let (h, cfg) =
+            unsafe { read_versioned(old.as_ptr() as *const ncclConfig_t, ncclConfig_t::default()) };
+        assert_eq!(h, header);
+        assert_eq!(cfg.blocking, 1);
+        assert_eq!(cfg.size, 80);
+        assert_eq!(cfg.nvlsHostMode, NCCL_CONFIG_UNDEF_INT);
     }
 
     #[test]

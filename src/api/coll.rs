@@ -27,7 +27,9 @@ pub(crate) struct Call {
 
 /// Validate a call as NVIDIA's library does and hand it to the communicator.
 pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
-    entry(name, call.comm, || submit_call(call, CallConfig::default()))
+    entry(name, call.comm, || {
+        submit_call(find_comm(call.comm)?, call, CallConfig::default())
+    })
 }
 
 /// `submit` with the caller's per-call configuration (NULL: the plain call). The config is
@@ -40,17 +42,17 @@ pub(crate) fn submit_configured(
     entry(name, call.comm, || {
         // SAFETY: `config` is NULL or the caller's struct of the size it declares (NCCL's
         // contract for ncclCollConfig_t).
-        let Some(user) = (unsafe { coll_config::read(config) })? else {
-            return submit_call(call, CallConfig::default());
-        };
+        let user = unsafe { coll_config::read(config) }?;
         let c = find_comm(call.comm)?;
-        let cfg = coll_config::resolve(&user, &c.config, call.kind)?;
-        submit_call(call, cfg)
+        let cfg = match user {
+            Some(user) => coll_config::resolve(&user, &c.config, call.kind)?,
+            None => CallConfig::default(),
+        };
+        submit_call(c, call, cfg)
     })
 }
 
-fn submit_call(call: Call, cfg: CallConfig) -> Result<()> {
-    let c = find_comm(call.comm)?;
+fn submit_call(c: std::sync::Arc<crate::core::Comm>, call: Call, cfg: CallConfig) -> Result<()> {
     c.check_usable()?;
     let dtype = ncclDataType_t::from_raw(call.dtype).ok_or_else(|| {
         Error::invalid_argument(format!(

@@ -51,24 +51,20 @@ pub unsafe fn read_config(cfg: *const crate::abi::ncclEncryptionConfig_t) -> Res
     if cfg.is_null() {
         return Ok(Encryption::None);
     }
-    // SAFETY: every version starts with size_t size, unsigned magic, unsigned version.
-    let magic = unsafe { std::ptr::addr_of!((*cfg).magic).read_unaligned() };
-    if magic != NCCL_API_MAGIC {
-        return Err(Error::invalid_argument(
-            "config not initialized via NCCL_ENCRYPTION_CONFIG_INITIALIZER",
-        ));
-    }
-    let size = unsafe { std::ptr::addr_of!((*cfg).size).read_unaligned() };
-    let mut c = ncclEncryptionConfig_t {
-        size,
-        magic,
+    let base = ncclEncryptionConfig_t {
+        size: 0,
+        magic: 0,
         version: 0,
         mode: 0,
         psk: std::ptr::null(),
     };
-    let n = size.min(std::mem::size_of::<ncclEncryptionConfig_t>());
-    // SAFETY: the caller provides `size` readable bytes; at most that many are copied.
-    unsafe { std::ptr::copy_nonoverlapping(cfg as *const u8, &mut c as *mut _ as *mut u8, n) };
+    // SAFETY: cfg is non-NULL and the caller's config (the function's contract).
+    let (header, c) = unsafe { crate::abi::read_versioned(cfg, base) };
+    if header.magic != NCCL_API_MAGIC {
+        return Err(Error::invalid_argument(
+            "config not initialized via NCCL_ENCRYPTION_CONFIG_INITIALIZER",
+        ));
+    }
     match c.mode {
         0 => Ok(Encryption::None),
         1 => {

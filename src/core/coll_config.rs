@@ -51,13 +51,9 @@ pub unsafe fn read(cfg: *const ncclCollConfig_t) -> Result<Option<ncclCollConfig
     if cfg.is_null() {
         return Ok(None);
     }
-    // SAFETY: every version starts with size_t size, unsigned magic, unsigned version.
-    let (size, magic) = unsafe {
-        (
-            std::ptr::addr_of!((*cfg).size).read_unaligned(),
-            std::ptr::addr_of!((*cfg).magic).read_unaligned(),
-        )
-    };
+    // SAFETY: cfg is non-NULL and the caller's config (the function's contract).
+    let (header, out) = unsafe { crate::abi::read_versioned(cfg, ncclCollConfig_t::default()) };
+    let (size, magic) = (header.size, header.magic);
     if !(MIN_SIZE..=1 << 16).contains(&size) {
         return Err(Error::invalid_argument(format!(
             "config size {size} is not a valid ncclCollConfig_t size (at least {MIN_SIZE}): \
@@ -70,17 +66,6 @@ pub unsafe fn read(cfg: *const ncclCollConfig_t) -> Result<Option<ncclCollConfig
              with NCCL_COLLCONFIG_INITIALIZER"
         )));
     }
-    let mut out = ncclCollConfig_t::default();
-    let n = size.min(std::mem::size_of::<ncclCollConfig_t>());
-    // SAFETY: the caller provides `size` readable bytes and we copy at most that many into a
-    // struct of at least `n` bytes; fields past `n` keep their initializer values.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            cfg as *const u8,
-            &mut out as *mut ncclCollConfig_t as *mut u8,
-            n,
-        )
-    };
     if !(0..=1).contains(&out.forceAlgSelection) {
         return Err(Error::invalid_argument(format!(
             "config.forceAlgSelection = {} must be 0 or 1",

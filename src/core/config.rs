@@ -63,31 +63,19 @@ pub unsafe fn read_user_config(cfg: *const ncclConfig_t) -> Result<Option<ncclCo
     if cfg.is_null() {
         return Ok(None);
     }
-    // SAFETY: every config version starts with size_t size, unsigned magic, unsigned version.
-    let size = unsafe { std::ptr::addr_of!((*cfg).size).read_unaligned() };
-    let magic = unsafe { std::ptr::addr_of!((*cfg).magic).read_unaligned() };
+    // SAFETY: cfg is non-NULL and the caller's config (the function's contract).
+    let (header, out) = unsafe { crate::abi::read_versioned(cfg, ncclConfig_t::default()) };
+    let (size, magic) = (header.size, header.magic);
     if magic != NCCL_CONFIG_MAGIC {
         return Err(Error::invalid_argument(format!(
             "config magic {magic:#x} is not NCCL_CONFIG_MAGIC (0xcafebeef): initialise the config with NCCL_CONFIG_INITIALIZER"
         )));
     }
-    let ours = std::mem::size_of::<ncclConfig_t>();
     if !(16..=1 << 16).contains(&size) {
         return Err(Error::invalid_argument(format!(
             "config size {size} is not a valid ncclConfig_t size"
         )));
     }
-    let mut out = ncclConfig_t::default();
-    let n = size.min(ours);
-    // SAFETY: the caller provides `size` readable bytes; we copy at most that many into a
-    // struct of at least `n` bytes. Fields past `n` keep NCCL_CONFIG_INITIALIZER's values.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            cfg as *const u8,
-            &mut out as *mut ncclConfig_t as *mut u8,
-            n,
-        )
-    };
     // Pointer fields a short struct did not cover must stay NULL, which default() set.
     Ok(Some(out))
 }

@@ -418,8 +418,6 @@ fn with_runtime(
     let rt = rt.as_mut().ok_or_else(|| {
         Error::invalid_usage("communicator is not initialised (still in progress or failed)")
     })?;
-    // Connections made here are the suspendable part of the communicator's memory.
-    let _counted = crate::cuda::account_into(&comm.mem.suspendable);
     f(rt).inspect_err(|e| {
         if e.code == ncclResult_t::ncclRemoteError || e.code == ncclResult_t::ncclSystemError {
             comm.set_async_error(e);

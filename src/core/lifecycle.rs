@@ -297,6 +297,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     )?;
     rt.set_net_link(net_link);
     rt.set_network(comm.config.net_name.clone(), comm.config.traffic_class);
+    rt.count_connections_into(comm.mem.suspendable.clone());
     *comm.rt.lock() = Some(rt);
     super::watchdog::start(comm);
     crate::info!(

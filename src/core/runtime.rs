@@ -183,6 +183,9 @@ pub struct Runtime {
     /// `OXCCL_YIELD*`, and `[peer]`: waits on the peer may park (`Geometry::park`).
     yielding: yielding::Settings,
     park: Vec<bool>,
+    /// Where the device memory of connections is counted (the communicator's suspendable
+    /// memory, `memory::Usage`).
+    connection_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What decides the connections a task needs: its kind, type, count, root (or peer) and
@@ -517,7 +520,13 @@ impl Runtime {
             ring_table,
             yielding: yielding::Settings::from_env(),
             park: Vec::new(),
+            connection_bytes: Arc::default(),
         })
+    }
+
+    /// Count the device memory of connections made from now on into `counter`.
+    pub fn count_connections_into(&mut self, counter: Arc<std::sync::atomic::AtomicU64>) {
+        self.connection_bytes = counter;
     }
 
     /// Identifies the communicator: the same on all of its ranks (derived from its unique id,
@@ -723,6 +732,7 @@ impl Runtime {
             return Ok(());
         }
         cuda::set_current(self.ctx)?;
+        let _counted = cuda::account_into(&self.connection_bytes);
         // The first operation of a shape may come while the user's stream captures a graph:
         // allocating the connections is then allowed, as NVIDIA's library allows its own.
         let _relaxed = cuda::RelaxedCapture::enter()?;

@@ -811,22 +811,18 @@ pub fn release_waits(comm: &Comm) {
 /// # Safety
 /// `props` points to the caller's struct, of at least its `size` field's bytes.
 pub unsafe fn query_properties(comm: &Comm, props: *mut ncclCommProperties_t) -> Result<()> {
-    // SAFETY: every version starts with size_t size, unsigned magic, unsigned version.
-    let size = unsafe { std::ptr::addr_of!((*props).size).read_unaligned() };
-    let magic = unsafe { std::ptr::addr_of!((*props).magic).read_unaligned() };
-    if magic != NCCL_API_MAGIC || size < 16 {
+    // SAFETY: a plain C struct of integers and bools: all zero is a valid value.
+    let zero: ncclCommProperties_t = unsafe { std::mem::zeroed() };
+    // SAFETY: props is the caller's struct (the function's contract).
+    let (header, mut p) = unsafe { crate::abi::read_versioned(props, zero) };
+    if header.magic != NCCL_API_MAGIC || header.size < std::mem::size_of_val(&header) {
         return Err(Error::invalid_usage(
             "Cannot get communicator properties: ncclCommProperties_t argument must be initialized via NCCL_COMM_PROPERTIES_INITIALIZER",
         ));
     }
-    let n = size.min(std::mem::size_of::<ncclCommProperties_t>());
-    // SAFETY: a plain C struct of integers and bools; all zero is a valid value.
-    let mut p: ncclCommProperties_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the caller provides `size` bytes; at most `n` are copied either way.
-    unsafe { std::ptr::copy_nonoverlapping(props as *const u8, &mut p as *mut _ as *mut u8, n) };
     fill_properties(comm, &mut p);
-    // SAFETY: as above; the header fields are written back unchanged.
-    unsafe { std::ptr::copy_nonoverlapping(&p as *const _ as *const u8, props as *mut u8, n) };
+    // SAFETY: as above; the header is written back as the caller wrote it.
+    unsafe { crate::abi::write_versioned(props, &p) };
     Ok(())
 }
 

@@ -113,8 +113,7 @@ registry! {
         "Disable the shared memory transport");
     MULTI_RANK_GPU_ENABLE = Param::boolean("NCCL_MULTI_RANK_GPU_ENABLE", false,
         "Allow several ranks of a communicator on the same GPU").undocumented();
-    BUFFSIZE = Param::integer("NCCL_BUFFSIZE",
-        crate::transport::sizes::SLOT_BYTES as i64 * crate::transport::sizes::NSLOTS as i64,
+    BUFFSIZE = Param::integer("NCCL_BUFFSIZE", 4 << 20,
         "Size in bytes of the buffer used between each pair of ranks");
     NET = Param::text("NCCL_NET", None,
         "Network to use, by name (e.g. IB or Socket, or a plugin's)");
@@ -136,15 +135,15 @@ registry! {
         "CUDA threads per block: 64, 128, 256 or 512 (0: the default)");
     MIN_NCHANNELS = Param::integer("NCCL_MIN_NCHANNELS", 1,
         "Fewest channels (CTAs) to use; older name of NCCL_MIN_CTAS");
-    MAX_NCHANNELS = Param::integer("NCCL_MAX_NCHANNELS", crate::core::config::MAX_CHANNELS as i64,
+    MAX_NCHANNELS = Param::integer("NCCL_MAX_NCHANNELS", 64,
         "Most channels (CTAs) to use; older name of NCCL_MAX_CTAS");
     MIN_CTAS = Param::integer("NCCL_MIN_CTAS", 1,
         "Fewest CTAs to use (default: NCCL_MIN_NCHANNELS)");
-    MAX_CTAS = Param::integer("NCCL_MAX_CTAS", crate::core::config::MAX_CHANNELS as i64,
+    MAX_CTAS = Param::integer("NCCL_MAX_CTAS", 64,
         "Most CTAs to use (default: NCCL_MAX_NCHANNELS)");
     MIN_P2P_NCHANNELS = Param::integer("NCCL_MIN_P2P_NCHANNELS", 1,
         "Fewest channels one point-to-point operation is split over").undocumented();
-    MAX_P2P_NCHANNELS = Param::integer("NCCL_MAX_P2P_NCHANNELS", crate::sched::cost::P2P_MAX_CHANNELS as i64,
+    MAX_P2P_NCHANNELS = Param::integer("NCCL_MAX_P2P_NCHANNELS", 32,
         "Most channels one point-to-point operation is split over").undocumented();
     ALGO = Param::text("NCCL_ALGO", None,
         "Algorithms to use: a comma-separated list, ^ to exclude, per collective with <coll>:<list>");
@@ -164,7 +163,7 @@ registry! {
         "Enable the RAS (reliability, availability, serviceability) subsystem");
     RAS_ADDR = Param::text("NCCL_RAS_ADDR", Some("localhost:28028"),
         "Address (<host>:<port>) the RAS subsystem listens on for client connections");
-    HANG_REPORT_S = Param::integer("OXCCL_HANG_REPORT_S", crate::core::watchdog::DEFAULT_REPORT_S,
+    HANG_REPORT_S = Param::integer("OXCCL_HANG_REPORT_S", 60,
         "Seconds an operation may go without progress before the watchdog reports it (0: never)").undocumented();
     HANG_ERROR = Param::boolean("OXCCL_HANG_ERROR", false,
         "Whether a reported hang also fails the communicator").undocumented();
@@ -172,7 +171,7 @@ registry! {
         "Check that every rank calls the same collectives with matching arguments").undocumented();
     YIELD = Param::boolean("OXCCL_YIELD", true,
         "Let a kernel waiting on a peer yield its GPU to other work").undocumented();
-    YIELD_SPIN_US = Param::integer("OXCCL_YIELD_SPIN_US", crate::core::yielding::DEFAULT_SPIN_US,
+    YIELD_SPIN_US = Param::integer("OXCCL_YIELD_SPIN_US", 30,
         "Microseconds a waiting kernel spins before yielding (1..1000000)").undocumented();
     YIELD_RESUMES = Param::integer("OXCCL_YIELD_RESUMES", -1,
         "Kernel launches after the first of a yielding operation, at most 32 (below 1: by ring size)").undocumented();

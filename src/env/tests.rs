@@ -334,4 +334,21 @@ fn defaults_match_the_constants_they_stand_for() {
         registry::MIN_NCHANNELS.default,
         Default::Int(crate::core::config::CommConfig::default().min_ctas as i64)
     );
+    // The registry is a leaf module: its defaults are literals, kept equal to the constants
+    // of the modules that use them here.
+    let channels = Default::Int(crate::core::config::MAX_CHANNELS as i64);
+    assert_eq!(registry::MAX_NCHANNELS.default, channels);
+    assert_eq!(registry::MAX_CTAS.default, channels);
+    assert_eq!(
+        registry::MAX_P2P_NCHANNELS.default,
+        Default::Int(crate::sched::cost::P2P_MAX_CHANNELS as i64)
+    );
+    assert_eq!(
+        registry::HANG_REPORT_S.default,
+        Default::Int(crate::core::watchdog::DEFAULT_REPORT_S)
+    );
+    assert_eq!(
+        registry::YIELD_SPIN_US.default,
+        Default::Int(crate::core::yielding::DEFAULT_SPIN_US)
+    );
 }
