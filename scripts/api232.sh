@@ -22,7 +22,11 @@ for lib in nvidia ours; do
       f=$OUT/$lib-$nr-$s
       debug=WARN
       [[ $s == g ]] && debug=INFO
-      LD_LIBRARY_PATH=$dir NCCL_DEBUG=$debug timeout -k 5 ${API232_TIMEOUT:-45} .device/bin/api232 -n "$nr" -s "$s" \
+      limit=${API232_TIMEOUT:-45}
+      # NVIDIA's grown communicator of 4 ranks in one process on one GPU does not finish its
+      # first all-reduce (its CTAs of 4 ranks are not all resident): that case is bounded short.
+      [[ $lib == nvidia && $nr == 2 && $s == g ]] && limit=20
+      LD_LIBRARY_PATH=$dir NCCL_DEBUG=$debug timeout -k 5 "$limit" .device/bin/api232 -n "$nr" -s "$s" \
         -d "$OUT/dump-$lib.txt" >"$f.txt" 2>"$f.err"
       echo "rc=$? $lib ranks=$nr section=$s: $(grep -c '^CASE' "$f.txt") cases" | tee -a "$OUT/runs.txt"
     done
@@ -32,4 +36,4 @@ done
 for s in $sections; do
   paste -d'\n' <(sed 's/^/ours   /' "$OUT/ours-2-$s.txt") <(sed 's/^/nvidia /' "$OUT/nvidia-2-$s.txt")
 done >"$OUT/side-by-side.txt"
-tar -czf "$OUT/api232.tar.gz" -C "$OUT" --exclude api232.tar.gz .
+tar -czf "$OUT.tar.gz" -C "$OUT" . && mv "$OUT.tar.gz" "$OUT/api232.tar.gz"

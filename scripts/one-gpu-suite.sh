@@ -122,6 +122,17 @@ NVLIB=""
 nvdir=$(timeout 60 python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 [ -n "$nvdir" ] && [ -f "$nvdir/libnccl.so.2" ] && NVLIB=$nvdir/libnccl.so.2
 NVDIR=${NVLIB:+$(dirname "$NVLIB")}
+# NVIDIA's 2.32.3 (carried xz-packed in $DEV/ref, made by ../shared/tools/nccl-reference 2.32.3
+# 90 .device/ref): the folder of its libnccl.so.2, unpacked on first use; fails when not carried.
+ref_232_dir() {
+  local d=$DEV/ref/lib
+  if [ ! -f "$d/libnccl.so.2" ]; then
+    [ -f "$DEV/ref/libnccl-2.32.3.so.2.xz" ] || return 1
+    mkdir -p "$d" && xz -dc "$DEV/ref/libnccl-2.32.3.so.2.xz" >"$d/libnccl.so.2.part" &&
+      mv "$d/libnccl.so.2.part" "$d/libnccl.so.2" || return 1
+  fi
+  echo "$d"
+}
 
 ROWS=()
 FAILED=0
@@ -314,26 +325,28 @@ sec_ffi() {
   fi
   if [ -x "$DEV/bin/coll_config" ]; then
     LEAVE=60 test_step ffi "coll_config (ours)" 120 0 env LD_LIBRARY_PATH="$DEV/lib" "$DEV/bin/coll_config" -n 2
-    if [ -n "$NVLIB" ]; then
-      LEAVE=60 test_step ffi "coll_config (NVIDIA reference)" 120 1 env LD_LIBRARY_PATH="$NVDIR" \
-        "$DEV/bin/coll_config" -n 2 -r
+    # The ncclXConfig collectives exist from NVIDIA's 2.32 on: the reference is its 2.32.3.
+    if ref232=$(ref_232_dir); then
+      LEAVE=60 test_step ffi "coll_config (NVIDIA 2.32.3 reference)" 120 1 env LD_LIBRARY_PATH="$ref232" \
+        NCCL_MULTI_RANK_GPU_ENABLE=1 "$DEV/bin/coll_config" -n 2 -r
+    else
+      row ffi "coll_config (NVIDIA 2.32.3 reference)" SKIP - 0 "$DEV/ref (../shared/tools/nccl-reference 2.32.3 90 .device/ref) missing"
     fi
   else
     row ffi "coll_config (ours)" SKIP - 0 "$DEV/bin/coll_config missing"
   fi
   # One-sided operations between two processes on GPU 0 (windows of ncclMemAlloc memory).
   if [ -x "$DEV/bin/rma2p" ]; then
-    LEAVE=60 test_step ffi "rma2p (ours)" 60 0 env LD_LIBRARY_PATH="$DEV/lib" "$DEV/bin/rma2p"
+    LEAVE=60 test_step ffi "rma2p (ours)" 60 0 env LD_LIBRARY_PATH="$DEV/lib" NCCL_MULTI_RANK_GPU_ENABLE=1 \
+      "$DEV/bin/rma2p"
   else
     row ffi "rma2p (ours)" SKIP - 0 "$DEV/bin/rma2p missing"
   fi
-  # The 2.31-2.32 entry points against NVIDIA's 2.32.3 (.device/ref), side by side: a record.
-  if [ -x "$DEV/bin/api232" ] && [ -f "$DEV/ref/libnccl-2.32.3.so.2.xz" ]; then
-    LEAVE=60 test_step ffi "api232 side by side with NVIDIA 2.32.3 (report)" 400 1 \
-      env OUT="$OUT/api232" bash scripts/api232.sh
-  else
-    row ffi "api232 side by side" SKIP - 0 "$DEV/bin/api232 or $DEV/ref (../shared/tools/nccl-reference 2.32.3 90 .device/ref) missing"
-  fi
+  ffi_shared_gpu
+  ffi_api232
+}
+
+ffi_shared_gpu() {
   [ -x "$DEV/bin/shared_gpu" ] || { row ffi shared_gpu SKIP - 0 "$DEV/bin/shared_gpu missing"; return 0; }
   local leave=0
   [ -n "$NVLIB" ] && leave=45
@@ -349,6 +362,16 @@ sec_ffi() {
     local lim=$LIMIT
     test_step ffi "shared_gpu (NVIDIA reference)" "$lim" 1 env LD_LIBRARY_PATH="$NVDIR" \
       "$DEV/bin/shared_gpu" -T $((lim - 12))
+  fi
+}
+
+ffi_api232() {
+  # The 2.31-2.32 entry points against NVIDIA's 2.32.3 (.device/ref), side by side: a record.
+  if [ -x "$DEV/bin/api232" ] && [ -f "$DEV/ref/libnccl-2.32.3.so.2.xz" ]; then
+    test_step ffi "api232 side by side with NVIDIA 2.32.3 (report)" 400 1 \
+      env OUT="$OUT/api232" bash scripts/api232.sh
+  else
+    row ffi "api232 side by side" SKIP - 0 "$DEV/bin/api232 or $DEV/ref (../shared/tools/nccl-reference 2.32.3 90 .device/ref) missing"
   fi
 }
 

@@ -50,7 +50,7 @@ run() {
   for r in 0 1; do wait "${pids[$r]}" || ok=0; done
   for r in 0 1; do
     grep -q "TWO_HOSTS_OK rank $r" "$OUTDIR/$label-$r.log" || ok=0
-    # the library the label names ran (ours logs "NCCL version 2.28.9+oxccl")
+    # the library the label names ran (ours logs "NCCL version 2.32.3+oxccl")
     if [ "$label" = ours ]; then grep -q '+oxccl' "$OUTDIR/$label-$r.log" || ok=0
     else ! grep -q '+oxccl' "$OUTDIR/$label-$r.log" || ok=0; fi
     grep -q "NET/Socket : Using \[0\]oxv$r:10.213.77.$((r + 1))" "$OUTDIR/$label-$r.log" || ok=0

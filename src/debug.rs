@@ -222,9 +222,16 @@ pub fn log(lvl: Level, sys: u32, args: std::fmt::Arguments<'_>) {
     emit(lvl, args);
 }
 
-/// `2.28.9+oxccl`, the version line printed once at the first message.
+/// `2.32.3+oxccl`: the NCCL release whose ABI the library implements (from
+/// `abi::NCCL_VERSION_CODE`), as the version line printed once at the first message says it.
 pub fn version_string() -> String {
-    "2.28.9+oxccl".to_string()
+    let code = crate::abi::NCCL_VERSION_CODE;
+    format!(
+        "{}.{}.{}+oxccl",
+        code / 10000,
+        code % 10000 / 100,
+        code % 100
+    )
 }
 
 fn emit(lvl: Level, args: std::fmt::Arguments<'_>) {

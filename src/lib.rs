@@ -1,4 +1,4 @@
-//! oxccl: NVIDIA's NCCL 2.28.9 rebuilt in Rust, shipped as a drop-in `libnccl.so.2`.
+//! oxccl: NVIDIA's NCCL (the 2.32.3 ABI) rebuilt in Rust, shipped as a drop-in `libnccl.so.2`.
 //!
 //! Layers, top down (never up): `api` (the `extern "C"` entry points) → `core`
 //! (communicators, groups, enqueue) → `sched` (planning), `transport` (connections),

@@ -514,9 +514,12 @@ static void *grow_thread(void *p) {
   else
     a->first = ncclCommGrow(NULL, 2 * NR, a->id, a->rank, &a->out, a->config);
   a->rc = a->first;
+  /* A non-blocking communicator may still be in progress after ncclSuccess: ask it. */
+  bool nonblocking = a->config != NULL && !a->config->blocking;
+  if (nonblocking && a->rc == ncclSuccess && a->out != NULL) a->rc = ncclInProgress;
   while (a->rc == ncclInProgress && a->out != NULL) {
-    usleep(1000);
     if (ncclCommGetAsyncError(a->out, &a->rc) != ncclSuccess) break;
+    if (a->rc == ncclInProgress) usleep(1000);
   }
   return NULL;
 }
@@ -535,7 +538,114 @@ static ncclResult_t grow_members(int members, const ncclUniqueId *id, ncclConfig
     if (args[i].rc != ncclSuccess) all = args[i].rc;
   return all;
 }
-/* Ranks, sizes and an all-reduce on a grown communicator, then the old one; destroys it. */
+/* Every collective of the API on nr communicators (int32, exact values): all-reduce,
+ * broadcast, reduce, all-gather, reduce-scatter, all-to-all, gather, scatter and a send/recv
+ * ring, each with count elements per rank and roots chosen away from rank 0. Prints one CASE
+ * per collective, named PREFIX_<collective>. */
+enum { C_AR, C_BC, C_RED, C_AG, C_RS, C_A2A, C_GATHER, C_SCATTER, C_SENDRECV, C_COUNT };
+static const char *coll_names[C_COUNT] = {"allreduce", "broadcast", "reduce", "allgather", "reducescatter",
+                                          "alltoall", "gather", "scatter", "sendrecv"};
+static int32_t input_at(int q, size_t j) { return (int32_t)(q * 1000 + (int)(j % 997)); }
+/* The value rank r must hold at out[j] after collective c, or 0 with *check=false. */
+static int32_t expected(int c, int r, size_t j, size_t count, int nr, bool *check) {
+  int root = nr - 1;
+  *check = true;
+  int32_t sum = 0;
+  switch (c) {
+  case C_AR:
+    if (j >= count) break;
+    for (int q = 0; q < nr; q++) sum += input_at(q, j);
+    return sum;
+  case C_BC:
+    if (j >= count) break;
+    return input_at(root, j);
+  case C_RED:
+    if (j >= count || r != root) break;
+    for (int q = 0; q < nr; q++) sum += input_at(q, j);
+    return sum;
+  case C_AG:
+  case C_GATHER:
+    if (c == C_GATHER && r != root) break;
+    return input_at((int)(j / count), j % count);
+  case C_RS:
+    if (j >= count) break;
+    for (int q = 0; q < nr; q++) sum += input_at(q, (size_t)r * count + j);
+    return sum;
+  case C_A2A:
+    return input_at((int)(j / count), (size_t)r * count + j % count);
+  case C_SCATTER:
+    if (j >= count) break;
+    return input_at(root, (size_t)r * count + j);
+  case C_SENDRECV:
+    if (j >= count) break;
+    return input_at((r + nr - 1) % nr, j);
+  }
+  *check = false;
+  return 0;
+}
+static ncclResult_t issue_collective(int c, int r, const int32_t *in, int32_t *out, size_t count, ncclComm_t comm,
+                                     int nr, cudaStream_t s) {
+  int root = nr - 1;
+  switch (c) {
+  case C_AR: return ncclAllReduce(in, out, count, ncclInt32, ncclSum, comm, s);
+  case C_BC: return ncclBroadcast(in, out, count, ncclInt32, root, comm, s);
+  case C_RED: return ncclReduce(in, out, count, ncclInt32, ncclSum, root, comm, s);
+  case C_AG: return ncclAllGather(in, out, count, ncclInt32, comm, s);
+  case C_RS: return ncclReduceScatter(in, out, count, ncclInt32, ncclSum, comm, s);
+  case C_A2A: return ncclAlltoAll(in, out, count, ncclInt32, comm, s);
+  case C_GATHER: return ncclGather(in, out, count, ncclInt32, root, comm, s);
+  case C_SCATTER: return ncclScatter(in, out, count, ncclInt32, root, comm, s);
+  case C_SENDRECV: {
+    ncclResult_t a = ncclSend(in, count, ncclInt32, (r + 1) % nr, comm, s);
+    ncclResult_t b = ncclRecv(out, count, ncclInt32, (r + nr - 1) % nr, comm, s);
+    return a != ncclSuccess ? a : b;
+  }
+  }
+  return ncclInvalidArgument;
+}
+static void every_collective(ncclComm_t *cs, int nr, size_t count, const char *prefix) {
+  size_t total = count * (size_t)nr;
+  int32_t *in[2 * MAXR], *out[2 * MAXR];
+  int32_t *h = malloc(total * sizeof(int32_t));
+  for (int r = 0; r < nr; r++) {
+    cudaMalloc((void **)&in[r], total * sizeof(int32_t));
+    cudaMalloc((void **)&out[r], total * sizeof(int32_t));
+    for (size_t j = 0; j < total; j++) h[j] = input_at(r, j);
+    cudaMemcpy(in[r], h, total * sizeof(int32_t), cudaMemcpyHostToDevice);
+  }
+  char name[64];
+  for (int c = 0; c < C_COUNT; c++) {
+    snprintf(name, sizeof name, "%s %s", prefix, coll_names[c]);
+    step(name);
+    for (int r = 0; r < nr; r++) cudaMemset(out[r], 0xff, total * sizeof(int32_t));
+    cudaDeviceSynchronize();
+    ncclResult_t rc = ncclGroupStart();
+    for (int r = 0; r < nr && rc == ncclSuccess; r++) rc = issue_collective(c, r, in[r], out[r], count, cs[r], nr, streams[r]);
+    ncclResult_t end = ncclGroupEnd();
+    if (rc == ncclSuccess) rc = end;
+    long wrong = 0;
+    if (rc == ncclSuccess) {
+      for (int r = 0; r < nr; r++) cudaStreamSynchronize(streams[r]);
+      for (int r = 0; r < nr; r++) {
+        cudaMemcpy(h, out[r], total * sizeof(int32_t), cudaMemcpyDeviceToHost);
+        for (size_t j = 0; j < total; j++) {
+          bool check;
+          int32_t want = expected(c, r, j, count, nr, &check);
+          if (check && h[j] != want) wrong++;
+        }
+      }
+    }
+    snprintf(name, sizeof name, "%s_%s_i32", prefix, coll_names[c]);
+    CASE(name, rc, "%d ranks, %zu int32 per rank, wrong %ld", nr, count, wrong);
+  }
+  for (int r = 0; r < nr; r++) {
+    cudaFree(in[r]);
+    cudaFree(out[r]);
+  }
+  free(h);
+}
+
+/* Ranks, sizes and every collective on a grown communicator, then the old one; destroys it. */
 static void check_grown(struct grow_arg *args, const char *what) {
   ncclComm_t g[2 * MAXR];
   char name[64];
@@ -555,6 +665,7 @@ static void check_grown(struct grow_arg *args, const char *what) {
   long wrong = allreduce(buf, n, g, 2 * NR, &rc);
   snprintf(name, sizeof name, "%s_allreduce", what);
   CASE(name, rc, "wrong %ld", wrong);
+  every_collective(g, 2 * NR, 100003, what);
   wrong = allreduce(buf, n, comms, NR, &rc);
   snprintf(name, sizeof name, "old_comm_after_%s", what);
   CASE(name, rc, "wrong %ld", wrong);

@@ -578,7 +578,7 @@ fn the_status_endpoint_answers_with_every_rank_of_every_communicator() {
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     assert!(
-        text.starts_with("SERVER PROTOCOL 2\nOK\nNCCL 2.28.9+oxccl status of process "),
+        text.starts_with("SERVER PROTOCOL 2\nOK\nNCCL 2.32.3+oxccl status of process "),
         "{text}"
     );
     let block = |r: usize| {

@@ -1,0 +1,235 @@
+/* hostpath.c: what one small collective costs the caller, host and stream, for any NCCL
+ * library (ours or NVIDIA's, chosen by LD_LIBRARY_PATH), on GPU 0.
+ *
+ * For each collective, size and place (out of / in place) it issues N calls back to back on
+ * one stream after a warm-up and prints one ROW line:
+ *   ROW <ranks> <collective> <bytes> <place> host=<µs per call> stream=<µs per op> wrong=<n>
+ * host is the caller's time inside the calls (the enqueue path: nothing waits for the GPU),
+ * stream the time from the first call to the end of the last operation on the stream divided
+ * by N: what nccl-tests reports as time when the host is the bottleneck, and the GPU time
+ * otherwise. With -r 2 the two ranks are communicators of one process driven by group calls
+ * (NCCL_MULTI_RANK_GPU_ENABLE=1), host and stream per group of both ranks' calls.
+ * Baselines (BASE lines): cudaMemcpyAsync device to device and cudaEventRecord per call.
+ *
+ * usage: hostpath [-r 1|2] [-n N] [-c LIST] [-s LIST]
+ *   -c  collectives (allreduce,allgather,broadcast,reduce,reducescatter,alltoall,gather,
+ *       scatter,sendrecv; default all), -s sizes in bytes (default 8,32768,524288,8388608)
+ * An alarm bounds the run (120 s). Exit 0 when every result was right, 1 otherwise. */
+#define _GNU_SOURCE
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXR 2
+static int nr = 1, iters = 2000;
+static ncclComm_t comms[MAXR];
+static cudaStream_t streams[MAXR];
+static const char *colls = "allreduce,allgather,broadcast,reduce,reducescatter,alltoall,gather,scatter,sendrecv";
+static const char *sizes = "8,32768,524288,8388608";
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] = "FAIL hostpath: still running after 120 s (a call hangs)\n";
+  if (write(1, msg, sizeof msg - 1) < 0) _exit(2);
+  _exit(2);
+}
+
+#define CUDA(x)                                                                      \
+  do {                                                                               \
+    cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                         \
+      printf("FAIL %s: %s\n", #x, cudaGetErrorString(e_));                           \
+      exit(1);                                                                       \
+    }                                                                                \
+  } while (0)
+
+/* Elements per rank of a collective moving `bytes` of floats (at least 1 element). */
+static size_t elems(size_t bytes) { return bytes < 4 ? 1 : bytes / 4; }
+
+/* Buffer bytes a rank needs for the send or receive side of `coll` with n elements. */
+static size_t buf_bytes(const char *coll, size_t n) {
+  bool wide = !strcmp(coll, "allgather") || !strcmp(coll, "reducescatter") || !strcmp(coll, "alltoall") ||
+              !strcmp(coll, "gather") || !strcmp(coll, "scatter");
+  return (wide ? (size_t)nr : 1) * n * sizeof(float);
+}
+
+static ncclResult_t issue(const char *c, int r, float *in, float *out, size_t n) {
+  ncclComm_t comm = comms[r];
+  cudaStream_t s = streams[r];
+  int root = nr - 1;
+  if (!strcmp(c, "allreduce")) return ncclAllReduce(in, out, n, ncclFloat, ncclSum, comm, s);
+  if (!strcmp(c, "allgather")) return ncclAllGather(in, out, n, ncclFloat, comm, s);
+  if (!strcmp(c, "broadcast")) return ncclBroadcast(in, out, n, ncclFloat, root, comm, s);
+  if (!strcmp(c, "reduce")) return ncclReduce(in, out, n, ncclFloat, ncclSum, root, comm, s);
+  if (!strcmp(c, "reducescatter")) return ncclReduceScatter(in, out, n, ncclFloat, ncclSum, comm, s);
+  if (!strcmp(c, "alltoall")) return ncclAlltoAll(in, out, n, ncclFloat, comm, s);
+  if (!strcmp(c, "gather")) return ncclGather(in, out, n, ncclFloat, root, comm, s);
+  if (!strcmp(c, "scatter")) return ncclScatter(in, out, n, ncclFloat, root, comm, s);
+  if (!strcmp(c, "sendrecv")) {
+    ncclResult_t a = ncclGroupStart();
+    if (a == ncclSuccess) a = ncclSend(in, n, ncclFloat, (r + 1) % nr, comm, s);
+    if (a == ncclSuccess) a = ncclRecv(out, n, ncclFloat, (r + nr - 1) % nr, comm, s);
+    ncclResult_t b = ncclGroupEnd();
+    return a != ncclSuccess ? a : b;
+  }
+  return ncclInvalidArgument;
+}
+
+/* One call of every rank (a group when there are several). */
+static ncclResult_t call_all(const char *c, float **in, float **out, size_t n) {
+  if (nr == 1) return issue(c, 0, in[0], out[0], n);
+  ncclResult_t rc = ncclGroupStart();
+  for (int r = 0; r < nr && rc == ncclSuccess; r++) rc = issue(c, r, in[r], out[r], n);
+  ncclResult_t end = ncclGroupEnd();
+  return rc != ncclSuccess ? rc : end;
+}
+
+/* Whether the first element of rank 0's result is what the collective gives with every rank's
+ * input filled with (rank + 1). Only meaningful out of place. */
+static long check_first(const char *c, float **out) {
+  float got = 0;
+  CUDA(cudaMemcpy(&got, out[0], sizeof got, cudaMemcpyDeviceToHost));
+  float sum = 0;
+  for (int r = 0; r < nr; r++) sum += (float)(r + 1);
+  /* reduce and gather deliver at the root (rank nr-1) only: checked with one rank. */
+  if ((!strcmp(c, "reduce") || !strcmp(c, "gather")) && nr > 1) return 0;
+  float want = 1; /* all-gather and all-to-all: rank 0's own block first */
+  if (!strcmp(c, "allreduce") || !strcmp(c, "reducescatter") || !strcmp(c, "reduce")) want = sum;
+  else if (!strcmp(c, "broadcast") || !strcmp(c, "scatter") || !strcmp(c, "sendrecv")) want = (float)nr;
+  return got != want;
+}
+
+static void fill(float *d, size_t n, float v) {
+  float *h = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) h[i] = v;
+  CUDA(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+  free(h);
+}
+
+static long run_case(const char *c, size_t bytes, bool inplace) {
+  size_t n = elems(bytes);
+  size_t sb = buf_bytes(c, n), rb = sb;
+  float *in[MAXR], *out[MAXR];
+  for (int r = 0; r < nr; r++) {
+    size_t cap = (sb > rb ? sb : rb) * (size_t)nr + 256;
+    CUDA(cudaMalloc((void **)&in[r], cap));
+    fill(in[r], cap / sizeof(float), (float)(r + 1));
+    if (inplace) out[r] = in[r];
+    else CUDA(cudaMalloc((void **)&out[r], cap));
+  }
+  /* In place: NCCL's in-place layouts (all-gather's input at the rank's block of the output,
+   * reduce-scatter's output at its block of the input); the other collectives use one buffer. */
+  float *sin[MAXR];
+  for (int r = 0; r < nr; r++) {
+    sin[r] = in[r];
+    if (inplace && !strcmp(c, "allgather")) sin[r] = in[r] + (size_t)r * n;
+  }
+  float **src = sin, *dst[MAXR];
+  for (int r = 0; r < nr; r++) dst[r] = (inplace && !strcmp(c, "reducescatter")) ? in[r] + (size_t)r * n : out[r];
+  ncclResult_t rc = ncclSuccess;
+  for (int i = 0; i < 20 && rc == ncclSuccess; i++) rc = call_all(c, src, dst, n);
+  for (int r = 0; r < nr; r++) CUDA(cudaStreamSynchronize(streams[r]));
+  long wrong = 0;
+  if (rc == ncclSuccess && !inplace) wrong = check_first(c, dst);
+  double t0 = now_us();
+  for (int i = 0; i < iters && rc == ncclSuccess; i++) rc = call_all(c, src, dst, n);
+  double t1 = now_us();
+  for (int r = 0; r < nr; r++) CUDA(cudaStreamSynchronize(streams[r]));
+  double t2 = now_us();
+  if (rc != ncclSuccess) {
+    printf("ROW %d %-13s %9zu %-3s rc=%d %s\n", nr, c, bytes, inplace ? "in" : "out", rc, ncclGetLastError(NULL));
+    wrong++;
+  } else {
+    printf("ROW %d %-13s %9zu %-3s host=%.2f stream=%.2f wrong=%ld\n", nr, c, bytes, inplace ? "in" : "out",
+           (t1 - t0) / iters, (t2 - t0) / iters, wrong);
+  }
+  fflush(stdout);
+  for (int r = 0; r < nr; r++) {
+    cudaFree(in[r]);
+    if (!inplace) cudaFree(out[r]);
+  }
+  return wrong;
+}
+
+static void baselines(void) {
+  void *a, *b;
+  CUDA(cudaMalloc(&a, 1 << 20));
+  CUDA(cudaMalloc(&b, 1 << 20));
+  cudaEvent_t ev;
+  CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  for (int k = 0; k < 2; k++) {
+    size_t bytes = k ? (512 << 10) : 8;
+    for (int i = 0; i < 20; i++) CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, streams[0]));
+    CUDA(cudaStreamSynchronize(streams[0]));
+    double t0 = now_us();
+    for (int i = 0; i < iters; i++) CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, streams[0]));
+    double t1 = now_us();
+    CUDA(cudaStreamSynchronize(streams[0]));
+    double t2 = now_us();
+    printf("BASE cudaMemcpyAsync_DtoD %zu host=%.2f stream=%.2f\n", bytes, (t1 - t0) / iters, (t2 - t0) / iters);
+  }
+  double t0 = now_us();
+  for (int i = 0; i < iters; i++) CUDA(cudaEventRecord(ev, streams[0]));
+  double t1 = now_us();
+  CUDA(cudaStreamSynchronize(streams[0]));
+  printf("BASE cudaEventRecord 0 host=%.2f stream=%.2f\n", (t1 - t0) / iters, (now_us() - t0) / iters);
+  cudaEventDestroy(ev);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+int main(int argc, char **argv) {
+  int opt;
+  while ((opt = getopt(argc, argv, "r:n:c:s:")) != -1) {
+    if (opt == 'r') nr = atoi(optarg);
+    else if (opt == 'n') iters = atoi(optarg);
+    else if (opt == 'c') colls = optarg;
+    else if (opt == 's') sizes = optarg;
+  }
+  if (nr < 1 || nr > MAXR || iters < 1) {
+    fprintf(stderr, "usage: hostpath [-r 1|2] [-n N] [-c LIST] [-s LIST]\n");
+    return 2;
+  }
+  signal(SIGALRM, on_alarm);
+  alarm(120);
+  CUDA(cudaSetDevice(0));
+  int v = 0;
+  ncclGetVersion(&v);
+  int devs[MAXR] = {0};
+  ncclResult_t rc = ncclCommInitAll(comms, nr, devs);
+  if (rc != ncclSuccess) {
+    printf("FAIL ncclCommInitAll(%d ranks on GPU 0): %s %s\n", nr, ncclGetErrorString(rc), ncclGetLastError(NULL));
+    return 1;
+  }
+  for (int r = 0; r < nr; r++) CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+  printf("hostpath: NCCL version code %d, %d rank(s) on GPU 0, %d calls per case\n", v, nr, iters);
+  if (nr == 1) baselines();
+  long wrong = 0;
+  char *cl = strdup(colls);
+  for (char *c = strtok(cl, ","); c; c = strtok(NULL, ",")) {
+    char *sl = strdup(sizes), *save = NULL;
+    for (char *s = strtok_r(sl, ",", &save); s; s = strtok_r(NULL, ",", &save)) {
+      size_t bytes = strtoull(s, NULL, 10);
+      wrong += run_case(c, bytes, false);
+      wrong += run_case(c, bytes, true);
+    }
+    free(sl);
+  }
+  free(cl);
+  for (int r = 0; r < nr; r++) ncclCommDestroy(comms[r]);
+  printf("hostpath: %s\n", wrong ? "WRONG results" : "all results right");
+  return wrong ? 1 : 0;
+}
