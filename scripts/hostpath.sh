@@ -2,12 +2,13 @@
 # The per-call cost of small collectives, oxccl beside NVIDIA's libraries, on GPU 0: runs
 # ffi-tests/gpu/hostpath.c (built by scripts/stage-device into .device/bin) against ours
 # (.device/lib), NVIDIA's 2.28.9 (PyTorch's, found through python3's nvidia.nccl) and NVIDIA's
-# 2.32.3 (.device/ref, made by ../shared/tools/nccl-reference 2.32.3 90 .device/ref), with one
-# rank and with two ranks of one process (group calls), then, where `perf` exists, a profile of
-# ours on the 8-byte all-reduce. Writes under ${OUT:-/tmp/hostpath}: <lib>-<ranks>.txt (ROW
-# lines: host µs per call, stream µs per operation), side-by-side.txt, perf-*.txt, all packed
-# as hostpath.tar.gz.
-# usage: scripts/hostpath.sh [ITERATIONS]   (calls per case, default 2000)
+# 2.32.3 (.device/ref, made by ../shared/tools/nccl-reference 2.32.3 90 .device/ref). Writes
+# under ${OUT:-/tmp/hostpath}: <lib>-<mode>.txt (ROW lines: host µs per call, stream µs per
+# operation), side-by-side.txt, profile.txt (oxccl's host profile of each mode), all packed
+# as hostpath.tar.gz. Modes: 1 = one rank, 2 = two ranks of one process (group calls), p = two
+# processes (under MPS when nvidia-cuda-mps-control starts a daemon; it is stopped at the end).
+# usage: scripts/hostpath.sh [ITERATIONS]   (calls per case, default 2000; HOSTPATH_SIZES and
+#        HOSTPATH_BEFORE=<folder of another oxccl build> as described below)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hostpath}
@@ -22,46 +23,61 @@ if [[ -f .device/ref/libnccl-2.32.3.so.2.xz ]]; then
   [[ -f .device/ref/lib/libnccl.so.2 ]] || xz -dc .device/ref/libnccl-2.32.3.so.2.xz >.device/ref/lib/libnccl.so.2
   libs+=("nv2323=.device/ref/lib")
 fi
-for ranks in 1 2; do
+# Another oxccl to compare with (HOSTPATH_BEFORE=folder of its libnccl.so.2), e.g. the build
+# before a change, and oxccl's own host profile of each run (OXCCL_HOST_PROFILE=1, in .err).
+[[ -n ${HOSTPATH_BEFORE:-} && -f $HOSTPATH_BEFORE/libnccl.so.2 ]] && libs+=("before=$HOSTPATH_BEFORE")
+SIZES=${HOSTPATH_SIZES:-8,32768,524288,8388608,16777216,33554432}
+# MPS lets the kernels of the two processes of -p run side by side (stopped again at the end).
+mps_dir=$(mktemp -d /tmp/hostpath-mps.XXXXXX)
+export CUDA_MPS_PIPE_DIRECTORY=$mps_dir CUDA_MPS_LOG_DIRECTORY=$mps_dir
+mps=0
+stop_mps() { [[ $mps == 1 ]] && echo quit | nvidia-cuda-mps-control && mps=0; }
+trap stop_mps EXIT
+for mode in 1 2 p; do
+  args=(-r "$mode")
+  if [[ $mode == p ]]; then
+    args=(-p)
+    if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+      mps=1
+      echo "MPS daemon started for the 2-process runs" | tee -a "$OUT/runs.txt"
+    else
+      echo "no MPS daemon: the 2-process runs time-slice the GPU" | tee -a "$OUT/runs.txt"
+    fi
+  fi
   for entry in "${libs[@]}"; do
     name=${entry%%=*} dir=${entry#*=}
-    LD_LIBRARY_PATH=$dir timeout -k 5 150 .device/bin/hostpath -r "$ranks" -n "$N" >"$OUT/$name-$ranks.txt" 2>"$OUT/$name-$ranks.err"
-    echo "rc=$? $name ranks=$ranks: $(grep -c '^ROW' "$OUT/$name-$ranks.txt") rows" | tee -a "$OUT/runs.txt"
+    prof=()
+    [[ $name == ours ]] && prof=(OXCCL_HOST_PROFILE=1)
+    env "${prof[@]}" LD_LIBRARY_PATH="$dir" timeout -k 5 150 .device/bin/hostpath "${args[@]}" -n "$N" -s "$SIZES" \
+      >"$OUT/$name-$mode.txt" 2>"$OUT/$name-$mode.err"
+    echo "rc=$? $name mode=$mode: $(grep -c '^ROW' "$OUT/$name-$mode.txt") rows" | tee -a "$OUT/runs.txt"
   done
 done
+stop_mps
 # Side by side: one line per case, host and stream µs of each library.
 python3 - "$OUT" "${libs[@]}" >"$OUT/side-by-side.txt" <<'PY'
 import sys, re, os
 out, libs = sys.argv[1], [l.split('=')[0] for l in sys.argv[2:]]
 rows = {}
-for ranks in (1, 2):
+for mode in ("1", "2", "p"):
     for lib in libs:
-        path = os.path.join(out, f"{lib}-{ranks}.txt")
+        path = os.path.join(out, f"{lib}-{mode}.txt")
         if not os.path.exists(path):
             continue
         for line in open(path):
             m = re.match(r"ROW (\d+) (\S+)\s+(\d+) (\S+)\s+host=([\d.]+) stream=([\d.]+)", line)
             if m:
-                key = (int(m[1]), m[2], int(m[3]), m[4])
+                key = (mode, m[2], int(m[3]), m[4])
                 rows.setdefault(key, {})[lib] = (float(m[5]), float(m[6]))
-print("ranks collective bytes place | " + " | ".join(f"{l} host/stream" for l in libs) + " | ours stream / best NVIDIA")
+print("mode collective bytes place | " + " | ".join(f"{l} host/stream" for l in libs) + " | ours stream / best NVIDIA")
 for key in sorted(rows):
     r = rows[key]
     cells = " | ".join("%.2f / %.2f" % r[l] if l in r else "-" for l in libs)
-    nv = [r[l][1] for l in libs if l != "ours" and l in r]
+    nv = [r[l][1] for l in libs if l.startswith("nv") and l in r]
     ratio = "%.2f" % (r["ours"][1] / min(nv)) if "ours" in r and nv else "-"
     print(f"{key[0]} {key[1]} {key[2]} {key[3]} | {cells} | {ratio}")
 PY
 cat "$OUT/side-by-side.txt"
-if command -v perf >/dev/null; then
-  for ranks in 1 2; do
-    LD_LIBRARY_PATH=.device/lib timeout 120 perf record -F 15000 -g -o "$OUT/perf-$ranks.data" -- \
-      .device/bin/hostpath -r "$ranks" -n 20000 -c allreduce -s 8 >"$OUT/perf-run-$ranks.txt" 2>&1
-    perf report -i "$OUT/perf-$ranks.data" --stdio --no-children --percent-limit 0.5 2>/dev/null | head -400 >"$OUT/perf-$ranks.txt"
-    perf report -i "$OUT/perf-$ranks.data" --stdio --children --percent-limit 1 -g none 2>/dev/null | head -200 >"$OUT/perf-children-$ranks.txt"
-    rm -f "$OUT/perf-$ranks.data"
-  done
-else
-  echo "no perf on this machine: no profile" | tee "$OUT/perf-1.txt"
-fi
+grep -H "host profile" "$OUT"/ours-*.err >"$OUT/profile.txt" 2>/dev/null
+cat "$OUT/profile.txt"
 tar -czf "$OUT.tar.gz" -C "$OUT" . && mv "$OUT.tar.gz" "$OUT/hostpath.tar.gz"

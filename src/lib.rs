@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod debug;
 pub mod env;
 pub mod error;
+pub mod profile;
 pub mod sched;
 pub mod topo;
 pub mod transport;

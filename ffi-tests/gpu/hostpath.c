@@ -8,10 +8,12 @@
  * stream the time from the first call to the end of the last operation on the stream divided
  * by N: what nccl-tests reports as time when the host is the bottleneck, and the GPU time
  * otherwise. With -r 2 the two ranks are communicators of one process driven by group calls
- * (NCCL_MULTI_RANK_GPU_ENABLE=1), host and stream per group of both ranks' calls.
+ * (NCCL_MULTI_RANK_GPU_ENABLE=1), host and stream per group of both ranks' calls; with -p the
+ * two ranks are two processes (rank 0 the parent; run it under MPS to let their kernels run
+ * side by side), each driving its own rank, and rank 0 prints the rows.
  * Baselines (BASE lines): cudaMemcpyAsync device to device and cudaEventRecord per call.
  *
- * usage: hostpath [-r 1|2] [-n N] [-c LIST] [-s LIST]
+ * usage: hostpath [-r 1|2 | -p] [-n N] [-c LIST] [-s LIST]
  *   -c  collectives (allreduce,allgather,broadcast,reduce,reducescatter,alltoall,gather,
  *       scatter,sendrecv; default all), -s sizes in bytes (default 8,32768,524288,8388608)
  * An alarm bounds the run (120 s). Exit 0 when every result was right, 1 otherwise. */
@@ -25,10 +27,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAXR 2
 static int nr = 1, iters = 2000;
+/* This process's ranks: nlocal communicators, of ranks first .. first + nlocal - 1. */
+static int nlocal = 1, first = 0;
 static ncclComm_t comms[MAXR];
 static cudaStream_t streams[MAXR];
 static const char *colls = "allreduce,allgather,broadcast,reduce,reducescatter,alltoall,gather,scatter,sendrecv";
@@ -66,9 +71,11 @@ static size_t buf_bytes(const char *coll, size_t n) {
   return (wide ? (size_t)nr : 1) * n * sizeof(float);
 }
 
-static ncclResult_t issue(const char *c, int r, float *in, float *out, size_t n) {
-  ncclComm_t comm = comms[r];
-  cudaStream_t s = streams[r];
+/* The call of local rank l (global rank first + l). */
+static ncclResult_t issue(const char *c, int l, float *in, float *out, size_t n) {
+  ncclComm_t comm = comms[l];
+  cudaStream_t s = streams[l];
+  int r = first + l;
   int root = nr - 1;
   if (!strcmp(c, "allreduce")) return ncclAllReduce(in, out, n, ncclFloat, ncclSum, comm, s);
   if (!strcmp(c, "allgather")) return ncclAllGather(in, out, n, ncclFloat, comm, s);
@@ -90,22 +97,22 @@ static ncclResult_t issue(const char *c, int r, float *in, float *out, size_t n)
 
 /* One call of every rank (a group when there are several). */
 static ncclResult_t call_all(const char *c, float **in, float **out, size_t n) {
-  if (nr == 1) return issue(c, 0, in[0], out[0], n);
+  if (nlocal == 1) return issue(c, 0, in[0], out[0], n);
   ncclResult_t rc = ncclGroupStart();
-  for (int r = 0; r < nr && rc == ncclSuccess; r++) rc = issue(c, r, in[r], out[r], n);
+  for (int l = 0; l < nlocal && rc == ncclSuccess; l++) rc = issue(c, l, in[l], out[l], n);
   ncclResult_t end = ncclGroupEnd();
   return rc != ncclSuccess ? rc : end;
 }
 
-/* Whether the first element of rank 0's result is what the collective gives with every rank's
- * input filled with (rank + 1). Only meaningful out of place. */
+/* Whether the first element of local rank 0's result is what the collective gives with every
+ * rank's input filled with (rank + 1). Only meaningful out of place; checked on rank 0. */
 static long check_first(const char *c, float **out) {
   float got = 0;
   CUDA(cudaMemcpy(&got, out[0], sizeof got, cudaMemcpyDeviceToHost));
   float sum = 0;
   for (int r = 0; r < nr; r++) sum += (float)(r + 1);
   /* reduce and gather deliver at the root (rank nr-1) only: checked with one rank. */
-  if ((!strcmp(c, "reduce") || !strcmp(c, "gather")) && nr > 1) return 0;
+  if (first != 0 || ((!strcmp(c, "reduce") || !strcmp(c, "gather")) && nr > 1)) return 0;
   float want = 1; /* all-gather and all-to-all: rank 0's own block first */
   if (!strcmp(c, "allreduce") || !strcmp(c, "reducescatter") || !strcmp(c, "reduce")) want = sum;
   else if (!strcmp(c, "broadcast") || !strcmp(c, "scatter") || !strcmp(c, "sendrecv")) want = (float)nr;
@@ -123,33 +130,36 @@ static long run_case(const char *c, size_t bytes, bool inplace) {
   size_t n = elems(bytes);
   size_t sb = buf_bytes(c, n), rb = sb;
   float *in[MAXR], *out[MAXR];
-  for (int r = 0; r < nr; r++) {
+  for (int r = 0; r < nlocal; r++) {
     size_t cap = (sb > rb ? sb : rb) * (size_t)nr + 256;
     CUDA(cudaMalloc((void **)&in[r], cap));
-    fill(in[r], cap / sizeof(float), (float)(r + 1));
+    fill(in[r], cap / sizeof(float), (float)(first + r + 1));
     if (inplace) out[r] = in[r];
     else CUDA(cudaMalloc((void **)&out[r], cap));
   }
   /* In place: NCCL's in-place layouts (all-gather's input at the rank's block of the output,
    * reduce-scatter's output at its block of the input); the other collectives use one buffer. */
   float *sin[MAXR];
-  for (int r = 0; r < nr; r++) {
+  for (int r = 0; r < nlocal; r++) {
     sin[r] = in[r];
-    if (inplace && !strcmp(c, "allgather")) sin[r] = in[r] + (size_t)r * n;
+    if (inplace && !strcmp(c, "allgather")) sin[r] = in[r] + (size_t)(first + r) * n;
   }
   float **src = sin, *dst[MAXR];
-  for (int r = 0; r < nr; r++) dst[r] = (inplace && !strcmp(c, "reducescatter")) ? in[r] + (size_t)r * n : out[r];
+  for (int r = 0; r < nlocal; r++)
+    dst[r] = (inplace && !strcmp(c, "reducescatter")) ? in[r] + (size_t)(first + r) * n : out[r];
   ncclResult_t rc = ncclSuccess;
   for (int i = 0; i < 20 && rc == ncclSuccess; i++) rc = call_all(c, src, dst, n);
-  for (int r = 0; r < nr; r++) CUDA(cudaStreamSynchronize(streams[r]));
+  for (int r = 0; r < nlocal; r++) CUDA(cudaStreamSynchronize(streams[r]));
   long wrong = 0;
   if (rc == ncclSuccess && !inplace) wrong = check_first(c, dst);
   double t0 = now_us();
   for (int i = 0; i < iters && rc == ncclSuccess; i++) rc = call_all(c, src, dst, n);
   double t1 = now_us();
-  for (int r = 0; r < nr; r++) CUDA(cudaStreamSynchronize(streams[r]));
+  for (int r = 0; r < nlocal; r++) CUDA(cudaStreamSynchronize(streams[r]));
   double t2 = now_us();
-  if (rc != ncclSuccess) {
+  if (first != 0) {
+    /* The other process of -p: rank 0 reports. */
+  } else if (rc != ncclSuccess) {
     printf("ROW %d %-13s %9zu %-3s rc=%d %s\n", nr, c, bytes, inplace ? "in" : "out", rc, ncclGetLastError(NULL));
     wrong++;
   } else {
@@ -157,7 +167,7 @@ static long run_case(const char *c, size_t bytes, bool inplace) {
            (t1 - t0) / iters, (t2 - t0) / iters, wrong);
   }
   fflush(stdout);
-  for (int r = 0; r < nr; r++) {
+  for (int r = 0; r < nlocal; r++) {
     cudaFree(in[r]);
     if (!inplace) cudaFree(out[r]);
   }
@@ -191,31 +201,81 @@ static void baselines(void) {
   cudaFree(b);
 }
 
+/* -p: fork rank 1, hand it rank 0's unique id through a pipe (CUDA is not touched before the
+ * fork), and initialize one communicator per process. Returns the pid of the child in the
+ * parent, 0 in the child. */
+static pid_t two_processes(ncclComm_t *comm) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    printf("FAIL pipe\n");
+    exit(1);
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    printf("FAIL fork\n");
+    exit(1);
+  }
+  ncclUniqueId id;
+  first = pid == 0 ? 1 : 0;
+  if (first == 0) {
+    ncclResult_t rc = ncclGetUniqueId(&id);
+    if (rc != ncclSuccess) {
+      printf("FAIL ncclGetUniqueId: %s\n", ncclGetErrorString(rc));
+      exit(1);
+    }
+    if (write(fds[1], &id, sizeof id) != sizeof id) exit(1);
+  } else if (read(fds[0], &id, sizeof id) != sizeof id) {
+    exit(1);
+  }
+  close(fds[0]);
+  close(fds[1]);
+  CUDA(cudaSetDevice(0));
+  ncclResult_t rc = ncclCommInitRank(comm, 2, id, first);
+  if (rc != ncclSuccess) {
+    printf("FAIL ncclCommInitRank(rank %d of 2 processes on GPU 0): %s %s\n", first, ncclGetErrorString(rc),
+           ncclGetLastError(NULL));
+    exit(1);
+  }
+  return pid;
+}
+
 int main(int argc, char **argv) {
   int opt;
-  while ((opt = getopt(argc, argv, "r:n:c:s:")) != -1) {
+  bool procs = false;
+  while ((opt = getopt(argc, argv, "r:pn:c:s:")) != -1) {
     if (opt == 'r') nr = atoi(optarg);
+    else if (opt == 'p') procs = true;
     else if (opt == 'n') iters = atoi(optarg);
     else if (opt == 'c') colls = optarg;
     else if (opt == 's') sizes = optarg;
   }
   if (nr < 1 || nr > MAXR || iters < 1) {
-    fprintf(stderr, "usage: hostpath [-r 1|2] [-n N] [-c LIST] [-s LIST]\n");
+    fprintf(stderr, "usage: hostpath [-r 1|2 | -p] [-n N] [-c LIST] [-s LIST]\n");
     return 2;
   }
   signal(SIGALRM, on_alarm);
   alarm(120);
-  CUDA(cudaSetDevice(0));
   int v = 0;
   ncclGetVersion(&v);
-  int devs[MAXR] = {0};
-  ncclResult_t rc = ncclCommInitAll(comms, nr, devs);
-  if (rc != ncclSuccess) {
-    printf("FAIL ncclCommInitAll(%d ranks on GPU 0): %s %s\n", nr, ncclGetErrorString(rc), ncclGetLastError(NULL));
-    return 1;
+  pid_t child = 0;
+  if (procs) {
+    nr = 2;
+    nlocal = 1;
+    child = two_processes(&comms[0]);
+  } else {
+    nlocal = nr;
+    CUDA(cudaSetDevice(0));
+    int devs[MAXR] = {0};
+    ncclResult_t rc = ncclCommInitAll(comms, nr, devs);
+    if (rc != ncclSuccess) {
+      printf("FAIL ncclCommInitAll(%d ranks on GPU 0): %s %s\n", nr, ncclGetErrorString(rc), ncclGetLastError(NULL));
+      return 1;
+    }
   }
-  for (int r = 0; r < nr; r++) CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
-  printf("hostpath: NCCL version code %d, %d rank(s) on GPU 0, %d calls per case\n", v, nr, iters);
+  for (int r = 0; r < nlocal; r++) CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+  if (first == 0)
+    printf("hostpath: NCCL version code %d, %d rank(s) on GPU 0%s, %d calls per case\n", v, nr,
+           procs ? " in 2 processes" : "", iters);
   if (nr == 1) baselines();
   long wrong = 0;
   char *cl = strdup(colls);
@@ -229,7 +289,16 @@ int main(int argc, char **argv) {
     free(sl);
   }
   free(cl);
-  for (int r = 0; r < nr; r++) ncclCommDestroy(comms[r]);
+  for (int r = 0; r < nlocal; r++) ncclCommDestroy(comms[r]);
+  if (first != 0) return wrong ? 1 : 0;
+  if (child > 0) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      printf("FAIL rank 1's process: status %#x\n", status);
+      wrong++;
+    }
+  }
   printf("hostpath: %s\n", wrong ? "WRONG results" : "all results right");
   return wrong ? 1 : 0;
 }

@@ -27,6 +27,7 @@ pub(crate) struct Call {
 
 /// Validate a call as NVIDIA's library does and hand it to the communicator.
 pub(crate) fn submit(name: &str, call: Call) -> ncclResult_t {
+    let _span = crate::profile::span(crate::profile::Stage::Call);
     entry(name, call.comm, || {
         submit_call(find_comm(call.comm)?, call, CallConfig::default())
     })

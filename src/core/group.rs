@@ -200,6 +200,7 @@ pub fn check_noop(comm: &Arc<Comm>) -> Result<()> {
 }
 
 fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result<()> {
+    let _span = crate::profile::span(crate::profile::Stage::GroupExecute);
     if !inits.is_empty() {
         let nonblocking = inits.iter().any(|j| !j.blocking);
         if nonblocking && ops.is_empty() {
@@ -281,6 +282,7 @@ fn launch_all(per_comm: Vec<CommOps>) -> Result<()> {
     }
     // Connection setup waits on peers: when any communicator needs it and the group spans
     // several, set up in parallel threads. Launches then go out from this thread.
+    let needs_span = crate::profile::span(crate::profile::Stage::NeedsConnect);
     let needs_connect: Vec<bool> = per_comm
         .iter()
         .map(|c| {
@@ -291,6 +293,7 @@ fn launch_all(per_comm: Vec<CommOps>) -> Result<()> {
                 .is_some_and(|rt| rt.needs_connect(c.comm.rank(), c.comm.nranks(), &c.tasks))
         })
         .collect();
+    drop(needs_span);
     if per_comm.len() > 1 && needs_connect.contains(&true) {
         let results: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = per_comm

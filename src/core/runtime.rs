@@ -7,6 +7,7 @@ use super::yielding;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
+use crate::profile::{self, Stage};
 use crate::sched::device::GpuWait;
 use crate::sched::{self, Geometry, Plan, Task};
 use crate::topo::{Path, Topology};
@@ -794,7 +795,9 @@ impl Runtime {
         streams: &[usize],
         abort: &AtomicBool,
     ) -> Result<()> {
+        let _span = profile::span(Stage::LaunchGroup);
         cuda::set_current(self.ctx)?;
+        let lookup = profile::span(Stage::PlanLookup);
         if self.geometry.is_none() {
             self.geometry = Some(self.build_geometry(rank, nranks));
         }
@@ -810,6 +813,7 @@ impl Runtime {
                 cached
             }
         };
+        drop(lookup);
         let plan = &cached.plan;
         if plan.nitems == 0 && plan.copies.is_empty() {
             return Ok(());
@@ -836,7 +840,10 @@ impl Runtime {
             }
             return Ok(());
         }
-        let capturing = cuda::stream_is_capturing(stream)?;
+        let capturing = {
+            let _span = profile::span(Stage::CaptureCheck);
+            cuda::stream_is_capturing(stream)?
+        };
         // Launches of one communicator share connection state: keep them in order.
         if !capturing {
             if let Some((last_stream, _)) = self.last {
@@ -847,6 +854,7 @@ impl Runtime {
         }
         let mut beside = self.fork_copies(&plan.copies, stream, capturing)?;
         let done = if let Some(blob) = &cached.inline {
+            let _span = profile::span(Stage::KernelLaunch);
             cuda::module::launch_blob(
                 cuda::module::INLINE_KERNEL,
                 plan.grid,
@@ -859,6 +867,7 @@ impl Runtime {
             self.next_inline = (self.next_inline + 1) % INLINE_EVENTS;
             Done::Inline(self.next_inline)
         } else {
+            let arena_span = profile::span(Stage::ArenaWrite);
             let (done, items) = if capturing {
                 // Under capture no eager event is recorded (see below); the index is unused.
                 (
@@ -869,6 +878,8 @@ impl Runtime {
                 let (slot, items) = self.arena.write_eager(&cached.arena, abort)?;
                 (Done::Slot(slot), items)
             };
+            drop(arena_span);
+            let _span = profile::span(Stage::KernelLaunch);
             if plan.yields {
                 yielding::launch(
                     plan.grid,
@@ -899,6 +910,7 @@ impl Runtime {
         self.join_copies(&plan.copies, stream, capturing, &mut beside)?;
         // Under capture the completion event becomes a graph node: use the join event there,
         // so the eager events keep describing eager launches.
+        let _events = profile::span(Stage::Events);
         let done_event = match (capturing, done) {
             (true, _) => &self.join,
             (false, Done::Slot(slot)) => &self.arena.done[slot],
@@ -1051,6 +1063,7 @@ fn threads_setting() -> u32 {
 
 /// Device-to-device copies on `stream`, in order.
 fn run_copies(copies: &[sched::plan::LocalCopy], stream: CUstream) -> Result<()> {
+    let _span = profile::span(Stage::Copies);
     for c in copies {
         cuda::memcpy_dtod_async(c.dst, c.src, c.bytes as usize, stream)?;
     }

@@ -175,6 +175,10 @@ registry! {
         "Microseconds a waiting kernel spins before yielding (1..1000000)").undocumented();
     YIELD_RESUMES = Param::integer("OXCCL_YIELD_RESUMES", -1,
         "Kernel launches after the first of a yielding operation, at most 32 (below 1: by ring size)").undocumented();
+
+    // ---- diagnostics ----
+    HOST_PROFILE = Param::boolean("OXCCL_HOST_PROFILE", false,
+        "Time the stages of every collective call on the host and print them at exit (read once)").undocumented();
 }
 
 /// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).

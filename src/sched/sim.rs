@@ -1544,26 +1544,41 @@ fn float_task(kind: CollKind, count: usize, send: u64, recv: u64, op: RedOp) -> 
 fn one_rank_collectives_are_copies_or_nothing() {
     use super::plan::LocalCopy;
     let g = &geometries(1, 8, 4096, 2, &[vec![]])[0];
-    let copy = LocalCopy {
-        dst: 0x9000,
-        src: 0x1000,
-        bytes: 4000,
+    // Below ONE_RANK_COPY_ENGINE_MIN_BYTES: kernel copy items covering the bytes, in order.
+    let kernel_copy = |p: &Plan, what: &str| {
+        let items = deserialize_all(&p.items);
+        assert!(p.copies.is_empty(), "{what}: no copy-engine copy");
+        assert!(!items.is_empty(), "{what}: kernel items");
+        let mut next = 0;
+        for w in &items {
+            assert_eq!(w.kind, WorkKind::Copy as u32, "{what}");
+            assert_eq!((w.src - 0x1000, w.dst - 0x9000), (next, next), "{what}");
+            next += w.count;
+        }
+        assert_eq!(next, 4000, "{what}: every byte once");
     };
     let self_pair = [
         float_task(CollKind::Send, 1000, 0x1000, 0, RedOp::Sum),
         float_task(CollKind::Recv, 1000, 0, 0x9000, RedOp::Sum),
     ];
-    let p = plan(g, &self_pair).unwrap();
-    assert_eq!((p.nitems, p.copies.clone()), (0, vec![copy]));
+    kernel_copy(&plan(g, &self_pair).unwrap(), "send to self");
+    // From there on: one copy-engine copy.
+    let big = (super::cost::ONE_RANK_COPY_ENGINE_MIN_BYTES / 4) as usize;
     for kind in KINDS
         .into_iter()
         .filter(|k| !matches!(k, CollKind::Send | CollKind::Recv))
     {
         let out_of_place = plan(g, &[float_task(kind, 1000, 0x1000, 0x9000, RedOp::Sum)]).unwrap();
-        assert_eq!(out_of_place.nitems, 0, "{kind:?}: no kernel");
+        kernel_copy(&out_of_place, &format!("{kind:?}"));
+        let large = plan(g, &[float_task(kind, big, 0x1000, 0x9000, RedOp::Sum)]).unwrap();
+        assert_eq!(large.nitems, 0, "{kind:?}: no kernel");
         assert_eq!(
-            out_of_place.copies,
-            vec![copy],
+            large.copies,
+            vec![LocalCopy {
+                dst: 0x9000,
+                src: 0x1000,
+                bytes: 4 * big as u64
+            }],
             "{kind:?}: one copy-engine copy"
         );
         let in_place = plan(g, &[float_task(kind, 1000, 0x1000, 0x1000, RedOp::Avg)]).unwrap();

@@ -1,7 +1,8 @@
-//! Local copies: the collectives of a one-rank communicator (a copy-engine copy, nothing in
-//! place, or kernel items when a PreMulSum scales the data), and the sends to self of a group
-//! paired in order with its receives from self (a copy-engine copy when large or on one
-//! rank, kernel copy items otherwise).
+//! Local copies: the collectives of a one-rank communicator (nothing in place; a copy
+//! otherwise: kernel copy items below `cost::ONE_RANK_COPY_ENGINE_MIN_BYTES`, a copy-engine
+//! copy above; kernel items that scale when a PreMulSum transforms the data), and the sends to
+//! self of a group paired in order with its receives from self (a copy-engine copy when large,
+//! kernel copy items otherwise).
 
 use super::{collective_key, is_reduction, Group, Lowering, Piece};
 use crate::error::{Error, Result};
@@ -41,11 +42,18 @@ impl Lowering<'_> {
             return;
         }
         if !transform {
-            self.copies.push(LocalCopy {
-                dst: task.recvbuff,
-                src: task.sendbuff,
-                bytes,
-            });
+            if bytes >= cost::ONE_RANK_COPY_ENGINE_MIN_BYTES {
+                self.copies.push(LocalCopy {
+                    dst: task.recvbuff,
+                    src: task.sendbuff,
+                    bytes,
+                });
+            } else {
+                let max = self.limits.max_channels;
+                self.kernel_copy(task.sendbuff, task.recvbuff, bytes, max, |_| {
+                    collective_key(seq)
+                });
+            }
             return;
         }
         let max = self.limits.max_channels;
@@ -92,10 +100,29 @@ impl Lowering<'_> {
     /// The `seq`-th copy to self of a group: `bytes` from `src` to `dst`, on at most `max`
     /// channels.
     fn self_copy(&mut self, seq: u64, src: u64, dst: u64, bytes: u64, max: u32) {
-        if self.nranks == 1 || bytes >= cost::COPY_ENGINE_MIN_BYTES {
+        let engine_min = if self.nranks == 1 {
+            cost::ONE_RANK_COPY_ENGINE_MIN_BYTES
+        } else {
+            cost::COPY_ENGINE_MIN_BYTES
+        };
+        if bytes >= engine_min {
             self.copies.push(LocalCopy { dst, src, bytes });
             return;
         }
+        let rank = self.rank as u64;
+        self.kernel_copy(src, dst, bytes, max, |c| (1, 0, rank, seq, c as u64));
+    }
+
+    /// Kernel copy items of `bytes` from `src` to `dst` (type-agnostic, by bytes), split over
+    /// at most `max` channels; `key(c)` is the ordering key of channel `c`'s item.
+    fn kernel_copy(
+        &mut self,
+        src: u64,
+        dst: u64,
+        bytes: u64,
+        max: u32,
+        key: impl Fn(usize) -> (u8, u64, u64, u64, u64),
+    ) {
         let nch = cost::copy_channels(bytes, max);
         for (c, (start, len)) in split(bytes, nch, 512).into_iter().enumerate() {
             if len == 0 {
@@ -105,8 +132,7 @@ impl Lowering<'_> {
             w.src = src + start;
             w.dst = dst + start;
             w.count = len;
-            let key = (1, 0, self.rank as u64, seq, c as u64);
-            self.pieces.push(copy_piece(c, key, w, max));
+            self.pieces.push(copy_piece(c, key(c), w, max));
         }
     }
 }
