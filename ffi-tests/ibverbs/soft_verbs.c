@@ -7,21 +7,29 @@
  *   - one device "soft_0" (node type CA, transport IB) with SOFT_VERBS_PORTS (1 or 2) ports,
  *     each ACTIVE, link layer InfiniBand, MTU 4096, a rate of SOFT_VERBS_RATE_GBPS (default
  *     100) expressed as active_width x active_speed; GID index 0 = fe80::<guid>; pkey 0xffff.
- *   - PDs; MRs with lkey/rkey, iova (ibv_reg_mr_iova/_iova2), bounds and access-flag checks.
+ *   - PDs; MRs with lkey/rkey, iova (ibv_reg_mr_iova/_iova2), bounds and access-flag checks;
+ *     registering memory the process cannot read (GPU memory: no peer-memory driver) fails
+ *     with EFAULT, on-demand paging with EOPNOTSUPP; remote atomic access is granted.
  *   - CQs polled through context->ops.poll_cq (the inline ibv_poll_cq); resizing is not needed:
  *     a CQ grows instead of overrunning.
  *   - RC QPs: RESET/INIT/RTR/RTS/ERR via ibv_modify_qp, ibv_query_qp; RDMA WRITE, WRITE WITH
  *     IMM, READ, SEND, SEND WITH IMM; signaled/unsignaled; in-order completion per QP; errors
  *     (REM_ACCESS_ERR, REM_INV_REQ_ERR, LOC_PROT_ERR, LOC_LEN_ERR, RETRY_EXC_ERR) move the QP
  *     to ERR and flush what follows with WR_FLUSH_ERR. Receivers not ready behave like
- *     rnr_retry=7 (infinite): the request waits for a posted receive.
+ *     rnr_retry=7 (infinite): the request waits for a posted receive. The target QP's own
+ *     qp_access_flags are enforced (remote write, remote read), and pkey index 0 is the only
+ *     one. Payloads land in ascending address order, one store per aligned 8-byte word, as a
+ *     NIC's DMA does: a consumer polling a word (NCCL's fifo index, LL flags) never sees it
+ *     before the lower words of the same write.
+ *   - what NVIDIA's NCCL IB transport needs to run over it (host memory): NVIDIA_IB.md.
  *   - fault injection: SOFT_VERBS_FAIL_AFTER=N (read when a QP is created): the N+1-th and
  *     later work requests posted on that QP complete with IBV_WC_RETRY_EXC_ERR (then flush);
  *     SOFT_VERBS_PORT_DOWN_AFTER_MS=T: T ms after ibv_open_device the ports go DOWN and each
  *     open context gets IBV_EVENT_PORT_ERR (ibv_get_async_event / ibv_ack_async_event).
  *
- * Not emulated: UD/UC/XRC QPs, SRQs, atomics, memory windows, address handles, multicast,
- * completion channels (ibv_create_comp_channel fails with ENOSYS), dmabuf MRs (EOPNOTSUPP),
+ * Not emulated: UD/UC/XRC QPs, SRQs, atomics (posting one fails with EINVAL), memory windows,
+ * address handles, multicast, completion channels (ibv_create_comp_channel fails with ENOSYS),
+ * dmabuf MRs (EOPNOTSUPP),
  * extended QP/CQ (ibv_qp_ex, ibv_cq_ex), RoCE, fork() after the device was opened, the
  * IBVERBS_1.0 compatibility symbols, and the private provider interface (IBVERBS_PRIVATE_*).
  * The verbs_context extension is present (abi_compat = extended) with query_port filled in;
@@ -66,6 +74,7 @@
 #define SV_MAX_WR 8192
 #define SV_LID_MAX 0x3fff
 #define SV_HELLO_MAGIC 0x736f6676u /* "sofv" */
+#define SV_BOUNCE (256 * 1024) /* payload staging of one reader thread */
 
 /* ---------------------------------------------------------------- process-wide state */
 
@@ -227,6 +236,34 @@ static int writev_all(int fd, struct iovec *iov, int cnt) {
   return 0;
 }
 
+/* Copies n bytes in ascending address order, each aligned 8-byte word with a single store, so
+ * that a consumer polling a word of the destination (NCCL's fifo index, its LL flags) sees it
+ * change only once every lower word of the same transfer is in place, as with a NIC's DMA
+ * writes (a bulk read() into the destination gives no such order). */
+static void ordered_copy(char *dst, const char *src, size_t n) {
+  size_t i = 0;
+  for (; i < n && ((uintptr_t)(dst + i) & 7); i++)
+    __atomic_store_n((uint8_t *)(dst + i), (uint8_t)src[i], __ATOMIC_RELEASE);
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    memcpy(&w, src + i, 8);
+    __atomic_store_n((uint64_t *)(void *)(dst + i), w, __ATOMIC_RELEASE);
+  }
+  for (; i < n; i++) __atomic_store_n((uint8_t *)(dst + i), (uint8_t)src[i], __ATOMIC_RELEASE);
+}
+
+/* Reads n payload bytes from fd into dst through bounce (SV_BOUNCE bytes), in order. */
+static int read_ordered(int fd, char *dst, uint64_t n, char *bounce) {
+  while (n) {
+    size_t k = n < SV_BOUNCE ? (size_t)n : SV_BOUNCE;
+    if (readn(fd, bounce, k)) return -1;
+    ordered_copy(dst, bounce, k);
+    dst += k;
+    n -= k;
+  }
+  return 0;
+}
+
 static int write_all(int fd, const void *buf, size_t n) {
   struct iovec v = {(void *)buf, n};
   return writev_all(fd, &v, 1);
@@ -367,7 +404,9 @@ static void settle_head_locked(struct sv_qp *q) {
 /* Requester side: reads answers, produces send completions in order. */
 static void *out_reader(void *arg) {
   struct sv_qp *q = arg;
+  char *bounce = malloc(SV_BOUNCE);
   for (;;) {
+    if (!bounce) break;
     struct sv_rsp r;
     if (readn(q->out_fd, &r, sizeof r)) break;
     pthread_mutex_lock(&q->mu);
@@ -384,7 +423,7 @@ static void *out_reader(void *arg) {
       uint64_t left = r.len;
       for (int i = 0; i < p->num_sge && left && !io_err; i++) {
         uint64_t k = p->sge[i].length < left ? p->sge[i].length : left;
-        if (readn(q->out_fd, (void *)(uintptr_t)p->sge[i].addr, (size_t)k)) io_err = 1;
+        if (read_ordered(q->out_fd, (char *)(uintptr_t)p->sge[i].addr, k, bounce)) io_err = 1;
         left -= k;
       }
       if (!io_err && left && drain(q->out_fd, left)) io_err = 1;
@@ -413,6 +452,7 @@ static void *out_reader(void *arg) {
   if (!q->destroying && q->fifo_count && q->qp.state != IBV_QPS_ERR)
     fail_head_locked(q, IBV_WC_RETRY_EXC_ERR);
   pthread_mutex_unlock(&q->mu);
+  free(bounce);
   return NULL;
 }
 
@@ -476,10 +516,20 @@ static int respond(struct sv_qp *q, uint32_t status, uint64_t len) {
 }
 
 /* Responder side: performs the peer's requests on this process's memory. */
+/* Whether the responder QP grants remote access `need` (its INIT qp_access_flags). */
+static int qp_allows(struct sv_qp *q, int need) {
+  pthread_mutex_lock(&q->mu);
+  int ok = ((int)q->attr.qp_access_flags & need) == need;
+  pthread_mutex_unlock(&q->mu);
+  return ok;
+}
+
 static void *in_reader(void *arg) {
   struct sv_qp *q = arg;
   int fd = q->in_fd;
+  char *bounce = malloc(SV_BOUNCE);
   for (;;) {
+    if (!bounce) break;
     struct sv_req rq;
     if (readn(fd, &rq, sizeof rq)) break;
     uint64_t payload = (rq.op == SV_OP_READ) ? 0 : rq.len;
@@ -492,6 +542,7 @@ static void *in_reader(void *arg) {
     if (rq.op == SV_OP_WRITE || rq.op == SV_OP_WRITE_IMM || rq.op == SV_OP_READ) {
       int need = rq.op == SV_OP_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
       char *dst = rq.len ? mr_check(rq.rkey, q->qp.pd, rq.raddr, rq.len, need) : (char *)"";
+      if (!qp_allows(q, need)) dst = NULL; /* the QP itself does not grant this access */
       if (!dst) {
         if (drain(fd, payload)) break;
         if (need_recv) { /* the consumed receive is flushed with the QP */
@@ -507,7 +558,7 @@ static void *in_reader(void *arg) {
         if (writev_all(fd, v, rq.len ? 2 : 1)) break;
         continue;
       }
-      if (rq.len && readn(fd, dst, (size_t)rq.len)) break;
+      if (rq.len && read_ordered(fd, dst, rq.len, bounce)) break;
       if (rq.op == SV_OP_WRITE_IMM)
         recv_cqe(q, rcv.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, (uint32_t)rq.len, 1,
                  rq.imm);
@@ -536,7 +587,7 @@ static void *in_reader(void *arg) {
       for (int i = 0; i < rcv.num_sge && left && !io_err; i++) {
         uint64_t k = rcv.sge[i].length < left ? rcv.sge[i].length : left;
         char *p = mr_check(rcv.sge[i].lkey, q->qp.pd, rcv.sge[i].addr, k, 0);
-        if (readn(fd, p, (size_t)k)) io_err = 1;
+        if (read_ordered(fd, p, k, bounce)) io_err = 1;
         left -= k;
       }
       if (io_err) break;
@@ -550,6 +601,7 @@ static void *in_reader(void *arg) {
     respond(q, IBV_WC_REM_INV_REQ_ERR, 0);
     resp_fail(q);
   }
+  free(bounce);
   return NULL;
 }
 
@@ -914,14 +966,46 @@ SV_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
   return 0;
 }
 
+/* Whether the process can read the byte at p: a write() of it into a pipe fails with EFAULT
+ * when it is not mapped readable (GPU memory, an unmapped range), which is where a real
+ * device's pinning of the pages fails too. Caller holds G.mu. */
+static int readable_byte(const void *p) {
+  static int pfd[2] = {-1, -1};
+  if (pfd[0] < 0 && pipe2(pfd, O_CLOEXEC | O_NONBLOCK)) return 1; /* cannot tell: accept */
+  if (write(pfd[1], p, 1) != 1) return errno != EFAULT;
+  char c;
+  if (read(pfd[0], &c, 1) != 1) {}
+  return 1;
+}
+
+/* Caller holds G.mu: the first and last byte of [addr, addr+length) are host memory. */
+static int host_memory(const void *addr, size_t length) {
+  return !length || (readable_byte(addr) && readable_byte((const char *)addr + length - 1));
+}
+
 SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
                                           uint64_t iova, unsigned int access) {
+  /* The kernel's check: known bits only; remote write or atomic needs local write. Remote
+   * atomic access is granted even though atomics are not emulated (as a device without them
+   * does); on-demand paging is not supported. */
   int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+              IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_HUGETLB |
               IBV_ACCESS_RELAXED_ORDERING | IBV_ACCESS_OPTIONAL_RANGE;
+  if (pd && (access & IBV_ACCESS_ON_DEMAND)) {
+    errno = EOPNOTSUPP;
+    return NULL;
+  }
   if (!pd || (access & ~(unsigned)known) ||
-      /* as the hardware demands: remote write needs local write */
-      ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE))) {
+      ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+       !(access & IBV_ACCESS_LOCAL_WRITE))) {
     errno = EINVAL;
+    return NULL;
+  }
+  pthread_mutex_lock(&G.mu);
+  int host = host_memory(addr, length);
+  pthread_mutex_unlock(&G.mu);
+  if (!host) { /* device memory needs a peer-memory driver, which this device has not */
+    errno = EFAULT;
     return NULL;
   }
   struct sv_mr *m = calloc(1, sizeof *m);
@@ -1188,7 +1272,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
     break;
   default: ok = 0; break;
   }
-  if (!ok || ((mask & IBV_QP_PORT) && (attr->port_num < 1 || attr->port_num > G.ports))) {
+  if (!ok || ((mask & IBV_QP_PORT) && (attr->port_num < 1 || attr->port_num > G.ports)) ||
+      ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index >= 1 /* pkey_tbl_len */)) {
     pthread_mutex_unlock(&q->mu);
     return EINVAL;
   }
@@ -1328,7 +1413,7 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
     p->signaled = q->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
     p->byte_len = (uint32_t)total;
     p->num_sge = wr->num_sge;
-    memcpy(p->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *p->sge);
+    if (wr->num_sge) memcpy(p->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *p->sge);
     if (st == IBV_QPS_ERR) { /* flushed at once: nothing outstanding in ERR */
       send_cqe(q, p, IBV_WC_WR_FLUSH_ERR);
       pthread_mutex_unlock(&q->mu);
@@ -1381,7 +1466,7 @@ static int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
     struct sv_recv *r = &q->rq[(q->rq_head + q->rq_count) % q->rq_cap];
     r->wr_id = wr->wr_id;
     r->num_sge = wr->num_sge;
-    memcpy(r->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *r->sge);
+    if (wr->num_sge) memcpy(r->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *r->sge);
     q->rq_count++;
   }
   pthread_cond_broadcast(&q->cond);

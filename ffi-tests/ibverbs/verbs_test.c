@@ -7,6 +7,14 @@
  *   RDMA READ of 1 MiB, SEND/RECV both ways, 100 outstanding writes completing in order,
  *   unsignaled writes (one completion for the signaled last), a bad rkey and an out-of-range
  *   address (REM_ACCESS_ERR, then WR_FLUSH_ERR), SOFT_VERBS_FAIL_AFTER=3 (RETRY_EXC_ERR).
+ * What NVIDIA's NCCL IB transport does (NVIDIA_IB.md): a QP granting remote write only refuses
+ * a READ (REM_ACCESS_ERR); its data pattern (unsignaled WRITE + zero-byte WRITE WITH IMM with
+ * no SGE into a receive with no SGE); 256 fifo elements written one by one while the target
+ * polls each element's index word, which must never be seen before the words below it; then,
+ * locally: every symbol at the version NCCL's dlvsym asks for, its registration flags (remote
+ * atomic, relaxed ordering) accepted, on-demand paging EOPNOTSUPP, remote write without local
+ * write EINVAL, unreadable memory EFAULT, its dma-buf probe (fd -1) EOPNOTSUPP, ECE
+ * EOPNOTSUPP, pkey index 1 EINVAL, and a QP connected to itself (its flush QP) doing a READ.
  * Then, in a fresh process: SOFT_VERBS_PORTS=2 (two ACTIVE ports, distinct LIDs) and
  * SOFT_VERBS_PORT_DOWN_AFTER_MS (IBV_EVENT_PORT_ERR through ibv_get_async_event, ports DOWN).
  * Not tested here: iova registration, SEND larger than the receive (LOC_LEN_ERR).
@@ -15,16 +23,21 @@
 #include <infiniband/verbs.h>
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MIB (1u << 20)
-#define NQP 5 /* 0 main, 1 bad rkey, 2 out of range, 3 fail-after, 4 unsignaled */
+#define NQP 6 /* 0 main, 1 bad rkey, 2 out of range, 3 fail-after, 4 unsignaled, 5 write-only */
+#define FIFO_OFF (3 * MIB + MIB / 2) /* the target's fifo: 256 elements of 64 bytes */
+#define FIFO_N 256
 
 static int passed, failed;
 static const char *who = "?";
@@ -79,13 +92,13 @@ static void sync_with_peer(char tag) {
   if (c != tag) die("out of step with the peer");
 }
 
-/* Polls until n completions arrived (or 10 s). */
-static int poll_n(struct ibv_wc *wc, int n) {
+/* Polls c until n completions arrived (or 10 s). */
+static int poll_cq_n(struct ibv_cq *c, struct ibv_wc *wc, int n) {
   int got = 0;
   struct timespec t0, t;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   while (got < n) {
-    int r = ibv_poll_cq(cq, n - got, wc + got);
+    int r = ibv_poll_cq(c, n - got, wc + got);
     if (r < 0) return got;
     got += r;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -94,6 +107,8 @@ static int poll_n(struct ibv_wc *wc, int n) {
   }
   return got;
 }
+
+static int poll_n(struct ibv_wc *wc, int n) { return poll_cq_n(cq, wc, n); }
 
 static int post_rdma(int q, enum ibv_wr_opcode op, uint64_t wr_id, size_t loff, uint32_t len,
                      uint64_t raddr, uint32_t rkey, int signaled, uint32_t imm) {
@@ -181,6 +196,7 @@ static void setup(struct info *me) {
     a.pkey_index = 0;
     a.port_num = 1;
     a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (i == 5) a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE; /* as NCCL's sending QPs */
     if (ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
                                       IBV_QP_ACCESS_FLAGS))
       die("modify INIT");
@@ -336,6 +352,180 @@ static void rank0(const struct info *peer) {
             wc[4].status == IBV_WC_WR_FLUSH_ERR,
         "SOFT_VERBS_FAIL_AFTER=3: 3 writes succeed, the 4th RETRY_EXC_ERR, the 5th flushed");
   sync_with_peer('5');
+
+  /* QP 5 grants remote write only (NCCL's sending QPs): a READ from it is refused */
+  post_rdma(5, IBV_WR_RDMA_READ, 550, 2 * MIB, 4096, peer->buf + MIB, peer->rkey, 1, 0);
+  n = poll_n(wc, 1);
+  check(n == 1 && wc[0].wr_id == 550 && wc[0].status == IBV_WC_REM_ACCESS_ERR,
+        "READ from a QP granting remote write only: IBV_WC_REM_ACCESS_ERR");
+
+  /* NCCL's send: the data as an unsignaled WRITE, then a zero-byte WRITE WITH IMM with no SGE
+   * (sg_list NULL) carrying the size, signaled */
+  for (size_t i = 0; i < 65536; i++) buf[2 * MIB + i] = (char)pat(i, 6);
+  sync_with_peer('6'); /* the peer's receive without SGE is posted */
+  rc = post_rdma(0, IBV_WR_RDMA_WRITE, 600, 2 * MIB, 65536, peer->buf, peer->rkey, 0, 0);
+  struct ibv_send_wr wr, *bad;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = 601;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = 65536; /* NCCL passes the size in host order */
+  wr.wr.rdma.remote_addr = peer->buf + 65536;
+  wr.wr.rdma.rkey = peer->rkey;
+  rc |= ibv_post_send(qp[0], &wr, &bad);
+  n = poll_n(wc, 1);
+  check(rc == 0 && n == 1 && wc[0].wr_id == 601 && wc[0].status == IBV_WC_SUCCESS &&
+            wc[0].opcode == IBV_WC_RDMA_WRITE,
+        "NCCL's send: unsignaled WRITE + zero-byte WRITE WITH IMM, one completion");
+  sync_with_peer('7');
+
+  /* NCCL's fifo: 64-byte elements written one by one, words 0-4 then the index (word 5) */
+  uint64_t *el = (uint64_t *)(void *)(buf + 2 * MIB);
+  for (int i = 0; i < FIFO_N; i++) {
+    for (int k = 0; k < 8; k++) el[i * 8 + k] = k < 5 ? (uint64_t)i * 5 + (uint64_t)k + 1 : 0;
+    el[i * 8 + 5] = (uint64_t)i + 1;
+  }
+  sync_with_peer('8'); /* the peer polls */
+  rc = 0;
+  for (int i = 0; i < FIFO_N; i++)
+    rc |= post_rdma(0, IBV_WR_RDMA_WRITE, 700 + (uint64_t)i, 2 * MIB + (size_t)i * 64, 64,
+                    peer->buf + FIFO_OFF + (uint64_t)i * 64, peer->rkey, i == FIFO_N - 1, 0);
+  n = poll_n(wc, 1);
+  check(rc == 0 && n == 1 && wc[0].status == IBV_WC_SUCCESS, "256 fifo elements written");
+  sync_with_peer('9');
+}
+
+/* What NVIDIA's NCCL does to the device alone (NVIDIA_IB.md), on this process's device. */
+static void local_checks(void) {
+  /* the entry points, at the versions its dlvsym asks for */
+  static const char *const v11[] = {
+      "ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name", "ibv_open_device",
+      "ibv_close_device",    "ibv_get_async_event",  "ibv_ack_async_event", "ibv_query_device",
+      "ibv_query_port",      "ibv_query_gid",        "ibv_query_qp",        "ibv_alloc_pd",
+      "ibv_dealloc_pd",      "ibv_reg_mr",           "ibv_dereg_mr",        "ibv_create_cq",
+      "ibv_destroy_cq",      "ibv_create_qp",        "ibv_modify_qp",       "ibv_destroy_qp",
+      "ibv_fork_init",       "ibv_event_type_str"};
+  static const char *const opt[][2] = {{"ibv_reg_mr_iova2", "IBVERBS_1.8"},
+                                       {"ibv_reg_dmabuf_mr", "IBVERBS_1.12"},
+                                       {"ibv_query_ece", "IBVERBS_1.10"},
+                                       {"ibv_set_ece", "IBVERBS_1.10"}};
+  void *h = dlopen("libibverbs.so", RTLD_NOW);
+  if (!h) h = dlopen("libibverbs.so.1", RTLD_NOW);
+  int missing = h ? 0 : 1;
+  for (size_t i = 0; h && i < sizeof v11 / sizeof v11[0]; i++)
+    if (!dlvsym(h, v11[i], "IBVERBS_1.1")) {
+      printf("      missing %s@IBVERBS_1.1\n", v11[i]);
+      missing++;
+    }
+  for (size_t i = 0; h && i < sizeof opt / sizeof opt[0]; i++)
+    if (!dlvsym(h, opt[i][0], opt[i][1])) {
+      printf("      missing %s@%s\n", opt[i][0], opt[i][1]);
+      missing++;
+    }
+  check(!missing, "dlvsym: NCCL's 22 entry points at IBVERBS_1.1 and its 4 optional ones");
+
+  /* registration: NCCL's flags; what a device without the feature answers */
+  int flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+              IBV_ACCESS_REMOTE_ATOMIC;
+  char *m = aligned_alloc(4096, 65536);
+  if (!m) die("alloc");
+  struct ibv_mr *a = ibv_reg_mr(pd, m, 65536, flags);
+  struct ibv_mr *b = ibv_reg_mr_iova2(pd, m, 65536, (uint64_t)(uintptr_t)m,
+                                      (unsigned)flags | IBV_ACCESS_RELAXED_ORDERING);
+  check(a && b, "NCCL's registration: remote atomic access, relaxed ordering through iova2");
+  if (a) ibv_dereg_mr(a);
+  if (b) ibv_dereg_mr(b);
+  errno = 0;
+  check(ibv_reg_mr(pd, m, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND) == NULL &&
+            errno == EOPNOTSUPP,
+        "on-demand paging: EOPNOTSUPP");
+  errno = 0;
+  check(ibv_reg_mr(pd, m, 65536, IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL,
+        "remote write without local write: EINVAL");
+  void *none = mmap(NULL, 65536, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  errno = 0;
+  check(none != MAP_FAILED && ibv_reg_mr(pd, none, 65536, IBV_ACCESS_LOCAL_WRITE) == NULL &&
+            errno == EFAULT,
+        "memory the process cannot read (as GPU memory): EFAULT");
+  if (none != MAP_FAILED) munmap(none, 65536);
+  errno = 0;
+  check(ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0) == NULL && errno == EOPNOTSUPP,
+        "NCCL's dma-buf probe (fd -1): EOPNOTSUPP, not EBADF");
+  struct ibv_ece ece;
+  memset(&ece, 0, sizeof ece);
+  check(ibv_query_ece(qp[0], &ece) == EOPNOTSUPP && ibv_set_ece(qp[0], &ece) == EOPNOTSUPP,
+        "ibv_query_ece/ibv_set_ece: EOPNOTSUPP");
+
+  /* NCCL's flush QP: connected to itself, an RDMA READ of one byte into a host int */
+  struct ibv_cq *c2 = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof ia);
+  ia.send_cq = c2;
+  ia.recv_cq = c2;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 16;
+  ia.cap.max_recv_wr = 16;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  struct ibv_qp *self = c2 ? ibv_create_qp(pd, &ia) : NULL;
+  if (!self) die("flush QP");
+  struct ibv_qp_attr at;
+  memset(&at, 0, sizeof at);
+  at.qp_state = IBV_QPS_INIT;
+  at.pkey_index = 1;
+  at.port_num = 1;
+  at.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+  int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  check(ibv_modify_qp(self, &at, mask) == EINVAL, "pkey index 1 (one-entry table): EINVAL");
+  at.pkey_index = 0;
+  int rc = ibv_modify_qp(self, &at, mask);
+  struct ibv_port_attr pa;
+  ibv_query_port(ctx, 1, &pa);
+  memset(&at, 0, sizeof at);
+  at.qp_state = IBV_QPS_RTR;
+  at.path_mtu = IBV_MTU_4096;
+  at.dest_qp_num = self->qp_num;
+  at.max_dest_rd_atomic = 1;
+  at.min_rnr_timer = 12;
+  at.ah_attr.dlid = pa.lid;
+  at.ah_attr.port_num = 1;
+  rc |= ibv_modify_qp(self, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                     IBV_QP_MIN_RNR_TIMER);
+  memset(&at, 0, sizeof at);
+  at.qp_state = IBV_QPS_RTS;
+  at.timeout = 20;
+  at.retry_cnt = 7;
+  at.rnr_retry = 7;
+  at.max_rd_atomic = 1;
+  rc |= ibv_modify_qp(self, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+  int *flush = aligned_alloc(64, 64);
+  if (!flush) die("alloc");
+  *flush = 0;
+  struct ibv_mr *fm = ibv_reg_mr(pd, flush, sizeof(int), IBV_ACCESS_LOCAL_WRITE);
+  buf[MIB + 5] = 0x3c;
+  struct ibv_sge sge = {(uint64_t)(uintptr_t)flush, 1, fm ? fm->lkey : 0};
+  struct ibv_send_wr wr, *bad;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = 800;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)(buf + MIB + 5);
+  wr.wr.rdma.rkey = mr->rkey;
+  rc |= !fm || ibv_post_send(self, &wr, &bad);
+  struct ibv_wc wc;
+  int n = poll_cq_n(c2, &wc, 1);
+  check(rc == 0 && n == 1 && wc.wr_id == 800 && wc.status == IBV_WC_SUCCESS &&
+            wc.opcode == IBV_WC_RDMA_READ && (*flush & 0xff) == 0x3c,
+        "a QP connected to itself (NCCL's flush): 1-byte RDMA READ");
+  ibv_destroy_qp(self);
+  if (fm) ibv_dereg_mr(fm);
+  ibv_destroy_cq(c2);
+  free(flush);
+  free(m);
 }
 
 /* Rank 1: the target; also sends once. */
@@ -393,6 +583,41 @@ static void rank1(const struct info *peer) {
   struct ibv_qp_init_attr qi;
   ibv_query_qp(qp[1], &qa, IBV_QP_STATE, &qi);
   check(qa.qp_state == IBV_QPS_ERR, "the responder of the bad-rkey QP went to ERR too");
+
+  /* NCCL's receive: no SGE; the data came by the WRITE before the immediate */
+  struct ibv_recv_wr rw, *rbad;
+  memset(&rw, 0, sizeof rw);
+  rw.wr_id = 60;
+  check(ibv_post_recv(qp[0], &rw, &rbad) == 0, "post a receive with no SGE (NCCL's)");
+  sync_with_peer('6');
+  n = poll_n(wc, 1);
+  same = 1;
+  for (size_t i = 0; i < 65536 && same; i++) same = (uint8_t)buf[i] == pat(i, 6);
+  check(n == 1 && wc[0].wr_id == 60 && wc[0].status == IBV_WC_SUCCESS &&
+            wc[0].opcode == IBV_WC_RECV_RDMA_WITH_IMM && wc[0].imm_data == 65536 &&
+            wc[0].byte_len == 0 && same,
+        "zero-byte WRITE WITH IMM: RECV_RDMA_WITH_IMM, the size as immediate, data before it");
+  sync_with_peer('7');
+
+  /* the fifo: an element's index word is never seen before the words below it */
+  volatile uint64_t *f = (volatile uint64_t *)(void *)(buf + FIFO_OFF);
+  sync_with_peer('8');
+  int seen = 0, torn = 0;
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < FIFO_N; i++) {
+    while (f[i * 8 + 5] != (uint64_t)i + 1) {
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      if (t.tv_sec - t0.tv_sec > 10) break;
+    }
+    if (f[i * 8 + 5] != (uint64_t)i + 1) break;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    for (int k = 0; k < 5; k++) torn += f[i * 8 + k] != (uint64_t)i * 5 + (uint64_t)k + 1;
+    seen++;
+  }
+  check(seen == FIFO_N && torn == 0,
+        "256 fifo elements polled by their index word: never seen before the words below it");
+  sync_with_peer('9');
 }
 
 /* A fresh process: two ports, then both go down with an async event each. */
@@ -447,6 +672,7 @@ int main(int argc, char **argv) {
   check(peer.lid != me.lid && peer.qpn[0] != me.qpn[0], "distinct LIDs and QP numbers");
   connect_qps(&peer);
   if (rank == 0) rank0(&peer); else rank1(&peer);
+  if (rank == 0) local_checks();
   sync_with_peer('e');
   for (int i = 0; i < NQP; i++) ibv_destroy_qp(qp[i]);
   ibv_destroy_cq(cq);
