@@ -130,6 +130,38 @@ registry! {
     NSOCKS_PERTHREAD = Param::integer("NCCL_NSOCKS_PERTHREAD", -2,
         "Sockets per thread of the socket transport (-2: automatic)");
 
+    // ---- the InfiniBand / RoCE network (NET/IB) ----
+    IB_DISABLE = Param::boolean("NCCL_IB_DISABLE", false,
+        "Disable the InfiniBand/RoCE network (IB verbs); the socket network is used instead");
+    IB_HCA = Param::text("NCCL_IB_HCA", None,
+        "HCA ports to use: name[:port] prefixes, comma-separated; ^ excludes, = matches exactly");
+    IB_GID_INDEX = Param::integer("NCCL_IB_GID_INDEX", -1,
+        "RoCE GID index to use (-1: the first of NCCL_IB_ROCE_VERSION_NUM in NCCL_IB_ADDR_FAMILY)");
+    IB_ROCE_VERSION_NUM = Param::integer("NCCL_IB_ROCE_VERSION_NUM", 2,
+        "RoCE version of the GID chosen automatically (1 or 2)");
+    IB_ADDR_FAMILY = Param::text("NCCL_IB_ADDR_FAMILY", Some("AF_INET"),
+        "Address family of the RoCE GID chosen automatically: AF_INET or AF_INET6");
+    IB_TC = Param::integer("NCCL_IB_TC", 0,
+        "InfiniBand traffic class (RoCE: the GRH traffic class) of the queue pairs");
+    IB_SL = Param::integer("NCCL_IB_SL", 0,
+        "InfiniBand service level of the queue pairs");
+    IB_TIMEOUT = Param::integer("NCCL_IB_TIMEOUT", 20,
+        "InfiniBand local ACK timeout exponent (4.096 us * 2^timeout), 1..31");
+    IB_RETRY_CNT = Param::integer("NCCL_IB_RETRY_CNT", 7,
+        "InfiniBand transport retry count, 0..7");
+    IB_PKEY = Param::integer("NCCL_IB_PKEY", 0,
+        "InfiniBand partition key index of the queue pairs");
+    IB_QPS_PER_CONNECTION = Param::integer("NCCL_IB_QPS_PER_CONNECTION", 1,
+        "Queue pairs per connection (1..16)");
+    IB_SPLIT_DATA_ON_QPS = Param::integer("NCCL_IB_SPLIT_DATA_ON_QPS", 0,
+        "Stripe each message over the connection's queue pairs (1) or send whole messages round them (0)");
+    IB_ADAPTIVE_ROUTING = Param::integer("NCCL_IB_ADAPTIVE_ROUTING", -2,
+        "Adaptive-routing-safe transfers: data as plain writes, then a write with immediate (-2: on for InfiniBand, off for RoCE)");
+    IB_AR_THRESHOLD = Param::integer("NCCL_IB_AR_THRESHOLD", 8192,
+        "Bytes above which a message uses the adaptive-routing path");
+    GDR_FLUSH_DISABLE = Param::boolean("NCCL_GDR_FLUSH_DISABLE", false,
+        "Do not flush GPU memory received by GPU Direct RDMA with an RDMA read");
+
     // ---- channels, threads, algorithms ----
     NTHREADS = Param::integer("NCCL_NTHREADS", 0,
         "CUDA threads per block: 64, 128, 256 or 512 (0: the default)");

@@ -12,11 +12,13 @@
 //! keeps its LL regions in its host block, after the tail page (`SEND_LL_OFFSET`).
 //!
 //! The process's networks are loaded once (`network`): a net plugin if one is found
-//! (`NCCL_NET_PLUGIN`), then the built-in sockets; a communicator takes the one its
+//! (`NCCL_NET_PLUGIN`), then the built-in IB network (`ib`), then the built-in sockets; a
+//! communicator takes the one its
 //! `netName` (or `NCCL_NET`) names, else the first.
 
 pub mod api;
 pub mod gdr;
+pub mod ib;
 pub mod plugin;
 pub mod proxy;
 pub mod socket;
@@ -95,9 +97,27 @@ pub fn link(name: Option<&str>, channels: u32) -> Result<NetLink> {
     Ok(link.expect("at least one device"))
 }
 
-/// As NVIDIA's: the plugin's network (if one loads), then the built-in sockets.
+/// Why the built-in IB network is not among the process's networks, when it is not.
+static IB_ABSENT: OnceCell<String> = OnceCell::new();
+
+/// As NVIDIA's: the plugin's network (if one loads), then the built-in IB network (when
+/// libibverbs opens and a port is usable, unless `NCCL_IB_DISABLE`), then the sockets.
 fn load_networks() -> Result<Vec<Arc<dyn Net>>> {
     let mut nets: Vec<Arc<dyn Net>> = plugin::load()?.into_iter().collect();
+    let ib = match crate::env::registry::IB_DISABLE.flag() {
+        true => Err("disabled by NCCL_IB_DISABLE".to_string()),
+        false => match ib::IbNet::from_env() {
+            Ok(Some(net)) => Ok(net),
+            Ok(None) => Err("no libibverbs or no usable port (see the NET/IB INFO lines)".into()),
+            Err(e) => Err(e.msg),
+        },
+    };
+    match ib {
+        Ok(net) => nets.push(Arc::new(net)),
+        Err(why) => {
+            let _ = IB_ABSENT.set(why);
+        }
+    }
     match socket::SocketNet::from_env() {
         Ok(s) => nets.push(Arc::new(s)),
         Err(e) if !nets.is_empty() => crate::info!(NET, "NET/Socket : unavailable: {}", e.msg),
@@ -115,8 +135,12 @@ fn pick(nets: &[Arc<dyn Net>], name: Option<&str>) -> Result<Arc<dyn Net>> {
     };
     found.cloned().ok_or_else(|| {
         let names: Vec<&str> = nets.iter().map(|n| n.name()).collect();
+        let why_not_ib = match (wanted, IB_ABSENT.get()) {
+            (Some(w), Some(why)) if w.eq_ignore_ascii_case("IB") => format!("; IB: {why}"),
+            _ => String::new(),
+        };
         Error::invalid_usage(format!(
-            "NCCL_NET / netName {}: no such network (available: {})",
+            "NCCL_NET / netName {}: no such network (available: {}){why_not_ib}",
             wanted.unwrap_or("(none)"),
             names.join(", ")
         ))

@@ -1,0 +1,365 @@
+//! Which HCA ports the IB network uses and how it addresses them: the `NCCL_IB_HCA` filter
+//! (NVIDIA's syntax), the ACTIVE ports of the devices the verbs library finds, their speed
+//! (width × lane speed), PCI path, link layer, and for RoCE the GID index chosen as NVIDIA's
+//! (`NCCL_IB_GID_INDEX`, else the first GID of `NCCL_IB_ROCE_VERSION_NUM` in
+//! `NCCL_IB_ADDR_FAMILY`). The parsing and choosing here is pure and unit-tested.
+
+use super::verbs::{self, Context, Gid, Lib, PortAttr};
+use crate::error::Result;
+use std::sync::Arc;
+
+/// One `NCCL_IB_HCA` entry: a device name (or its prefix) and a port (None: any).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HcaEntry {
+    pub name: String,
+    pub port: Option<u8>,
+}
+
+/// `NCCL_IB_HCA` parsed: `^` excludes the listed devices, `=` matches names exactly (else a
+/// name is a prefix), entries `name[:port]` separated by commas.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct HcaFilter {
+    pub exclude: bool,
+    pub exact: bool,
+    pub entries: Vec<HcaEntry>,
+}
+
+impl HcaFilter {
+    pub fn parse(spec: Option<&str>) -> HcaFilter {
+        let Some(mut s) = spec.map(str::trim).filter(|s| !s.is_empty()) else {
+            return HcaFilter::default();
+        };
+        let exclude = s.starts_with('^');
+        if exclude {
+            s = &s[1..];
+        }
+        let exact = s.starts_with('=');
+        if exact {
+            s = &s[1..];
+        }
+        let entries = s
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(|e| match e.split_once(':') {
+                Some((n, p)) => HcaEntry {
+                    name: n.to_string(),
+                    port: p.trim().parse().ok(),
+                },
+                None => HcaEntry {
+                    name: e.to_string(),
+                    port: None,
+                },
+            })
+            .collect();
+        HcaFilter {
+            exclude,
+            exact,
+            entries,
+        }
+    }
+
+    /// Whether port `port` of device `name` is used.
+    pub fn selects(&self, name: &str, port: u8) -> bool {
+        if self.entries.is_empty() {
+            return true;
+        }
+        let listed = self.entries.iter().any(|e| {
+            let name_ok = if self.exact {
+                e.name == name
+            } else {
+                name.starts_with(&e.name)
+            };
+            name_ok && e.port.is_none_or(|p| p == port)
+        });
+        listed != self.exclude
+    }
+}
+
+/// Mbit/s of one lane at `active_speed` (a bit of verbs' speed encoding), as NVIDIA's table.
+fn lane_mbps(active_speed: u8) -> i32 {
+    match active_speed {
+        1 => 2500,
+        2 => 5000,
+        4 | 8 => 10000,
+        16 => 14000,
+        32 => 25000,
+        64 => 50000,
+        128 => 100000,
+        _ => 200000,
+    }
+}
+
+/// Lanes of `active_width` (1x, 4x, 8x, 12x, 2x).
+fn lanes(active_width: u8) -> i32 {
+    match active_width {
+        2 => 4,
+        4 => 8,
+        8 => 12,
+        16 => 2,
+        _ => 1,
+    }
+}
+
+/// A port's speed in Mbit/s: width × lane speed.
+pub fn port_speed_mbps(a: &PortAttr) -> i32 {
+    lanes(a.active_width) * lane_mbps(a.active_speed)
+}
+
+/// How a RoCE GID is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GidChoice {
+    /// `NCCL_IB_GID_INDEX`; negative: automatic.
+    pub index: i64,
+    /// `NCCL_IB_ROCE_VERSION_NUM` (1 or 2).
+    pub roce_version: i64,
+    /// `NCCL_IB_ADDR_FAMILY` is AF_INET6 (else AF_INET).
+    pub ipv6: bool,
+}
+
+/// Whether a GID is an IPv4-mapped address (`::ffff:a.b.c.d`).
+fn is_v4_mapped(g: &Gid) -> bool {
+    g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff
+}
+
+/// Whether a GID is the unused all-zero entry, or an IPv6 link-local one that carries no
+/// routable address (`fe80::/64` without an address of the family).
+fn is_unusable(g: &Gid) -> bool {
+    g.iter().all(|&b| b == 0)
+}
+
+/// The GID index to use among `gids` (index, GID, `GID_TYPE_*`) of a RoCE port: the set one,
+/// else the first of the wanted RoCE version whose address is of the wanted family (IPv4:
+/// v4-mapped; IPv6: not v4-mapped and not link-local), else the first of the version, else 0.
+pub fn choose_gid(gids: &[(i32, Gid, u32)], choice: GidChoice) -> i32 {
+    if choice.index >= 0 {
+        return choice.index as i32;
+    }
+    let want_type = if choice.roce_version == 1 {
+        verbs::GID_TYPE_ROCE_V1
+    } else {
+        verbs::GID_TYPE_ROCE_V2
+    };
+    let of_version = || {
+        gids.iter()
+            .filter(|(_, g, t)| *t == want_type && !is_unusable(g))
+    };
+    let family_ok = |g: &Gid| {
+        if choice.ipv6 {
+            let link_local = g[0] == 0xfe && g[1] & 0xc0 == 0x80;
+            !(is_v4_mapped(g) || link_local)
+        } else {
+            is_v4_mapped(g)
+        }
+    };
+    of_version()
+        .find(|(_, g, _)| family_ok(g))
+        .or_else(|| of_version().next())
+        .map_or(0, |(i, _, _)| *i)
+}
+
+/// One usable port of a device: a device of the IB network.
+pub struct Port {
+    pub dev_name: String,
+    pub port: u8,
+    pub ctx: Arc<Context>,
+    pub attr: PortAttr,
+    /// The GID index used (RoCE), and the GID.
+    pub gid_index: i32,
+    pub gid: Gid,
+    pub pci_path: String,
+    pub speed_mbps: i32,
+}
+
+impl Port {
+    pub fn is_roce(&self) -> bool {
+        self.attr.link_layer == verbs::LINK_LAYER_ETHERNET
+    }
+
+    /// "soft_0:1/IB" or "mlx5_0:1/RoCE", as NVIDIA's device list shows it.
+    pub fn label(&self) -> String {
+        let ll = if self.is_roce() { "RoCE" } else { "IB" };
+        format!("{}:{}/{ll}", self.dev_name, self.port)
+    }
+}
+
+/// `/sys/class/infiniband/<dev>/device` resolved, empty where it does not exist.
+pub fn pci_path(dev: &str) -> String {
+    if dev.contains('/') {
+        return String::new();
+    }
+    std::fs::canonicalize(format!("/sys/class/infiniband/{dev}/device"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Every ACTIVE port `filter` selects, of every device `lib` finds, with its GID.
+pub fn find_ports(lib: &Arc<Lib>, filter: &HcaFilter, gid: GidChoice) -> Result<Vec<Port>> {
+    let mut ports = Vec::new();
+    // A library without kernel support finds no device list at all: no device either.
+    let names = lib.device_names().unwrap_or_else(|e| {
+        crate::info!(NET, "{}", e.msg);
+        Vec::new()
+    });
+    for name in names {
+        let ctx = match lib.open_device(&name) {
+            Ok(c) => c,
+            Err(e) => {
+                crate::warn!("NET/IB : {}", e.msg);
+                continue;
+            }
+        };
+        for port in 1..=u8::MAX {
+            let Ok(attr) = ctx.query_port(port) else {
+                break;
+            };
+            if attr.state != verbs::PORT_ACTIVE || !filter.selects(&name, port) {
+                continue;
+            }
+            let roce = attr.link_layer == verbs::LINK_LAYER_ETHERNET;
+            if !roce && attr.link_layer != verbs::LINK_LAYER_INFINIBAND && attr.link_layer != 0 {
+                continue;
+            }
+            let gid_index = if roce {
+                let gids: Vec<(i32, Gid, u32)> = (0..attr.gid_tbl_len.max(0))
+                    .filter_map(|i| ctx.query_gid(port, i).map(|(g, t)| (i, g, t)))
+                    .collect();
+                choose_gid(&gids, gid)
+            } else {
+                0
+            };
+            let gid_bytes = ctx.query_gid(port, gid_index).map_or([0; 16], |(g, _)| g);
+            ports.push(Port {
+                dev_name: name.clone(),
+                port,
+                ctx: ctx.clone(),
+                attr,
+                gid_index,
+                gid: gid_bytes,
+                pci_path: pci_path(&name),
+                speed_mbps: port_speed_mbps(&attr),
+            });
+        }
+    }
+    Ok(ports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, port: Option<u8>) -> HcaEntry {
+        HcaEntry {
+            name: name.into(),
+            port,
+        }
+    }
+
+    #[test]
+    fn hca_lists_parse_as_nvidias() {
+        assert_eq!(HcaFilter::parse(None), HcaFilter::default());
+        assert_eq!(HcaFilter::parse(Some("  ")), HcaFilter::default());
+        let f = HcaFilter::parse(Some("mlx5_0:1,mlx5_1"));
+        assert!(!f.exclude && !f.exact);
+        assert_eq!(
+            f.entries,
+            vec![entry("mlx5_0", Some(1)), entry("mlx5_1", None)]
+        );
+        let f = HcaFilter::parse(Some("^=mlx5_3"));
+        assert!(f.exclude && f.exact);
+        assert_eq!(f.entries, vec![entry("mlx5_3", None)]);
+        let f = HcaFilter::parse(Some("=mlx5_1:2"));
+        assert!(!f.exclude && f.exact);
+        assert_eq!(f.entries, vec![entry("mlx5_1", Some(2))]);
+    }
+
+    #[test]
+    fn hca_filters_match_prefixes_exact_names_ports_and_exclusions() {
+        let all = HcaFilter::parse(None);
+        assert!(all.selects("mlx5_0", 1));
+        let prefix = HcaFilter::parse(Some("mlx5"));
+        assert!(prefix.selects("mlx5_0", 1) && prefix.selects("mlx5_10", 2));
+        assert!(!prefix.selects("soft_0", 1));
+        let exact = HcaFilter::parse(Some("=mlx5_1"));
+        assert!(exact.selects("mlx5_1", 1) && !exact.selects("mlx5_10", 1));
+        let port = HcaFilter::parse(Some("mlx5_0:2"));
+        assert!(port.selects("mlx5_0", 2) && !port.selects("mlx5_0", 1));
+        let not = HcaFilter::parse(Some("^mlx5_0"));
+        assert!(!not.selects("mlx5_0", 1) && not.selects("mlx5_1", 1));
+        // Prefix exclusion: "^mlx5_1" also excludes mlx5_10, "^=mlx5_1" does not.
+        assert!(!HcaFilter::parse(Some("^mlx5_1")).selects("mlx5_10", 1));
+        assert!(HcaFilter::parse(Some("^=mlx5_1")).selects("mlx5_10", 1));
+        let not_port = HcaFilter::parse(Some("^soft_0:2"));
+        assert!(not_port.selects("soft_0", 1) && !not_port.selects("soft_0", 2));
+    }
+
+    #[test]
+    fn port_speed_is_width_times_lane_speed() {
+        let a = |w, s| PortAttr {
+            active_width: w,
+            active_speed: s,
+            ..PortAttr::default()
+        };
+        assert_eq!(port_speed_mbps(&a(2, 32)), 100_000, "4x EDR");
+        assert_eq!(port_speed_mbps(&a(2, 64)), 200_000, "4x HDR");
+        assert_eq!(port_speed_mbps(&a(2, 128)), 400_000, "4x NDR");
+        assert_eq!(port_speed_mbps(&a(1, 1)), 2500, "1x SDR");
+        assert_eq!(port_speed_mbps(&a(16, 64)), 100_000, "2x HDR");
+        assert_eq!(port_speed_mbps(&a(8, 4)), 120_000, "12x QDR");
+    }
+
+    fn v4(a: [u8; 4]) -> Gid {
+        let mut g = [0; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&a);
+        g
+    }
+
+    fn v6(first: u8) -> Gid {
+        let mut g = [0; 16];
+        g[0] = first;
+        g[1] = 0x80;
+        g[15] = 1;
+        g
+    }
+
+    #[test]
+    fn roce_gids_are_chosen_by_version_and_family_unless_an_index_is_set() {
+        use verbs::{GID_TYPE_ROCE_V1 as V1, GID_TYPE_ROCE_V2 as V2};
+        // A typical table: link-local v1/v2, then the IPv4 address v1/v2, then a global IPv6.
+        let gids = vec![
+            (0, v6(0xfe), V1),
+            (1, v6(0xfe), V2),
+            (2, v4([10, 0, 0, 1]), V1),
+            (3, v4([10, 0, 0, 1]), V2),
+            (4, v6(0x20), V1),
+            (5, v6(0x20), V2),
+        ];
+        let auto = GidChoice {
+            index: -1,
+            roce_version: 2,
+            ipv6: false,
+        };
+        assert_eq!(choose_gid(&gids, auto), 3, "RoCE v2, IPv4");
+        assert_eq!(
+            choose_gid(
+                &gids,
+                GidChoice {
+                    roce_version: 1,
+                    ..auto
+                }
+            ),
+            2
+        );
+        assert_eq!(choose_gid(&gids, GidChoice { ipv6: true, ..auto }), 5);
+        assert_eq!(choose_gid(&gids, GidChoice { index: 4, ..auto }), 4);
+        // No address of the family: the first GID of the version; no GID of it: 0.
+        assert_eq!(choose_gid(&gids[..2], auto), 1);
+        assert_eq!(choose_gid(&gids[..1], auto), 0);
+        assert_eq!(choose_gid(&[], auto), 0);
+        // Empty entries are skipped.
+        let with_empty = vec![(0, [0; 16], V2), (1, v4([1, 2, 3, 4]), V2)];
+        assert_eq!(choose_gid(&with_empty, auto), 1);
+    }
+}

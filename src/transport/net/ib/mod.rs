@@ -1,0 +1,557 @@
+//! The built-in InfiniBand / RoCE network, "IB", as NVIDIA's `NET/IB`: libibverbs opened at
+//! run time (`verbs`), every ACTIVE port `NCCL_IB_HCA` selects a device (`devices`), RC queue
+//! pairs set up over a TCP side channel (`conn`), data moved by RDMA writes into the
+//! receiver's buffers announced through a clear-to-send FIFO (`fifo`). Without libibverbs, or
+//! without a usable port, the network is absent and says why in an INFO line.
+//!
+//! Each device context has a thread reading its async events: they are logged as WARN, and a
+//! port that goes down fails every request of its connections.
+
+pub mod conn;
+pub mod devices;
+pub mod fifo;
+pub mod verbs;
+
+#[cfg(test)]
+mod tests;
+
+use super::api::{
+    Comm, Handle, MemHandle, MemType, Net, Properties, Request, PTR_CUDA, PTR_DMABUF, PTR_HOST,
+};
+use crate::bootstrap::socket::{self as bsock, NetIf};
+use crate::env::registry as reg;
+use crate::error::{Error, Result};
+use conn::{Connecting, Listening, QpSettings, Site};
+use devices::{GidChoice, HcaFilter, Port};
+use fifo::{Conn, DataPath, MemKeys};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use verbs::{Lib, Mr};
+
+/// The verbs library the network opens (found as `dlopen` finds it).
+pub const LIBRARY: &str = "libibverbs.so.1";
+
+/// The `NCCL_IB_*` settings the network follows.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub hca: HcaFilter,
+    pub gid: GidChoice,
+    pub qp: QpSettings,
+    pub qps_per_connection: usize,
+    pub split_data: bool,
+    /// `NCCL_IB_ADAPTIVE_ROUTING`: 1 on, 0 off, else on for InfiniBand ports only.
+    pub adaptive_routing: i64,
+    pub ar_threshold: usize,
+    /// Flush received GPU data with an RDMA read (`NCCL_GDR_FLUSH_DISABLE` unset).
+    pub gdr_flush: bool,
+    /// The HCA reads and writes GPU memory registered with `ibv_reg_mr` (nvidia-peermem).
+    pub peer_memory: bool,
+}
+
+impl Settings {
+    pub fn from_env() -> Settings {
+        let family = reg::IB_ADDR_FAMILY.string();
+        Settings {
+            hca: HcaFilter::parse(reg::IB_HCA.get().as_deref()),
+            gid: GidChoice {
+                index: reg::IB_GID_INDEX.int(),
+                roce_version: reg::IB_ROCE_VERSION_NUM.int(),
+                ipv6: family.trim().eq_ignore_ascii_case("AF_INET6"),
+            },
+            qp: QpSettings {
+                traffic_class: reg::IB_TC.int().clamp(0, 255) as u8,
+                service_level: reg::IB_SL.int().clamp(0, 15) as u8,
+                timeout: reg::IB_TIMEOUT.int().clamp(1, 31) as u8,
+                retry_cnt: reg::IB_RETRY_CNT.int().clamp(0, 7) as u8,
+                pkey_index: reg::IB_PKEY.int().clamp(0, 0xffff) as u16,
+            },
+            qps_per_connection: reg::IB_QPS_PER_CONNECTION
+                .int()
+                .clamp(1, fifo::MAX_QPS as i64) as usize,
+            split_data: reg::IB_SPLIT_DATA_ON_QPS.int() != 0,
+            adaptive_routing: reg::IB_ADAPTIVE_ROUTING.int(),
+            ar_threshold: reg::IB_AR_THRESHOLD.int().max(0) as usize,
+            gdr_flush: !reg::GDR_FLUSH_DISABLE.flag(),
+            peer_memory: peer_memory_loaded(),
+        }
+    }
+
+    /// How a connection on `port` moves data.
+    fn data_path(&self, port: &Port) -> DataPath {
+        let ar = match self.adaptive_routing {
+            0 => false,
+            1 => true,
+            _ => !port.is_roce(),
+        };
+        DataPath {
+            split: self.split_data,
+            adaptive_routing: ar,
+            ar_threshold: self.ar_threshold,
+        }
+    }
+}
+
+/// Whether NVIDIA's peer-memory module is loaded (GPU memory registers with `ibv_reg_mr`).
+fn peer_memory_loaded() -> bool {
+    [
+        "/sys/kernel/mm/memory_peers/nv_mem/version",
+        "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+        "/sys/module/nvidia_peermem/version",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists())
+}
+
+/// A registered memory region and what it holds.
+struct Region {
+    mr: Mr,
+    mem: MemType,
+}
+
+#[derive(Default)]
+struct Objects {
+    listens: HashMap<usize, Arc<Mutex<Listening>>>,
+    /// Senders whose setup is under way, by the handle they connect to, with their device.
+    connecting: HashMap<[u8; super::api::HANDLE_BYTES], (usize, Connecting)>,
+    comms: HashMap<usize, (usize, Arc<Mutex<Conn>>)>,
+    regions: HashMap<usize, Region>,
+    /// Requests in flight and their comm.
+    requests: HashMap<usize, usize>,
+}
+
+/// The IB network: its ports, each a device.
+pub struct IbNet {
+    ports: Vec<Port>,
+    /// Per port: it went down (an async event said so).
+    down: Vec<Arc<AtomicBool>>,
+    dmabuf: Vec<bool>,
+    oob: NetIf,
+    settings: Settings,
+    objects: Mutex<Objects>,
+    next: AtomicUsize,
+    stop: Arc<AtomicBool>,
+    watchers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl IbNet {
+    /// The network as the environment sets it up, or None (said in an INFO line) when the
+    /// verbs library or a usable port is missing.
+    pub fn from_env() -> Result<Option<IbNet>> {
+        let lib = match Lib::open(LIBRARY) {
+            Ok(l) => l,
+            Err(e) => {
+                crate::info!(INIT | NET, "Failed to open libibverbs.so[.1]");
+                crate::info!(NET, "{}", e.msg);
+                return Ok(None);
+            }
+        };
+        let oob = bsock::net_interfaces()?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::system("NET/IB : no interface for the out-of-band channel"))?;
+        IbNet::with_lib(lib, Settings::from_env(), oob)
+    }
+
+    /// The network over the verbs library at `path`.
+    pub fn open(path: &str, settings: Settings, oob: NetIf) -> Result<Option<IbNet>> {
+        IbNet::with_lib(Lib::open(path)?, settings, oob)
+    }
+
+    fn with_lib(lib: Arc<Lib>, settings: Settings, oob: NetIf) -> Result<Option<IbNet>> {
+        let ports = devices::find_ports(&lib, &settings.hca, settings.gid)?;
+        if ports.is_empty() {
+            crate::info!(INIT | NET, "NET/IB : No device found.");
+            return Ok(None);
+        }
+        let list: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("[{i}]{}", p.label()))
+            .collect();
+        crate::info!(
+            INIT | NET,
+            "NET/IB : Using {} ; OOB {}:{}<0>",
+            list.join(" "),
+            oob.name,
+            oob.ip
+        );
+        let down = ports
+            .iter()
+            .map(|_| Arc::new(AtomicBool::new(false)))
+            .collect();
+        let dmabuf = ports.iter().map(|p| p.ctx.dmabuf_supported()).collect();
+        let net = IbNet {
+            ports,
+            down,
+            dmabuf,
+            oob,
+            settings,
+            objects: Mutex::new(Objects::default()),
+            next: AtomicUsize::new(1),
+            stop: Arc::new(AtomicBool::new(false)),
+            watchers: Mutex::new(Vec::new()),
+        };
+        net.watch_async_events()?;
+        Ok(Some(net))
+    }
+
+    /// One thread per device context reading its async events.
+    fn watch_async_events(&self) -> Result<()> {
+        let mut seen: Vec<String> = Vec::new();
+        for p in &self.ports {
+            if seen.contains(&p.dev_name) {
+                continue;
+            }
+            seen.push(p.dev_name.clone());
+            let ports: Vec<(u8, Arc<AtomicBool>)> = self
+                .ports
+                .iter()
+                .zip(&self.down)
+                .filter(|(q, _)| q.dev_name == p.dev_name)
+                .map(|(q, d)| (q.port, d.clone()))
+                .collect();
+            let (ctx, name, stop) = (p.ctx.clone(), p.dev_name.clone(), self.stop.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("oxccl-ib-async-{name}"))
+                .spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        if let Some(ev) = ctx.next_async_event(100) {
+                            on_async_event(&name, &ports, ev);
+                        }
+                    }
+                })
+                .map_err(|e| Error::system(format!("NET/IB : async event thread: {e}")))?;
+            self.watchers.lock().push(t);
+        }
+        Ok(())
+    }
+
+    fn port(&self, dev: i32) -> Result<(usize, &Port)> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| self.ports.get(d).map(|p| (d, p)))
+            .ok_or_else(|| Error::invalid_argument(format!("NET/IB : no device {dev}")))
+    }
+
+    fn site(&self, dev: usize) -> Site<'_> {
+        let port = &self.ports[dev];
+        Site {
+            port,
+            port_down: self.down[dev].clone(),
+            qp: self.settings.qp,
+            path: self.settings.data_path(port),
+        }
+    }
+
+    fn id(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn add_comm(&self, dev: usize, conn: Conn) -> Comm {
+        let id = self.id();
+        self.objects
+            .lock()
+            .comms
+            .insert(id, (dev, Arc::new(Mutex::new(conn))));
+        Comm(id)
+    }
+
+    fn comm(&self, c: Comm) -> Result<(usize, Arc<Mutex<Conn>>)> {
+        self.objects
+            .lock()
+            .comms
+            .get(&c.0)
+            .cloned()
+            .ok_or_else(|| Error::internal(format!("NET/IB : no comm {}", c.0)))
+    }
+
+    fn keys(&self, mh: MemHandle) -> Result<(MemKeys, MemType)> {
+        let o = self.objects.lock();
+        let r = o
+            .regions
+            .get(&mh.0)
+            .ok_or_else(|| Error::internal(format!("NET/IB : no memory handle {}", mh.0)))?;
+        Ok((
+            MemKeys {
+                lkey: r.mr.lkey(),
+                rkey: r.mr.rkey(),
+            },
+            r.mem,
+        ))
+    }
+
+    /// The `PTR_*` bits of device `dev`: host memory, GPU memory through nvidia-peermem,
+    /// dma-bufs where the device registers them.
+    fn ptr_support(&self, dev: usize) -> i32 {
+        let mut bits = PTR_HOST;
+        if self.settings.peer_memory {
+            bits |= PTR_CUDA;
+        }
+        if self.dmabuf[dev] {
+            bits |= PTR_DMABUF;
+        }
+        bits
+    }
+
+    /// Post a send or receive on `comm` and file its request.
+    fn post(
+        &self,
+        comm: Comm,
+        mh: MemHandle,
+        op: impl FnOnce(&mut Conn, u64, &MemKeys) -> Result<Option<()>>,
+    ) -> Result<Option<Request>> {
+        let (_, conn) = self.comm(comm)?;
+        let (keys, _) = self.keys(mh)?;
+        let id = self.id();
+        let posted = op(&mut conn.lock(), id as u64, &keys)?;
+        Ok(posted.map(|()| {
+            self.objects.lock().requests.insert(id, comm.0);
+            Request(id)
+        }))
+    }
+
+    fn close_comm(&self, c: Comm) -> Result<()> {
+        let removed = {
+            let mut o = self.objects.lock();
+            o.requests.retain(|_, comm| *comm != c.0);
+            o.comms.remove(&c.0)
+        };
+        if let Some((_, conn)) = removed {
+            let conn = conn.lock();
+            // An orderly close says goodbye; a peer that is gone is no error here.
+            let _ = std::io::Write::write(&mut &conn.side_channel, &[fifo::GOODBYE]);
+        }
+        Ok(())
+    }
+}
+
+/// Log an async event of device `dev` and fail the ports it took down.
+fn on_async_event(dev: &str, ports: &[(u8, Arc<AtomicBool>)], ev: verbs::AsyncEvent) {
+    let words = verbs::event_str(ev.event_type);
+    if ev.event_type == verbs::EVENT_PORT_ERR {
+        let port = ev.element as u32;
+        crate::warn!("NET/IB : Got async event : {words} ({dev}:{port})");
+        for (p, down) in ports {
+            if *p as u32 == port {
+                down.store(true, Ordering::Release);
+            }
+        }
+    } else {
+        crate::warn!("NET/IB : Got async event : {words} ({dev})");
+    }
+}
+
+impl Drop for IbNet {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.watchers.lock().drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Net for IbNet {
+    fn name(&self) -> &str {
+        "IB"
+    }
+
+    fn devices(&self) -> Result<i32> {
+        Ok(self.ports.len() as i32)
+    }
+
+    fn properties(&self, dev: i32) -> Result<Properties> {
+        let (d, p) = self.port(dev)?;
+        Ok(Properties {
+            name: p.dev_name.clone(),
+            pci_path: p.pci_path.clone(),
+            guid: d as u64,
+            ptr_support: self.ptr_support(d),
+            reg_is_global: false,
+            speed_mbps: p.speed_mbps,
+            port: p.port as i32,
+            latency_us: 0.0,
+            max_comms: 65536,
+            max_recvs: 1,
+            max_p2p_bytes: i32::MAX as usize,
+        })
+    }
+
+    fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
+        let (d, _) = self.port(dev)?;
+        let listener = bsock::listen_on(&self.oob)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::system(format!("NET/IB : set_nonblocking: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::system(format!("NET/IB : local_addr: {e}")))?;
+        let id = self.id();
+        self.objects
+            .lock()
+            .listens
+            .insert(id, Arc::new(Mutex::new(Listening::new(listener, d))));
+        Ok((conn::encode_handle(addr), Comm(id)))
+    }
+
+    fn connect(&self, dev: i32, handle: &Handle) -> Result<Option<Comm>> {
+        let (d, _) = self.port(dev)?;
+        let pending = self.objects.lock().connecting.remove(&handle.0);
+        let (d, c) = match pending {
+            Some(p) => p,
+            None => {
+                let addr = conn::decode_handle(handle)?;
+                crate::bootstrap::crypt::check_plaintext("NET/IB")?;
+                let site = self.site(d);
+                (
+                    d,
+                    Connecting::start(&site, addr, self.settings.qps_per_connection)?,
+                )
+            }
+        };
+        match c.progress(&self.site(d))? {
+            Ok(conn) => Ok(Some(self.add_comm(d, conn))),
+            Err(c) => {
+                self.objects.lock().connecting.insert(handle.0, (d, c));
+                Ok(None)
+            }
+        }
+    }
+
+    fn accept(&self, listen: Comm) -> Result<Option<Comm>> {
+        let l = self
+            .objects
+            .lock()
+            .listens
+            .get(&listen.0)
+            .cloned()
+            .ok_or_else(|| Error::internal(format!("NET/IB : no listening comm {}", listen.0)))?;
+        let mut l = l.lock();
+        let d = l.dev;
+        let Some(mut conn) = l.progress(&self.site(d))? else {
+            return Ok(None);
+        };
+        if self.settings.gdr_flush && self.ptr_support(d) & (PTR_CUDA | PTR_DMABUF) != 0 {
+            conn::add_flush_qp(&mut conn, &self.ports[d], &self.settings.qp)?;
+        }
+        Ok(Some(self.add_comm(d, conn)))
+    }
+
+    fn reg_mr(&self, comm: Comm, data: *mut u8, size: usize, mem: MemType) -> Result<MemHandle> {
+        let (d, _) = self.comm(comm)?;
+        if mem == MemType::Cuda && !self.settings.peer_memory {
+            return Err(Error::invalid_usage(
+                "NET/IB : CUDA memory registers with ibv_reg_mr only with nvidia-peermem \
+                 loaded (else as a dma-buf)",
+            ));
+        }
+        let mr = self.ports[d].ctx.reg_mr(data, size.max(1))?;
+        let id = self.id();
+        self.objects.lock().regions.insert(id, Region { mr, mem });
+        Ok(MemHandle(id))
+    }
+
+    fn has_dma_buf(&self) -> bool {
+        self.dmabuf.iter().any(|&b| b)
+    }
+
+    fn reg_mr_dma_buf(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        offset: u64,
+        fd: i32,
+    ) -> Result<MemHandle> {
+        let (d, _) = self.comm(comm)?;
+        let mr = self.ports[d]
+            .ctx
+            .reg_dmabuf_mr(offset, size, data as u64, fd)?;
+        let id = self.id();
+        self.objects.lock().regions.insert(
+            id,
+            Region {
+                mr,
+                mem: MemType::Cuda,
+            },
+        );
+        Ok(MemHandle(id))
+    }
+
+    fn dereg_mr(&self, _comm: Comm, mh: MemHandle) -> Result<()> {
+        self.objects.lock().regions.remove(&mh.0);
+        Ok(())
+    }
+
+    fn isend(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        self.post(comm, mh, |c, id, keys| c.isend(id, data, size, tag, keys))
+    }
+
+    fn irecv(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        self.post(comm, mh, |c, id, keys| c.irecv(id, data, size, tag, keys))
+    }
+
+    fn iflush(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        _size: usize,
+        mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        let (keys, mem) = self.keys(mh)?;
+        if mem == MemType::Host || !self.settings.gdr_flush {
+            return Ok(None);
+        }
+        let (_, conn) = self.comm(comm)?;
+        let id = self.id();
+        let posted = conn.lock().iflush(id as u64, data, keys.rkey)?;
+        Ok(posted.map(|()| {
+            self.objects.lock().requests.insert(id, comm.0);
+            Request(id)
+        }))
+    }
+
+    fn test(&self, req: Request) -> Result<Option<usize>> {
+        let comm = self
+            .objects
+            .lock()
+            .requests
+            .get(&req.0)
+            .copied()
+            .ok_or_else(|| Error::internal(format!("NET/IB : no request {}", req.0)))?;
+        let (_, conn) = self.comm(Comm(comm))?;
+        let r = conn.lock().test(req.0 as u64);
+        if !matches!(r, Ok(None)) {
+            self.objects.lock().requests.remove(&req.0);
+        }
+        r
+    }
+
+    fn close_send(&self, comm: Comm) -> Result<()> {
+        self.close_comm(comm)
+    }
+
+    fn close_recv(&self, comm: Comm) -> Result<()> {
+        self.close_comm(comm)
+    }
+
+    fn close_listen(&self, comm: Comm) -> Result<()> {
+        self.objects.lock().listens.remove(&comm.0);
+        Ok(())
+    }
+}

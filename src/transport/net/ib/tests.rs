@@ -1,0 +1,785 @@
+//! Tests of the IB network over the software verbs device (`ffi-tests/ibverbs/soft_verbs.c`,
+//! built here with gcc into a temporary directory as a stand-in libibverbs.so.1): the C
+//! structs against rdma-core's header, data of every size over 1 and 4 QPs with and without
+//! striping and adaptive routing, many messages in flight, and each fault ending in an error
+//! that names the peer and the status, within bounds. Both ends in one process (the stand-in
+//! connects a process to itself), and across two processes (the test binary re-runs itself as
+//! the peer, `child`). Skipped, saying why, where gcc or `<infiniband/verbs.h>` is missing.
+
+use super::fifo::SLOTS;
+use super::{IbNet, Settings};
+use crate::error::Result;
+use crate::transport::net::api::{Comm, Handle, MemHandle, MemType, Net, Request, HANDLE_BYTES};
+use crate::transport::net::tests::lo;
+use once_cell::sync::OnceCell;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const VERBS_H: &str = "/usr/include/infiniband/verbs.h";
+const CHILD_ENV: &str = "OX_IB_TEST_CHILD";
+const STAND_IN_ENV: &str = "OX_IB_TEST_STAND_IN";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The stand-in libibverbs.so.1, built once per process (a child is given its parent's), or
+/// None with the reason printed.
+fn stand_in() -> Option<PathBuf> {
+    static BUILT: OnceCell<Option<PathBuf>> = OnceCell::new();
+    BUILT
+        .get_or_init(|| {
+            if let Ok(p) = std::env::var(STAND_IN_ENV) {
+                return Some(PathBuf::from(p));
+            }
+            if !Path::new(VERBS_H).exists() {
+                println!("skipped: {VERBS_H} is missing (rdma-core's headers, libibverbs-dev)");
+                return None;
+            }
+            let dir = std::env::temp_dir().join(format!("oxccl-ib-test-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).ok()?;
+            let lib = dir.join("libibverbs.so.1");
+            let src = repo().join("ffi-tests/ibverbs");
+            let out = Command::new("gcc")
+                .args(["-shared", "-fPIC", "-O2", "-fvisibility=hidden"])
+                .arg("-Wl,-soname,libibverbs.so.1")
+                .arg(format!(
+                    "-Wl,--version-script={}",
+                    src.join("libibverbs.map").display()
+                ))
+                .arg("-o")
+                .arg(&lib)
+                .arg(src.join("soft_verbs.c"))
+                .arg("-lpthread")
+                .output();
+            match out {
+                Err(e) => {
+                    println!("skipped: gcc cannot run ({e})");
+                    None
+                }
+                Ok(o) if !o.status.success() => panic!(
+                    "the software verbs device does not build:\n{}",
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Ok(_) => Some(lib),
+            }
+        })
+        .clone()
+}
+
+fn settings(qps: usize, split: bool, ar: i64) -> Settings {
+    let mut s = Settings::from_env();
+    s.qps_per_connection = qps;
+    s.split_data = split;
+    s.adaptive_routing = ar;
+    s.ar_threshold = 8192;
+    s
+}
+
+fn open(lib: &Path, s: Settings) -> IbNet {
+    IbNet::open(lib.to_str().unwrap(), s, lo())
+        .expect("the stand-in opens")
+        .expect("the stand-in has an active port")
+}
+
+/// Call `f` until it gives a value; panics after 20 s.
+fn until<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().unwrap_or_else(|e| panic!("{what}: {e}")) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}: timed out"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// A connected (send, recv) pair on `net` (connect and accept progressed together).
+fn pair(net: &dyn Net) -> (Comm, Comm) {
+    let (h, l) = net.listen(0).unwrap();
+    let (mut s, mut r) = (None, None);
+    let both = until("connect and accept", || {
+        if s.is_none() {
+            s = net.connect(0, &h)?;
+        }
+        if r.is_none() {
+            r = net.accept(l)?;
+        }
+        Ok(s.zip(r))
+    });
+    net.close_listen(l).unwrap();
+    both
+}
+
+fn pattern(seed: usize, n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 131 + seed * 7 + 1) as u8).collect()
+}
+
+/// Post (retrying while None) until the request is there.
+fn post(what: &str, mut f: impl FnMut() -> Result<Option<Request>>) -> Request {
+    until(what, &mut f)
+}
+
+fn wait(net: &dyn Net, r: Request, what: &str) -> usize {
+    until(what, || net.test(r))
+}
+
+/// Send `sizes` from `s` to `r` on one net, `inflight` messages at a time, and check every
+/// byte and size.
+fn exchange(net: &dyn Net, s: Comm, r: Comm, sizes: &[usize], inflight: usize) {
+    let max = *sizes.iter().max().unwrap();
+    let mut sbufs: Vec<Vec<u8>> = (0..inflight).map(|_| vec![0; max.max(1)]).collect();
+    let mut rbufs: Vec<Vec<u8>> = (0..inflight).map(|_| vec![0; max.max(1)]).collect();
+    let smh: Vec<MemHandle> = sbufs
+        .iter_mut()
+        .map(|b| {
+            net.reg_mr(s, b.as_mut_ptr(), b.len(), MemType::Host)
+                .unwrap()
+        })
+        .collect();
+    let rmh: Vec<MemHandle> = rbufs
+        .iter_mut()
+        .map(|b| {
+            net.reg_mr(r, b.as_mut_ptr(), b.len(), MemType::Host)
+                .unwrap()
+        })
+        .collect();
+    for batch in sizes.chunks(inflight) {
+        let mut reqs = Vec::new();
+        for (k, &n) in batch.iter().enumerate() {
+            sbufs[k][..n].copy_from_slice(&pattern(n + k, n));
+            rbufs[k].fill(0xee);
+            let (rp, rl) = (rbufs[k].as_mut_ptr(), rbufs[k].len());
+            let rr = post("irecv", || net.irecv(r, rp, rl, k as i32, rmh[k]));
+            reqs.push((k, n, rr));
+        }
+        let mut sends = Vec::new();
+        for &(k, n, _) in &reqs {
+            let sp = sbufs[k].as_mut_ptr();
+            sends.push(post("isend", || net.isend(s, sp, n, k as i32, smh[k])));
+        }
+        for (&(k, n, rr), sr) in reqs.iter().zip(sends) {
+            assert_eq!(wait(net, sr, "send"), n);
+            assert_eq!(wait(net, rr, "receive"), n, "message {k} of {n} bytes");
+            assert!(
+                rbufs[k][..n] == pattern(n + k, n)[..],
+                "message of {n} bytes: wrong data"
+            );
+            assert!(
+                rbufs[k][n..].iter().all(|&b| b == 0xee),
+                "written past {n} bytes"
+            );
+        }
+    }
+    for m in smh.into_iter().chain(rmh) {
+        net.dereg_mr(s, m).unwrap();
+    }
+}
+
+const SIZES: &[usize] = &[0, 1, 7, 4096, 8192, 8193, 65536 + 3, 1 << 20, 64 << 20];
+
+#[test]
+fn every_size_arrives_exactly_over_one_and_four_qps_striped_or_not() {
+    let Some(lib) = stand_in() else { return };
+    for (qps, split, ar) in [
+        (1, false, 0),
+        (1, false, 1),
+        (4, false, 1),
+        (4, true, 0),
+        (4, true, 1),
+    ] {
+        let net = open(&lib, settings(qps, split, ar));
+        let (s, r) = pair(&net);
+        // 64 MiB once striped and once not (it takes seconds in a debug build).
+        let sizes = match (qps, ar) {
+            (1, 0) | (4, 1) => SIZES,
+            _ => &SIZES[..SIZES.len() - 1],
+        };
+        exchange(&net, s, r, sizes, 1);
+        net.close_send(s).unwrap();
+        net.close_recv(r).unwrap();
+    }
+}
+
+#[test]
+fn many_messages_in_flight_with_tags_in_both_directions() {
+    let Some(lib) = stand_in() else { return };
+    let net = open(&lib, settings(2, false, -2));
+    let (s1, r1) = pair(&net);
+    let (s2, r2) = pair(&net);
+    let sizes: Vec<usize> = (0..64).map(|i| (i * 4099) % 70000).collect();
+    std::thread::scope(|t| {
+        let net = &net;
+        let a = t.spawn(|| exchange(net, s1, r1, &sizes, 8));
+        let b = t.spawn(|| exchange(net, s2, r2, &sizes, 8));
+        a.join().unwrap();
+        b.join().unwrap();
+    });
+    // More receives than the FIFO holds wait (None) instead of overrunning it.
+    let mut buf = vec![0u8; 64];
+    let mh = net.reg_mr(r1, buf.as_mut_ptr(), 64, MemType::Host).unwrap();
+    for i in 0..SLOTS {
+        assert!(net
+            .irecv(r1, buf.as_mut_ptr(), 64, i as i32, mh)
+            .unwrap()
+            .is_some());
+    }
+    assert!(net
+        .irecv(r1, buf.as_mut_ptr(), 64, 0, mh)
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn a_message_larger_than_its_receive_or_of_another_tag_is_an_error() {
+    let Some(lib) = stand_in() else { return };
+    let net = open(&lib, settings(1, false, 0));
+    let (s, r) = pair(&net);
+    let mut buf = vec![0u8; 4096];
+    let p = buf.as_mut_ptr();
+    let smh = net.reg_mr(s, p, 4096, MemType::Host).unwrap();
+    let rmh = net.reg_mr(r, p, 4096, MemType::Host).unwrap();
+    net.irecv(r, p, 100, 3, rmh).unwrap().unwrap();
+    let e = until("the CTS", || match net.isend(s, p, 200, 3, smh) {
+        Ok(None) => Ok(None),
+        other => Ok(Some(other)),
+    })
+    .unwrap_err();
+    assert!(
+        e.msg.contains("200 bytes") && e.msg.contains("receive of 100"),
+        "{}",
+        e.msg
+    );
+    let e = net.isend(s, p, 50, 4, smh).unwrap_err();
+    assert!(
+        e.msg.contains("tag 4") && e.msg.contains("tag 3"),
+        "{}",
+        e.msg
+    );
+}
+
+#[test]
+fn a_bad_remote_key_fails_both_sides_naming_the_peer_and_the_status() {
+    let Some(lib) = stand_in() else { return };
+    let net = open(&lib, settings(1, false, 0));
+    let (s, r) = pair(&net);
+    let mut buf = vec![0u8; 4096];
+    let p = buf.as_mut_ptr();
+    let smh = net.reg_mr(s, p, 4096, MemType::Host).unwrap();
+    let rmh = net.reg_mr(r, p, 4096, MemType::Host).unwrap();
+    let rr = net.irecv(r, p, 4096, 0, rmh).unwrap().unwrap();
+    // The CTS arrives; then its key is spoiled, as a receiver with a wrong key would send.
+    let conn = net.comm(s).unwrap().1;
+    until("the CTS", || {
+        let c = conn.lock();
+        // SAFETY: a read of the FIFO entry the peer writes (the test's view of it).
+        let idx = unsafe { std::ptr::read_volatile(&c.fifo[0].idx) };
+        Ok((idx == 1).then_some(()))
+    });
+    conn.lock().fifo[0].rkey ^= 0x5a5a;
+    let sr = net.isend(s, p, 4096, 0, smh).unwrap().unwrap();
+    let e = until("the send's failure", || match net.test(sr) {
+        Ok(None) => Ok(None),
+        Ok(Some(n)) => panic!("a send with a bad key completed ({n} bytes)"),
+        Err(e) => Ok(Some(e)),
+    });
+    assert!(e.msg.contains("remote access error"), "{}", e.msg);
+    assert!(
+        e.msg.contains("peer 127.0.0.1:") && e.msg.contains("soft_0:1"),
+        "{}",
+        e.msg
+    );
+    let e = until("the receive's failure", || match net.test(rr) {
+        Ok(None) => Ok(None),
+        Ok(Some(_)) => panic!("the receive completed"),
+        Err(e) => Ok(Some(e)),
+    });
+    assert!(e.msg.contains("peer 127.0.0.1:"), "{}", e.msg);
+    net.close_send(s).unwrap();
+    net.close_recv(r).unwrap();
+}
+
+#[test]
+fn properties_are_the_ports() {
+    let Some(lib) = stand_in() else { return };
+    let net = open(&lib, settings(1, false, 0));
+    assert_eq!(net.name(), "IB");
+    assert_eq!(net.devices().unwrap(), 1);
+    let p = net.properties(0).unwrap();
+    assert_eq!(p.name, "soft_0");
+    assert_eq!(p.port, 1);
+    assert_eq!(p.speed_mbps, 100_000, "the stand-in's 100 Gb/s as 4x EDR");
+    assert_eq!(p.pci_path, "", "soft_0 has no sysfs device");
+    assert_eq!(p.ptr_support & crate::transport::net::api::PTR_DMABUF, 0);
+    assert!(net.properties(1).is_err());
+    // Host memory needs no flush.
+    let (s, r) = pair(&net);
+    let mut b = vec![0u8; 64];
+    let mh = net.reg_mr(r, b.as_mut_ptr(), 64, MemType::Host).unwrap();
+    assert!(net.iflush(r, b.as_mut_ptr(), 64, mh).unwrap().is_none());
+    net.close_send(s).unwrap();
+    net.close_recv(r).unwrap();
+}
+
+#[test]
+fn a_flush_reads_back_on_the_loopback_qp_when_the_hca_writes_gpu_memory() {
+    let Some(lib) = stand_in() else { return };
+    // As with nvidia-peermem loaded: the stand-in's "GPU memory" is host memory.
+    let mut s = settings(1, false, 0);
+    s.peer_memory = true;
+    let net = open(&lib, s);
+    let (s, r) = pair(&net);
+    assert!(net.comm(r).unwrap().1.lock().flush_qp.is_some());
+    let mut b = vec![0u8; 64];
+    let mh = net.reg_mr(r, b.as_mut_ptr(), 64, MemType::Cuda).unwrap();
+    let f = net
+        .iflush(r, b.as_mut_ptr(), 64, mh)
+        .unwrap()
+        .expect("a flush");
+    assert_eq!(wait(&net, f, "flush"), 0);
+    net.close_send(s).unwrap();
+    net.close_recv(r).unwrap();
+}
+
+#[test]
+fn c_structs_match_rdma_cores_header() {
+    let Some(_) = stand_in() else { return };
+    use super::verbs::*;
+    use std::mem::{offset_of, size_of};
+    let checks: Vec<(&str, usize)> = vec![
+        (
+            "offsetof(struct ibv_context, ops.poll_cq)",
+            offset_of!(ContextHead, ops) + 8 * OP_POLL_CQ,
+        ),
+        (
+            "offsetof(struct ibv_context, ops.post_send)",
+            offset_of!(ContextHead, ops) + 8 * OP_POST_SEND,
+        ),
+        (
+            "offsetof(struct ibv_context, ops.post_recv)",
+            offset_of!(ContextHead, ops) + 8 * OP_POST_RECV,
+        ),
+        (
+            "offsetof(struct ibv_context, async_fd)",
+            offset_of!(ContextHead, async_fd),
+        ),
+        (
+            "offsetof(struct ibv_qp, qp_num)",
+            offset_of!(QpHead, qp_num),
+        ),
+        ("offsetof(struct ibv_mr, lkey)", offset_of!(MrHead, lkey)),
+        ("offsetof(struct ibv_mr, rkey)", offset_of!(MrHead, rkey)),
+        (
+            "offsetof(struct ibv_port_attr, lid)",
+            offset_of!(PortAttr, lid),
+        ),
+        (
+            "offsetof(struct ibv_port_attr, active_width)",
+            offset_of!(PortAttr, active_width),
+        ),
+        (
+            "offsetof(struct ibv_port_attr, link_layer)",
+            offset_of!(PortAttr, link_layer),
+        ),
+        ("sizeof(struct ibv_qp_init_attr)", size_of::<QpInitAttr>()),
+        (
+            "offsetof(struct ibv_qp_init_attr, qp_type)",
+            offset_of!(QpInitAttr, qp_type),
+        ),
+        ("sizeof(struct ibv_ah_attr)", size_of::<AhAttr>()),
+        (
+            "offsetof(struct ibv_ah_attr, dlid)",
+            offset_of!(AhAttr, dlid),
+        ),
+        (
+            "offsetof(struct ibv_ah_attr, is_global)",
+            offset_of!(AhAttr, is_global),
+        ),
+        ("sizeof(struct ibv_qp_attr)", size_of::<QpAttr>()),
+        (
+            "offsetof(struct ibv_qp_attr, ah_attr)",
+            offset_of!(QpAttr, ah_attr),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, pkey_index)",
+            offset_of!(QpAttr, pkey_index),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, timeout)",
+            offset_of!(QpAttr, timeout),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, rnr_retry)",
+            offset_of!(QpAttr, rnr_retry),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, rate_limit)",
+            offset_of!(QpAttr, rate_limit),
+        ),
+        ("sizeof(struct ibv_send_wr)", size_of::<SendWr>()),
+        (
+            "offsetof(struct ibv_send_wr, imm_data)",
+            offset_of!(SendWr, imm_data),
+        ),
+        (
+            "offsetof(struct ibv_send_wr, wr.rdma.remote_addr)",
+            offset_of!(SendWr, remote_addr),
+        ),
+        (
+            "offsetof(struct ibv_send_wr, wr.rdma.rkey)",
+            offset_of!(SendWr, rkey),
+        ),
+        ("sizeof(struct ibv_recv_wr)", size_of::<RecvWr>()),
+        ("sizeof(struct ibv_wc)", size_of::<Wc>()),
+        (
+            "offsetof(struct ibv_wc, imm_data)",
+            offset_of!(Wc, imm_data),
+        ),
+        (
+            "offsetof(struct ibv_wc, wc_flags)",
+            offset_of!(Wc, wc_flags),
+        ),
+        ("sizeof(struct ibv_async_event)", size_of::<AsyncEvent>()),
+        ("sizeof(struct ibv_gid_entry)", size_of::<GidEntry>()),
+        ("IBV_WC_RECV_RDMA_WITH_IMM", 129),
+        ("IBV_WC_WR_FLUSH_ERR", 5),
+        ("IBV_EVENT_PORT_ERR", EVENT_PORT_ERR as usize),
+        ("IBV_QP_DEST_QPN", QP_DEST_QPN as usize),
+        ("IBV_QP_MAX_DEST_RD_ATOMIC", QP_MAX_DEST_RD_ATOMIC as usize),
+        (
+            "IBV_WR_RDMA_WRITE_WITH_IMM",
+            WR_RDMA_WRITE_WITH_IMM as usize,
+        ),
+        ("IBV_WR_RDMA_READ", WR_RDMA_READ as usize),
+        ("IBV_QPS_RTS", QPS_RTS as usize),
+        ("IBV_PORT_ACTIVE", PORT_ACTIVE as usize),
+    ];
+    let dir = std::env::temp_dir().join(format!("oxccl-ib-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = String::from("#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void) {\n");
+    for (expr, _) in &checks {
+        c.push_str(&format!("  printf(\"%zu\\n\", (size_t)({expr}));\n"));
+    }
+    c.push_str("  return 0;\n}\n");
+    std::fs::write(dir.join("layout.c"), c).unwrap();
+    let out = Command::new("gcc")
+        .arg("-o")
+        .arg(dir.join("layout"))
+        .arg(dir.join("layout.c"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = Command::new(dir.join("layout")).output().unwrap();
+    let values: Vec<usize> = String::from_utf8_lossy(&run.stdout)
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    for ((expr, ours), theirs) in checks.iter().zip(values) {
+        assert_eq!(*ours, theirs, "{expr}");
+    }
+    assert!(size_of::<PortAttr>() >= 52);
+}
+
+// ---- across processes ----
+
+fn to_hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn from_hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Run this test binary as the peer: `mode` and the receiver's handle, with `env` set.
+fn spawn_child(mode: &str, handle: Option<&Handle>, env: &[(&str, &str)]) -> std::process::Child {
+    let lib = stand_in().unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "transport::net::ib::tests::child",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(
+        CHILD_ENV,
+        format!("{mode},{}", handle.map_or(String::new(), |h| to_hex(&h.0))),
+    )
+    .env(STAND_IN_ENV, &lib)
+    .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Wait at most `limit` for `child`; its (success, stdout + stderr).
+fn finish_child(mut child: std::process::Child, limit: Duration) -> (bool, String) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return (status.success(), text);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the child did not finish within {limit:?}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The peer process: `send` connects to the handle and sends `SIZES`; `fail` does the same
+/// on a QP failing after its third work request; `port_down` (both ends here) waits for a
+/// message while the port goes down; `select` reports which network the process picks.
+#[test]
+fn child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (mode, hex) = spec.split_once(',').unwrap();
+    let lib = stand_in().unwrap();
+    match mode {
+        "send" | "fail" => {
+            let handle = Handle(from_hex(hex).try_into().unwrap());
+            // The receiver does not stripe: it follows the sender, which does here.
+            let net = open(&lib, settings(2, mode == "send", 1));
+            let s = until("connect", || net.connect(0, &handle));
+            let mut buf: Vec<u8> = vec![0; 64 << 20];
+            let mh = net
+                .reg_mr(s, buf.as_mut_ptr(), buf.len(), MemType::Host)
+                .unwrap();
+            for (k, &n) in SIZES.iter().enumerate() {
+                buf[..n].copy_from_slice(&pattern(n + k, n));
+                let p = buf.as_mut_ptr();
+                let r = post("isend", || net.isend(s, p, n, k as i32, mh));
+                match until("send", || match net.test(r) {
+                    Ok(None) => Ok(None),
+                    other => Ok(Some(other)),
+                }) {
+                    Ok(_) => {}
+                    Err(e) => {
+                        println!("CHILD_ERROR {}", e.msg);
+                        std::process::exit(3);
+                    }
+                }
+            }
+            net.close_send(s).unwrap();
+            println!("CHILD_OK");
+        }
+        "port_down" => {
+            let net = open(&lib, settings(1, false, 0));
+            let (s, r) = pair(&net);
+            let mut b = vec![0u8; 64];
+            let mh = net.reg_mr(r, b.as_mut_ptr(), 64, MemType::Host).unwrap();
+            let rr = net.irecv(r, b.as_mut_ptr(), 64, 0, mh).unwrap().unwrap();
+            let e = until("the port's failure", || match net.test(rr) {
+                Ok(None) => Ok(None),
+                Ok(Some(_)) => panic!("a receive nobody sent completed"),
+                Err(e) => Ok(Some(e)),
+            });
+            println!("CHILD_ERROR {}", e.msg);
+            net.close_send(s).unwrap();
+            net.close_recv(r).unwrap();
+        }
+        "select" => {
+            match crate::transport::net::network(None) {
+                Ok(n) => println!("CHILD_NET {}", n.name()),
+                Err(e) => println!("CHILD_NET_ERROR {}", e.msg),
+            }
+            match crate::transport::net::network(Some("IB")) {
+                Ok(n) => {
+                    let p = n.properties(0).unwrap();
+                    println!("CHILD_IB {} {}", p.name, p.speed_mbps);
+                }
+                Err(e) => println!("CHILD_IB_ERROR {}", e.msg),
+            }
+        }
+        other => panic!("unknown child mode {other}"),
+    }
+}
+
+/// Receive `SIZES` from a child sender with `env`; the child's output, and the first error
+/// of the receives (checking the data of those that complete).
+fn receive_from_child(env: &[(&str, &str)]) -> (bool, String, Option<String>, Duration) {
+    let lib = stand_in().unwrap();
+    let net = open(&lib, settings(2, false, 1));
+    let (h, l) = net.listen(0).unwrap();
+    let child = spawn_child(if env.is_empty() { "send" } else { "fail" }, Some(&h), env);
+    let r = until("accept", || net.accept(l));
+    let mut buf: Vec<u8> = vec![0; 64 << 20];
+    let mh = net
+        .reg_mr(r, buf.as_mut_ptr(), buf.len(), MemType::Host)
+        .unwrap();
+    let start = Instant::now();
+    let mut error = None;
+    for (k, &n) in SIZES.iter().enumerate() {
+        let p = buf.as_mut_ptr();
+        let rr = net.irecv(r, p, buf.len(), k as i32, mh).unwrap().unwrap();
+        match until("receive", || match net.test(rr) {
+            Ok(None) => Ok(None),
+            other => Ok(Some(other)),
+        }) {
+            Ok(got) => {
+                assert_eq!(got, Some(n));
+                assert!(buf[..n] == pattern(n + k, n)[..], "{n} bytes: wrong data");
+            }
+            Err(e) => {
+                error = Some(e.msg);
+                break;
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    let (ok, out) = finish_child(child, Duration::from_secs(30));
+    net.close_recv(r).unwrap();
+    net.close_listen(l).unwrap();
+    (ok, out, error, elapsed)
+}
+
+#[test]
+fn every_size_arrives_exactly_from_another_process() {
+    if stand_in().is_none() {
+        return;
+    }
+    let (ok, out, error, _) = receive_from_child(&[]);
+    assert!(ok && out.contains("CHILD_OK"), "the child failed:\n{out}");
+    assert_eq!(error, None);
+}
+
+#[test]
+fn a_qp_failing_in_the_peer_process_is_an_error_on_both_sides_naming_peer_and_status() {
+    if stand_in().is_none() {
+        return;
+    }
+    let (ok, out, error, elapsed) = receive_from_child(&[("SOFT_VERBS_FAIL_AFTER", "3")]);
+    assert!(!ok, "the child's sends cannot all succeed:\n{out}");
+    assert!(
+        out.contains("CHILD_ERROR NET/IB : Got completion from peer 127.0.0.1:")
+            && out.contains("transport retry counter exceeded"),
+        "{out}"
+    );
+    let error = error.expect("the receiver fails too");
+    assert!(
+        error.contains("peer 127.0.0.1:") && error.contains("soft_0:1"),
+        "{error}"
+    );
+    assert!(elapsed < Duration::from_secs(20));
+}
+
+#[test]
+fn a_port_going_down_fails_the_requests_in_flight() {
+    if stand_in().is_none() {
+        return;
+    }
+    let child = spawn_child(
+        "port_down",
+        None,
+        &[
+            ("SOFT_VERBS_PORT_DOWN_AFTER_MS", "300"),
+            ("NCCL_DEBUG", "WARN"),
+        ],
+    );
+    let (ok, out) = finish_child(child, Duration::from_secs(20));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("NET/IB : Got async event : port error"),
+        "{out}"
+    );
+    assert!(
+        out.contains("CHILD_ERROR NET/IB : port soft_0:1 is down"),
+        "{out}"
+    );
+    assert!(out.contains("peer 127.0.0.1:"), "{out}");
+}
+
+#[test]
+fn ib_is_chosen_before_sockets_unless_excluded_or_disabled() {
+    if stand_in().is_none() {
+        return;
+    }
+    let run = |env: &[(&str, &str)]| {
+        let mut all = vec![
+            ("NCCL_SOCKET_IFNAME", "lo"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        ];
+        all.extend_from_slice(env);
+        let (ok, out) = finish_child(spawn_child("select", None, &all), Duration::from_secs(20));
+        assert!(ok, "{out}");
+        out
+    };
+    let out = run(&[]);
+    assert!(out.contains("CHILD_NET IB"), "{out}");
+    assert!(
+        out.contains("NET/IB : Using [0]soft_0:1/IB ; OOB lo:127.0.0.1<0>"),
+        "{out}"
+    );
+    assert!(out.contains("CHILD_IB soft_0 100000"), "{out}");
+    let out = run(&[("NCCL_IB_HCA", "^soft")]);
+    assert!(
+        out.contains("NET/IB : No device found.") && out.contains("CHILD_NET Socket"),
+        "{out}"
+    );
+    let out = run(&[("NCCL_IB_HCA", "soft_0:2")]);
+    assert!(out.contains("CHILD_NET Socket"), "{out}");
+    // NCCL_NET=IB without the IB network: an error saying why.
+    let out = run(&[("NCCL_IB_DISABLE", "1")]);
+    assert!(out.contains("CHILD_NET Socket"), "{out}");
+    assert!(
+        out.contains(
+            "CHILD_IB_ERROR NCCL_NET / netName IB: no such network (available: Socket); \
+                      IB: disabled by NCCL_IB_DISABLE"
+        ),
+        "{out}"
+    );
+    let out = run(&[
+        ("LD_LIBRARY_PATH", "/nonexistent"),
+        (STAND_IN_ENV, "/nonexistent"),
+    ]);
+    let real = Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1").exists();
+    assert!(out.contains("CHILD_NET Socket"), "{out}");
+    assert!(
+        out.contains(if real {
+            "NET/IB : No device found."
+        } else {
+            "Failed to open libibverbs.so"
+        }),
+        "{out}"
+    );
+}
+
+const _: () = assert!(HANDLE_BYTES >= 36);
+
+#[test]
+fn the_proxy_moves_simple_and_ll_steps_over_ib() {
+    let Some(lib) = stand_in() else { return };
+    for (qps, split) in [(1, false), (4, true)] {
+        let net: std::sync::Arc<dyn Net> =
+            std::sync::Arc::new(open(&lib, settings(qps, split, -2)));
+        crate::transport::net::tests::move_schedule_between_two_proxies(&net);
+    }
+}
