@@ -175,6 +175,12 @@ registry! {
         "Microseconds a waiting kernel spins before yielding (1..1000000)").undocumented();
     YIELD_RESUMES = Param::integer("OXCCL_YIELD_RESUMES", -1,
         "Kernel launches after the first of a yielding operation, at most 32 (below 1: by ring size)").undocumented();
+
+    // ---- bandwidth-weighted channels ----
+    WEIGHTED_CHANNELS = Param::boolean("OXCCL_WEIGHTED_CHANNELS", true,
+        "Give network devices channels and bytes in proportion to their speed (0: even, as NVIDIA's)").undocumented();
+    NET_SPEEDS = Param::text("OXCCL_NET_SPEEDS", None,
+        "Network device speeds overriding what the devices report: name=Mbit/s,...").undocumented();
 }
 
 /// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).

@@ -475,8 +475,20 @@ pub fn ring_plan_net_in(
     lim: &Limits,
     link: NetLink,
 ) -> (Proto, u32) {
+    ring_plan_net_routed(kind, bytes, nranks, lim, &|_| link)
+}
+
+/// `ring_plan_net_in` where the link depends on the channels: `link_of(nch)` is what channels
+/// `0..nch` get together (their network devices side by side, `NetView::link_for`).
+pub fn ring_plan_net_routed(
+    kind: CollKind,
+    bytes: u64,
+    nranks: i32,
+    lim: &Limits,
+    link_of: &dyn Fn(u32) -> NetLink,
+) -> (Proto, u32) {
     let (proto, nch) = ring_choice(bytes, lim, &|proto, c| {
-        ring_time_net_us(proto, kind, bytes, nranks, c, link)
+        ring_time_net_us(proto, kind, bytes, nranks, c, link_of(c))
     });
     let only = Limits {
         protocols: Protocols {
