@@ -2359,7 +2359,11 @@ fn weighted_channels_give_the_fast_device_its_share_of_the_bytes() {
         let [fast, slow] = per_device(g);
         assert_eq!(fast + slow, count as u64);
         let share = fast as f64 / count as f64;
-        assert!((share - 0.8).abs() < 0.01, "rank {}: {fast} / {slow}", g.rank);
+        assert!(
+            (share - 0.8).abs() < 0.01,
+            "rank {}: {fast} / {slow}",
+            g.rank
+        );
     }
     // The same plans as without routes once the routes are even.
     let mut even = geoms.clone();

@@ -124,7 +124,13 @@ impl Routes {
             return even(Verdict::OneDevice);
         }
         let speeds: Vec<u32> = (0..ndev)
-            .map(|d| claims.iter().map(|c| c.speeds_mbps[d].max(1)).min().unwrap())
+            .map(|d| {
+                claims
+                    .iter()
+                    .map(|c| c.speeds_mbps[d].max(1))
+                    .min()
+                    .unwrap()
+            })
             .collect();
         if speeds.iter().all(|&s| s == speeds[0]) {
             return even(Verdict::EqualSpeeds);

@@ -167,7 +167,13 @@ pub fn route_claim(name: Option<&str>, hop_mbps: u32) -> RouteClaim {
 
 /// INFO lines for the routes rank `rank` agreed on for `nchannels` channels over the network
 /// named `name`: each device's speed and channels, or why the split is even.
-pub fn log_routes(rank: i32, routes: &Routes, verdict: Verdict, nchannels: u32, name: Option<&str>) {
+pub fn log_routes(
+    rank: i32,
+    routes: &Routes,
+    verdict: Verdict,
+    nchannels: u32,
+    name: Option<&str>,
+) {
     let names: Vec<String> = network(name)
         .and_then(|net| device_speeds(net.as_ref()))
         .map(|s| s.into_iter().map(|(n, _)| n).collect())
