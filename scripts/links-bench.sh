@@ -13,10 +13,11 @@
 # env:   FAST=4000 SLOW=1000 (Mbit/s), BENCH (default .device/bin/oxccl-bench, else
 #        target/release/oxccl-bench), IP and TC (default .device/iproute/ipw and tcw as
 #        scripts/stage-device bundles them, else ip and tc on PATH), PYTHON (python3, to make
-#        each library's unique id), ITERS=10, OUTDIR (logs; default a temporary folder).
+#        each library's unique id), ITERS=10, OUTDIR (logs; default a temporary folder),
+#        OURS_ENV ("A=1 B=2;C=3": a row of ours per ';'-separated set of settings).
 # Needs root. Exits non-zero when a run fails (its logs are named).
 set -u
-[ $# -ge 1 ] || { sed -n '2,17p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,18p' "$0"; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 FAST=${FAST:-4000} SLOW=${SLOW:-1000} ITERS=${ITERS:-10}
@@ -131,6 +132,13 @@ row() { # LABEL LIB ENV...
 }
 row oxccl "${libs[0]}"
 row oxccl-even "${libs[0]}" OXCCL_WEIGHTED_CHANNELS=0
+# OURS_ENV="A=1 B=2;C=3": one more row of ours per ';'-separated set of settings.
+IFS=';' read -r -a extra <<<"${OURS_ENV:-}"
+for set in "${extra[@]}"; do
+  [ -n "${set// /}" ] || continue
+  read -r -a vars <<<"$set"
+  row "oxccl+${set// /+}" "${libs[0]}" "${vars[@]}"
+done
 n=0
 for lib in "${libs[@]:1}"; do
   n=$((n + 1))
