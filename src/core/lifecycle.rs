@@ -280,7 +280,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     let nchannels =
         (crate::sched::NCHANNELS as i32).clamp(comm.config.min_ctas, comm.config.max_ctas) as u32;
     let nchannels = shared_gpu_channels(&topo, &bootstrap, comm.cuda_dev, nchannels)?;
-    let net_link = agree_net_link(
+    let (net_link, routes) = agree_net_link(
         &topo,
         &bootstrap,
         comm.config.net_name.as_deref(),
@@ -295,7 +295,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         comm.abort.clone(),
         async_error_sink(comm),
     )?;
-    rt.set_net_link(net_link);
+    rt.set_net_link(net_link, routes);
     rt.set_network(comm.config.net_name.clone(), comm.config.traffic_class);
     rt.count_connections_into(comm.mem.suspendable.clone());
     *comm.rt.lock() = Some(rt);
@@ -381,18 +381,20 @@ fn agreed_link(claims: &[NetClaim]) -> Option<NetLink> {
 
 /// Agree at init on the network link the planner uses, so that every rank plans alike: each
 /// rank says whether it uses the network and what its `nchannels` channels get of it (the
-/// network `net_name` picks), and all take `agreed_link`. Every rank of a communicator of
-/// more than one rank that uses the network takes part; the others have no link to agree on.
+/// network `net_name` picks), and all take `agreed_link`; with it, each rank's network devices
+/// (`transport::net::route_claim`), from which all take the same channel routes
+/// (`sched::weights`). Every rank of a communicator of more than one rank that uses the
+/// network takes part; the others have no link to agree on.
 fn agree_net_link(
     topo: &Topology,
     bootstrap: &Bootstrap,
     net_name: Option<&str>,
     nchannels: u32,
-) -> Result<Option<NetLink>> {
+) -> Result<(Option<NetLink>, crate::sched::Routes)> {
     // `uses_net` answers alike on every rank (planning relies on it too), so a communicator
     // within one host's P2P/SHM reach skips the exchange on every rank.
     if topo.peers.len() <= 1 || !topo.uses_net() {
-        return Ok(None);
+        return Ok((None, crate::sched::Routes::even()));
     }
     let link = match crate::transport::net::link(net_name, nchannels) {
         Ok(l) => Some(l),
@@ -406,19 +408,30 @@ fn agree_net_link(
             None
         }
     };
-    let all = bootstrap.allgather(&NetClaim { uses: true, link }.to_bytes())?;
-    let claims = all
+    let next = super::runtime::ring_order(topo).next_of(topo.my_rank);
+    let hop = topo.paths[next as usize].in_node_mbps().unwrap_or(0);
+    let mut mine = NetClaim { uses: true, link }.to_bytes().to_vec();
+    mine.extend(crate::transport::net::route_claim(net_name, hop).to_bytes());
+    let all = bootstrap.allgather(&mine)?;
+    let (claims, route_claims): (Vec<_>, Vec<_>) = all
         .iter()
         .enumerate()
         .map(|(rank, b)| {
-            NetClaim::from_bytes(b).ok_or_else(|| {
-                Error::internal(format!(
-                    "rank {rank} sent {} bytes for its network claim, expected {NET_CLAIM_BYTES}",
-                    b.len()
-                ))
-            })
+            let (net, routes) = b.split_at(b.len().min(NET_CLAIM_BYTES));
+            NetClaim::from_bytes(net)
+                .zip(crate::sched::weights::RouteClaim::from_bytes(routes))
+                .ok_or_else(|| {
+                    Error::internal(format!(
+                        "rank {rank} sent {} bytes that are no network claim",
+                        b.len()
+                    ))
+                })
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    let (routes, verdict) = crate::sched::Routes::agree(nchannels, &route_claims);
+    crate::transport::net::log_routes(topo.my_rank, &routes, verdict, nchannels, net_name);
     let agreed = agreed_link(&claims);
     if let Some(l) = agreed {
         crate::info!(
@@ -429,7 +442,7 @@ fn agree_net_link(
             l.latency_us
         );
     }
-    Ok(agreed)
+    Ok((agreed, routes))
 }
 
 /// A child communicator's identity, the same on all of its ranks: from its parent's (itself

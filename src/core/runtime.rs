@@ -539,10 +539,12 @@ impl Runtime {
     /// Plan for the network link `link` (agreed by every rank at init, before any planning;
     /// None: the communicator does not use the network), reaching over it the peers whose path
     /// is the network.
-    pub fn set_net_link(&mut self, link: Option<sched::NetLink>) {
+    /// `routes`: every channel's network device and share of the bytes (`sched::weights`).
+    pub fn set_net_link(&mut self, link: Option<sched::NetLink>, routes: sched::Routes) {
         self.net = link.map(|link| sched::NetView {
             link,
             remote: self.topo.paths.iter().map(|&p| p == Path::Net).collect(),
+            routes,
         });
         self.park = self.parking_peers();
         self.geometry = None;
@@ -760,6 +762,7 @@ impl Runtime {
                 device_abort: self.device_abort.host() as usize,
                 sink: &self.sink,
                 net: &self.comm_net,
+                routes: self.net.as_ref().map(|n| &n.routes),
             };
             self.conns.connect(&setup, &rows)?;
         }

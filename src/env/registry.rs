@@ -211,6 +211,12 @@ registry! {
     // ---- diagnostics ----
     HOST_PROFILE = Param::boolean("OXCCL_HOST_PROFILE", false,
         "Time the stages of every collective call on the host and print them at exit (read once)").undocumented();
+
+    // ---- bandwidth-weighted channels ----
+    WEIGHTED_CHANNELS = Param::boolean("OXCCL_WEIGHTED_CHANNELS", true,
+        "Give network devices channels and bytes in proportion to their speed (0: even, as NVIDIA's)").undocumented();
+    NET_SPEEDS = Param::text("OXCCL_NET_SPEEDS", None,
+        "Network device speeds overriding what the devices report: name=Mbit/s,...").undocumented();
 }
 
 /// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).

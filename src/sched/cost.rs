@@ -475,8 +475,20 @@ pub fn ring_plan_net_in(
     lim: &Limits,
     link: NetLink,
 ) -> (Proto, u32) {
+    ring_plan_net_routed(kind, bytes, nranks, lim, &|_| link)
+}
+
+/// `ring_plan_net_in` where the link depends on the channels: `link_of(nch)` is what channels
+/// `0..nch` get together (their network devices side by side, `NetView::link_for`).
+pub fn ring_plan_net_routed(
+    kind: CollKind,
+    bytes: u64,
+    nranks: i32,
+    lim: &Limits,
+    link_of: &dyn Fn(u32) -> NetLink,
+) -> (Proto, u32) {
     let (proto, nch) = ring_choice(bytes, lim, &|proto, c| {
-        ring_time_net_us(proto, kind, bytes, nranks, c, link)
+        ring_time_net_us(proto, kind, bytes, nranks, c, link_of(c))
     });
     let only = Limits {
         protocols: Protocols {
@@ -678,15 +690,9 @@ fn min_channels_setting() -> u32 {
 
 /// Smallest local copy of a multi-rank plan (an own block, a send to self) that goes to the
 /// copy engine beside the kernel: smaller ones are kernel work, since forking and joining the
-/// side stream costs more host time (about 5 µs) than they take. A one-rank plan's copies go
-/// by `ONE_RANK_COPY_ENGINE_MIN_BYTES` instead (on the user's stream, with no fork).
+/// side stream costs more host time (about 5 µs) than they take. A one-rank plan's copies
+/// always go to the copy engine (on the user's stream, with no fork).
 pub const COPY_ENGINE_MIN_BYTES: u64 = 1 << 20;
-
-/// Smallest copy of a one-rank collective that goes to the copy engine (on the user's stream):
-/// smaller ones are kernel copy items, because a kernel launch costs the host less than a
-/// `cuMemcpyDtoDAsync` call (about 5 µs on the H200) and runs a copy of a few MiB at least as
-/// fast; from here on the copy engine's bandwidth leads.
-pub const ONE_RANK_COPY_ENGINE_MIN_BYTES: u64 = 32 << 20;
 
 /// Most CTAs of one copy in the kernel (a one-rank PreMulSum, a small copy of a multi-rank
 /// plan).

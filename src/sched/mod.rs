@@ -102,6 +102,7 @@ pub mod redop;
 pub mod ring;
 #[cfg(test)]
 mod sim;
+pub mod weights;
 
 pub use cost::NetLink;
 pub use cost::{NCHANNELS, NSLOTS, SLOT_BYTES};
@@ -109,6 +110,7 @@ pub use device::OxConn;
 pub use options::TaskOptions;
 pub use plan::{connections_needed, plan, Dir, Geometry, NetView, Plan};
 pub use ring::RingOrder;
+pub use weights::Routes;
 
 /// Estimated time in µs of a group of `(nranks, network link, task)`
 /// (`ncclGroupSimulateEnd`; the link of a communicator that uses the network, see `NetView`),

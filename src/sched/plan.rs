@@ -94,6 +94,9 @@ pub struct NetView {
     /// `[peer]`: this rank reaches the peer over the network (the P2P operations with it are
     /// planned for the link; the peer says the same of this rank).
     pub remote: Vec<bool>,
+    /// Every channel's device and share of the bytes (`weights`; even unless the devices
+    /// differ in speed).
+    pub routes: super::weights::Routes,
 }
 
 impl NetView {
@@ -104,6 +107,29 @@ impl NetView {
             .and_then(|p| self.remote.get(p).copied())
             .unwrap_or(false);
         remote.then_some(self.link)
+    }
+
+    /// The link channels `0..nch` of a ring get together (`Routes::link_for`).
+    pub fn link_for(&self, nch: u32) -> NetLink {
+        self.routes.link_for(nch, self.link)
+    }
+
+    /// `total` elements (or bytes) cut over channels `0..nch` in multiples of `gran`: in
+    /// proportion to the channels' weights when the routes weigh them, else evenly (`split`).
+    pub fn split_over(&self, total: u64, nch: u32, gran: u64) -> Vec<(u64, u64)> {
+        match self.routes.weights(nch) {
+            Some(w) => super::weights::split_weighted(total, &w, gran),
+            None => split(total, nch, gran),
+        }
+    }
+}
+
+/// `total` cut over channels `0..nch` as the network `net` weighs them (`NetView::split_over`),
+/// evenly without one.
+pub fn split_for(net: Option<&NetView>, total: u64, nch: u32, gran: u64) -> Vec<(u64, u64)> {
+    match net {
+        Some(n) => n.split_over(total, nch, gran),
+        None => split(total, nch, gran),
     }
 }
 

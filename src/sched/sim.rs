@@ -1544,41 +1544,26 @@ fn float_task(kind: CollKind, count: usize, send: u64, recv: u64, op: RedOp) -> 
 fn one_rank_collectives_are_copies_or_nothing() {
     use super::plan::LocalCopy;
     let g = &geometries(1, 8, 4096, 2, &[vec![]])[0];
-    // Below ONE_RANK_COPY_ENGINE_MIN_BYTES: kernel copy items covering the bytes, in order.
-    let kernel_copy = |p: &Plan, what: &str| {
-        let items = deserialize_all(&p.items);
-        assert!(p.copies.is_empty(), "{what}: no copy-engine copy");
-        assert!(!items.is_empty(), "{what}: kernel items");
-        let mut next = 0;
-        for w in &items {
-            assert_eq!(w.kind, WorkKind::Copy as u32, "{what}");
-            assert_eq!((w.src - 0x1000, w.dst - 0x9000), (next, next), "{what}");
-            next += w.count;
-        }
-        assert_eq!(next, 4000, "{what}: every byte once");
+    let copy = LocalCopy {
+        dst: 0x9000,
+        src: 0x1000,
+        bytes: 4000,
     };
     let self_pair = [
         float_task(CollKind::Send, 1000, 0x1000, 0, RedOp::Sum),
         float_task(CollKind::Recv, 1000, 0, 0x9000, RedOp::Sum),
     ];
-    kernel_copy(&plan(g, &self_pair).unwrap(), "send to self");
-    // From there on: one copy-engine copy.
-    let big = (super::cost::ONE_RANK_COPY_ENGINE_MIN_BYTES / 4) as usize;
+    let p = plan(g, &self_pair).unwrap();
+    assert_eq!((p.nitems, p.copies.clone()), (0, vec![copy]));
     for kind in KINDS
         .into_iter()
         .filter(|k| !matches!(k, CollKind::Send | CollKind::Recv))
     {
         let out_of_place = plan(g, &[float_task(kind, 1000, 0x1000, 0x9000, RedOp::Sum)]).unwrap();
-        kernel_copy(&out_of_place, &format!("{kind:?}"));
-        let large = plan(g, &[float_task(kind, big, 0x1000, 0x9000, RedOp::Sum)]).unwrap();
-        assert_eq!(large.nitems, 0, "{kind:?}: no kernel");
+        assert_eq!(out_of_place.nitems, 0, "{kind:?}: no kernel");
         assert_eq!(
-            large.copies,
-            vec![LocalCopy {
-                dst: 0x9000,
-                src: 0x1000,
-                bytes: 4 * big as u64
-            }],
+            out_of_place.copies,
+            vec![copy],
             "{kind:?}: one copy-engine copy"
         );
         let in_place = plan(g, &[float_task(kind, 1000, 0x1000, 0x1000, RedOp::Avg)]).unwrap();
@@ -1694,6 +1679,7 @@ fn two_per_host(nranks: i32, link: super::cost::NetLink) -> impl Fn(i32) -> Opti
         Some(NetView {
             link,
             remote: (0..nranks).map(|peer| peer / 2 != rank / 2).collect(),
+            routes: super::Routes::even(),
         })
     }
 }
@@ -1875,6 +1861,7 @@ fn net_between(hosts: Vec<u64>) -> impl Fn(i32) -> Option<NetView> {
         Some(NetView {
             link,
             remote: hosts.iter().map(|&h| h != hosts[rank as usize]).collect(),
+            routes: super::Routes::even(),
         })
     }
 }
@@ -2278,5 +2265,123 @@ fn equal_options_plan_as_the_plain_call() {
                 }
             }
         }
+    }
+}
+
+/// Each rank's view of a network between hosts of two ranks each (as `two_per_host`) whose
+/// two devices run at 4000 and 1000 Mbit/s, with the routes every rank agrees on.
+fn two_unequal_devices(nranks: i32, nchannels: u32) -> impl Fn(i32) -> Option<NetView> {
+    let claim = super::weights::RouteClaim {
+        speeds_mbps: vec![4000, 1000],
+        weighted: true,
+        hop_mbps: 0,
+    };
+    let claims = vec![claim; nranks as usize];
+    let (routes, _) = super::Routes::agree(nchannels, &claims);
+    assert!(routes.is_weighted());
+    let link = super::cost::NetLink::from_properties(5000, 0.0);
+    move |rank| {
+        Some(NetView {
+            link,
+            remote: (0..nranks).map(|peer| peer / 2 != rank / 2).collect(),
+            routes: routes.clone(),
+        })
+    }
+}
+
+#[test]
+fn weighted_channels_every_collective_is_correct() {
+    // Channels split in proportion to their devices' speeds: every collective (ring ones by
+    // weight, P2P ones with peers over the network by weight) still gives the exact results.
+    use ncclDataType_t::*;
+    for kind in KINDS {
+        for nranks in [2, 4] {
+            for (count, dtype) in [(5, ncclInt32), (1000, ncclInt32), (200_000, ncclInt8)] {
+                let c = Case {
+                    kind,
+                    nranks,
+                    nchannels: 8,
+                    count,
+                    dtype,
+                    op: RedOp::Sum,
+                    root: nranks - 1,
+                    in_place: false,
+                    misalign: 0,
+                };
+                let mut world = World::new();
+                let prepared = prepare(&mut world, &c);
+                let net = two_unequal_devices(nranks, 8);
+                let geoms = geometries_net(nranks, 8, 4096, 2, &prepared.tasks, &net);
+                run(&mut world, &geoms, &prepared.tasks, 2);
+                verify(&world, &c, &prepared);
+            }
+        }
+    }
+}
+
+#[test]
+fn weighted_channels_give_the_fast_device_its_share_of_the_bytes() {
+    // A 64 MiB float all-reduce of 2 ranks on hosts of their own over a 4000 and a 1000
+    // Mbit/s device: the channels on the fast device carry 4/5 of the elements; with even
+    // routes (weighting off) the channels of each device carry the same per channel.
+    let nranks = 2;
+    let count = 16 << 20;
+    let tasks: Vec<Vec<Task>> = (0..nranks)
+        .map(|_| {
+            vec![Task {
+                kind: CollKind::AllReduce,
+                dtype: ncclDataType_t::ncclFloat32,
+                op: RedOp::Sum,
+                count,
+                sendbuff: 0x1000,
+                recvbuff: 0x1_0000_0000,
+                root: 0,
+                opts: Default::default(),
+            }]
+        })
+        .collect();
+    let weighted = |rank: i32| {
+        let mut v = two_unequal_devices(2, 64)(rank).unwrap();
+        v.remote = vec![rank != 0, rank != 1];
+        Some(v)
+    };
+    let geoms = geometries_net(nranks, 64, 1 << 16, 4, &tasks, &weighted);
+    let routes = geoms[0].net.as_ref().unwrap().routes.clone();
+    let per_device = |g: &Geometry| {
+        let p = plan(g, &tasks[g.rank as usize]).unwrap();
+        let mut elems = [0u64; 2];
+        for w in deserialize_all(&p.items) {
+            elems[routes.device_of_row(w.cta, 64, 2) as usize] += w.count;
+        }
+        elems
+    };
+    for g in &geoms {
+        let [fast, slow] = per_device(g);
+        assert_eq!(fast + slow, count as u64);
+        let share = fast as f64 / count as f64;
+        assert!(
+            (share - 0.8).abs() < 0.01,
+            "rank {}: {fast} / {slow}",
+            g.rank
+        );
+    }
+    // The same plans as without routes once the routes are even.
+    let mut even = geoms.clone();
+    for g in &mut even {
+        g.net.as_mut().unwrap().routes = super::Routes::even();
+    }
+    let plain = |rank: i32| {
+        let mut v = two_per_host(2, super::cost::NetLink::from_properties(5000, 0.0))(rank)?;
+        v.remote = vec![rank != 0, rank != 1];
+        Some(v)
+    };
+    let plain = geometries_net(nranks, 64, 1 << 16, 4, &tasks, &plain);
+    for (e, p) in even.iter().zip(&plain) {
+        assert_eq!(
+            plan(e, &tasks[0]).unwrap(),
+            plan(p, &tasks[0]).unwrap(),
+            "rank {}",
+            e.rank
+        );
     }
 }

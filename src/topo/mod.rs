@@ -137,6 +137,12 @@ impl Path {
             Path::Net => 12.0,
         }
     }
+    /// The path's bandwidth in Mbit/s when it is within a node (None over the network): the
+    /// cap an in-node hop puts on the channels that share it (`sched::weights`).
+    pub fn in_node_mbps(self) -> Option<u32> {
+        (self != Path::Net).then(|| (self.bandwidth_gbs() * 8000.0).min(u32::MAX as f64) as u32)
+    }
+
     /// NCCL_P2P_LEVEL rank of this path: LOC 0, NVL 1, PIX 2, PXB 3, PHB 4, SYS 5.
     fn level(self) -> i64 {
         match self {

@@ -159,6 +159,9 @@ pub struct Setup<'a> {
     pub sink: &'a net::proxy::ErrorSink,
     /// The network this communicator uses (`netName`, else `NCCL_NET`), opened for it.
     pub net: &'a net::CommNet,
+    /// The device of every network connection row (`sched::weights`, agreed at init); None:
+    /// row mod devices.
+    pub routes: Option<&'a crate::sched::Routes>,
 }
 
 /// The transport of one connection, from the topology's path to the peer.

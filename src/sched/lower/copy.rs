@@ -1,8 +1,8 @@
-//! Local copies: the collectives of a one-rank communicator (nothing in place; a copy
-//! otherwise: kernel copy items below `cost::ONE_RANK_COPY_ENGINE_MIN_BYTES`, a copy-engine
-//! copy above; kernel items that scale when a PreMulSum transforms the data), and the sends to
-//! self of a group paired in order with its receives from self (a copy-engine copy when large,
-//! kernel copy items otherwise).
+//! Local copies: the collectives of a one-rank communicator (a copy-engine copy, nothing in
+//! place, or kernel items when a PreMulSum scales the data: on the H200 one
+//! `cuMemcpyDtoDAsync` costs the caller less than a kernel launch and copies faster), and the
+//! sends to self of a group paired in order with its receives from self (a copy-engine copy
+//! when large or on one rank, kernel copy items otherwise).
 
 use super::{collective_key, is_reduction, Group, Lowering, Piece};
 use crate::error::{Error, Result};
@@ -42,18 +42,11 @@ impl Lowering<'_> {
             return;
         }
         if !transform {
-            if bytes >= cost::ONE_RANK_COPY_ENGINE_MIN_BYTES {
-                self.copies.push(LocalCopy {
-                    dst: task.recvbuff,
-                    src: task.sendbuff,
-                    bytes,
-                });
-            } else {
-                let max = self.limits.max_channels;
-                self.kernel_copy(task.sendbuff, task.recvbuff, bytes, max, |_| {
-                    collective_key(seq)
-                });
-            }
+            self.copies.push(LocalCopy {
+                dst: task.recvbuff,
+                src: task.sendbuff,
+                bytes,
+            });
             return;
         }
         let max = self.limits.max_channels;
@@ -100,12 +93,7 @@ impl Lowering<'_> {
     /// The `seq`-th copy to self of a group: `bytes` from `src` to `dst`, on at most `max`
     /// channels.
     fn self_copy(&mut self, seq: u64, src: u64, dst: u64, bytes: u64, max: u32) {
-        let engine_min = if self.nranks == 1 {
-            cost::ONE_RANK_COPY_ENGINE_MIN_BYTES
-        } else {
-            cost::COPY_ENGINE_MIN_BYTES
-        };
-        if bytes >= engine_min {
+        if self.nranks == 1 || bytes >= cost::COPY_ENGINE_MIN_BYTES {
             self.copies.push(LocalCopy { dst, src, bytes });
             return;
         }

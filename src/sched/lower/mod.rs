@@ -248,6 +248,7 @@ mod tests {
         let view = NetView {
             link: crate::sched::cost::NetLink::from_properties(100_000, 0.0),
             remote: vec![true; 4],
+            routes: crate::sched::Routes::even(),
         };
         let ring = RingOrder::identity(4);
         let (pieces, _) = decompose(

@@ -8,7 +8,7 @@ use super::to_p2p::P2pOp;
 use super::{Group, Lowering, Piece};
 use crate::sched::cost;
 use crate::sched::device::WorkKind;
-use crate::sched::plan::{p2p_channel, split, Dir};
+use crate::sched::plan::{p2p_channel, split_for, Dir};
 use crate::sched::CollKind;
 
 impl Lowering<'_> {
@@ -42,7 +42,9 @@ impl Lowering<'_> {
         let link = self.net.and_then(|n| n.link_to(op.peer));
         let max = self.limits.max_channels;
         let (proto, parts) = cost::p2p_plan(kind, op.bytes, max, link);
-        for (j, (start, len)) in split(op.bytes, parts, 512).into_iter().enumerate() {
+        let remote = link.is_some();
+        let ranges = split_for(self.net.filter(|_| remote), op.bytes, parts, 512);
+        for (j, (start, len)) in ranges.into_iter().enumerate() {
             if len == 0 {
                 continue;
             }

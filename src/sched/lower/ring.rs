@@ -11,7 +11,7 @@ use super::{collective_key, Group, Lowering, Piece};
 use crate::error::{Error, Result};
 use crate::sched::cost::{self, AllReducePlan};
 use crate::sched::device::{OxWork, WorkKind, FLAG_OWN_BLOCK, FLAG_RING_ORDER};
-use crate::sched::plan::{split, LocalCopy};
+use crate::sched::plan::{split_for, LocalCopy};
 use crate::sched::proto::Proto;
 use crate::sched::{ring, CollKind, Task};
 
@@ -43,7 +43,7 @@ impl Lowering<'_> {
         let bytes = task.count as u64 * task.dtype.size() as u64;
         let lim = &self.limits;
         let (proto, nch) = if let Some(net) = self.net {
-            cost::ring_plan_net_in(task.kind, bytes, self.nranks, lim, net.link)
+            cost::ring_plan_net_routed(task.kind, bytes, self.nranks, lim, &|c| net.link_for(c))
         } else if task.kind == CollKind::AllReduce {
             match cost::allreduce_plan_in(bytes, self.nranks, lim) {
                 AllReducePlan::Ring { proto, nch } => (proto, nch),
@@ -87,7 +87,10 @@ impl Lowering<'_> {
         let gran = ring::element_granularity(task.dtype.size() as u64);
         let next = self.ring.next_of(self.rank);
         let prev = self.ring.prev_of(self.rank);
-        for (c, (start, len)) in split(count, nch, gran).into_iter().enumerate() {
+        for (c, (start, len)) in split_for(self.net, count, nch, gran)
+            .into_iter()
+            .enumerate()
+        {
             if len == 0 {
                 continue;
             }

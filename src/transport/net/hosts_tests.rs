@@ -4,13 +4,16 @@
 //! `NCCL_COMM_ID` at rank 0's address, and moves data over the built-in socket network
 //! between the namespaces, on every device it found (each interface a device, as NVIDIA's).
 //! One more cuts the link after the bootstrap: the silent peer's connection must end within
-//! `OXCCL_DEAD_PEER_S`. Needs root and `ip` (iproute2); skipped, saying so, where namespaces
-//! cannot be made.
+//! `OXCCL_DEAD_PEER_S`. Another shapes two links with `tc` to unequal rates and moves one
+//! transfer over channels routed as the planner routes them (`sched::weights`), counting the
+//! bytes each link carried. Needs root and `ip` (iproute2), and `tc` for the shaped links;
+//! skipped, saying so, where namespaces cannot be made.
 
 use super::api::{Comm, Handle, MemType, Net, Request, HANDLE_BYTES};
 use super::socket::{handle_address, SocketNet};
 use super::tests::until;
 use crate::bootstrap::{get_unique_id_with, Bootstrap, BootstrapConfig};
+use std::collections::HashMap;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -19,6 +22,8 @@ use std::time::{Duration, Instant};
 const CHILD_ENV: &str = "OXCCL_TWO_HOSTS_CHILD";
 /// Set in the children of the cut-off test (`wait_to_be_cut_off`).
 const CUT_ENV: &str = "OXCCL_TWO_HOSTS_CUT";
+/// Set in the children of the weighted-routes test (`move_over_routes`).
+const WEIGHTS_ENV: &str = "OXCCL_TWO_HOSTS_WEIGHTS";
 /// Bytes rank 0 sends rank 1 on each device.
 const MESSAGE: usize = 3 << 20;
 
@@ -284,6 +289,9 @@ fn two_hosts_child() {
     if std::env::var(CUT_ENV).is_ok() {
         return wait_to_be_cut_off(&b);
     }
+    if std::env::var(WEIGHTS_ENV).is_ok() {
+        return move_over_routes(&b);
+    }
     let net = SocketNet::from_env().unwrap();
     for dev in 0..net.devices().unwrap() {
         let listened = move_on_device(&b, &net, dev);
@@ -518,4 +526,176 @@ fn a_peer_host_cut_off_ends_its_bootstrap_connection_within_the_dead_peer_bound(
     assert!(!lost.is_empty(), "rank 0 never lost rank 1: {seen:?}");
     let secs: f64 = lost.split(' ').nth(4).unwrap().parse().unwrap();
     assert!(secs < 20.0, "{lost}");
+}
+
+/// Channels of the weighted-routes test, and the bytes it moves over all of them.
+const ROUTE_CHANNELS: u32 = 8;
+const ROUTED_BYTES: usize = 16 << 20;
+
+/// Bytes interface `ifname` of this namespace has sent.
+fn tx_bytes(ifname: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/statistics/tx_bytes"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no tx_bytes for {ifname}"))
+}
+
+/// The weighted-routes test's child: both ranks agree on the routes of `ROUTE_CHANNELS`
+/// channels from their devices' claims (as communicator init does), cut `ROUTED_BYTES` over
+/// the channels as the planner cuts a collective (`NetView::split_over`), and rank 0 sends
+/// each channel's range to rank 1 on the channel's device, all channels at once. Rank 0 prints
+/// `LINK name bytes` (what each interface sent meanwhile) and the time it took.
+fn move_over_routes(b: &Bootstrap) {
+    use crate::sched::weights::RouteClaim;
+    let rank = b.rank();
+    let net = SocketNet::from_env().unwrap();
+    let speeds = super::device_speeds(&net).unwrap();
+    let claim = RouteClaim {
+        speeds_mbps: speeds.iter().map(|s| s.1).collect(),
+        weighted: crate::env::registry::WEIGHTED_CHANNELS.flag(),
+        hop_mbps: 0,
+    };
+    let claims: Vec<RouteClaim> = b
+        .allgather(&claim.to_bytes())
+        .unwrap()
+        .iter()
+        .map(|c| RouteClaim::from_bytes(c).unwrap())
+        .collect();
+    let (routes, verdict) = crate::sched::Routes::agree(ROUTE_CHANNELS, &claims);
+    println!("ROUTES {verdict:?}");
+    let view = crate::sched::NetView {
+        link: crate::sched::NetLink::from_properties(0, 0.0),
+        remote: vec![true; 2],
+        routes: routes.clone(),
+    };
+    let ranges = view.split_over(ROUTED_BYTES as u64, ROUTE_CHANNELS, 512);
+    let ndev = net.devices().unwrap();
+    let dev_of = |c: u32| routes.device_of_row(c, ROUTE_CHANNELS, ndev);
+    let mut comms = Vec::new();
+    for c in 0..ROUTE_CHANNELS {
+        let tag = 200 + c as u64;
+        comms.push(if rank == 1 {
+            let (handle, listen) = net.listen(dev_of(c)).unwrap();
+            b.send(0, tag, &handle.0).unwrap();
+            let comm = until("accept", || net.accept(listen));
+            net.close_listen(listen).unwrap();
+            comm
+        } else {
+            let mut handle = Handle([0u8; HANDLE_BYTES]);
+            handle.0.copy_from_slice(&b.recv(1, tag).unwrap());
+            until("connect", || net.connect(dev_of(c), &handle))
+        });
+    }
+    let mut data = if rank == 0 {
+        pattern(0, ROUTED_BYTES)
+    } else {
+        vec![0u8; ROUTED_BYTES]
+    };
+    let names: Vec<String> = speeds.iter().map(|s| s.0.clone()).collect();
+    let before: Vec<u64> = names.iter().map(|n| tx_bytes(n)).collect();
+    b.barrier().unwrap();
+    let start = Instant::now();
+    let mut pending = Vec::new();
+    for (&comm, &(at, len)) in comms.iter().zip(&ranges) {
+        let ptr = data[at as usize..].as_mut_ptr();
+        let len = len as usize;
+        let mh = net.reg_mr(comm, ptr, len, MemType::Host).unwrap();
+        let req = if rank == 0 {
+            until("isend", || net.isend(comm, ptr, len, 7, mh))
+        } else {
+            until("irecv", || net.irecv(comm, ptr, len, 7, mh))
+        };
+        pending.push((comm, mh, req, len));
+    }
+    for &(_, _, req, len) in &pending {
+        assert_eq!(until("test", || net.test(req)), len);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    b.barrier().unwrap();
+    if rank == 1 {
+        assert!(data == pattern(0, ROUTED_BYTES), "other bytes arrived");
+    }
+    for (comm, mh, _, _) in pending {
+        net.dereg_mr(comm, mh).unwrap();
+        match rank {
+            0 => net.close_send(comm).unwrap(),
+            _ => net.close_recv(comm).unwrap(),
+        }
+    }
+    if rank == 0 {
+        for (name, was) in names.iter().zip(before) {
+            println!("LINK {name} {}", tx_bytes(name) - was);
+        }
+        println!("MOVED in {secs:.3} s");
+    }
+    println!("TWO_HOSTS_OK rank {rank}");
+}
+
+/// Shape the egress of both ends of `link` to `rate` (a `tc` rate, e.g. `400mbit`).
+fn shape(hosts: &TwoHosts, link: &Link, rate: &str) -> Result<(), String> {
+    for (ns, end) in hosts.names.iter().zip(link.ends) {
+        let args = [
+            "netns", "exec", ns, "tc", "qdisc", "add", "dev", end, "root", "tbf", "rate", rate,
+            "burst", "256kb", "latency", "100ms",
+        ];
+        let out = ip(&args).map_err(|e| format!("cannot run ip: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "tc on {end}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Bytes each link's rank-0 end sent (`LINK name bytes` lines), by name.
+fn link_bytes(out: &str) -> HashMap<String, u64> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("LINK "))
+        .map(|l| {
+            let (name, bytes) = l.split_once(' ').unwrap();
+            (name.to_string(), bytes.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn weighted_routes_move_more_bytes_over_the_faster_of_two_shaped_links() {
+    // Two links shaped to 400 and 100 Mbit/s (their veths report 10000: OXCCL_NET_SPEEDS says
+    // what they carry). Routed by weight, the fast link carries about 4/5 of the bytes;
+    // with OXCCL_WEIGHTED_CHANNELS=0 both carry the same (NVIDIA's even split).
+    let Some(hosts) = hosts_or_skip("wt", &[&V4, &V4_SECOND]) else {
+        return;
+    };
+    for (link, rate) in [(&V4, "400mbit"), (&V4_SECOND, "100mbit")] {
+        if let Err(why) = shape(&hosts, link, rate) {
+            eprintln!("weighted routes over shaped links: skipped ({why})");
+            return;
+        }
+    }
+    let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
+    let speeds = "oxv0=400,oxv1=400,oxw0=100,oxw1=100";
+    let mut ratios = Vec::new();
+    for weighted in ["1", "0"] {
+        let env = [
+            ("NCCL_COMM_ID", comm_id.as_str()),
+            ("NCCL_SOCKET_IFNAME", "ox"),
+            ("OXCCL_NET_SPEEDS", speeds),
+            ("OXCCL_WEIGHTED_CHANNELS", weighted),
+            (WEIGHTS_ENV, "1"),
+        ];
+        let out = &hosts.run(&env)[0];
+        let bytes = link_bytes(out);
+        let (fast, slow) = (bytes["oxv0"], bytes["oxw0"]);
+        assert!(
+            fast + slow >= ROUTED_BYTES as u64,
+            "weighted={weighted}: {fast} + {slow} bytes sent\n{out}"
+        );
+        let moved = out.lines().find(|l| l.starts_with("MOVED")).unwrap_or("");
+        eprintln!("OXCCL_WEIGHTED_CHANNELS={weighted}: fast {fast} B, slow {slow} B, {moved}");
+        ratios.push(fast as f64 / slow as f64);
+    }
+    assert!(ratios[0] > 3.0 && ratios[0] < 5.0, "weighted: {ratios:?}");
+    assert!(ratios[1] > 0.7 && ratios[1] < 1.4, "even: {ratios:?}");
 }

@@ -28,6 +28,7 @@ use super::{side_conn, Keep, Setup, Side};
 use crate::cuda::{DeviceBuffer, HostMapped};
 use crate::error::{Error, Result};
 use crate::sched::device::{LL_REGION_DIV, MAX_NSLOTS, SEND_LL_OFFSET, STEP_WORDS_OFFSET};
+use crate::sched::weights::{RouteClaim, Routes, Verdict};
 use crate::sched::{Dir, NetLink};
 use api::{Comm, Handle, MemHandle, MemType, Net, PTR_CUDA, PTR_DMABUF};
 use once_cell::sync::OnceCell;
@@ -83,18 +84,122 @@ impl CommNet {
 }
 
 /// What this rank's channels get of the network named `name` (as `network` picks it), for
-/// the cost model: its devices side by side as far as `channels` reach them (channel c uses
-/// device c mod devices, see `local_half`), from each device's speed and latency.
+/// the cost model: its devices side by side as far as `channels` reach them (with even routes
+/// channel c uses device c mod devices, see `local_half`), from each device's speed
+/// (`device_speeds`) and latency.
 pub fn link(name: Option<&str>, channels: u32) -> Result<NetLink> {
     let net = network(name)?;
-    let used = net.devices()?.clamp(1, channels.max(1) as i32);
+    let speeds = device_speeds(net.as_ref())?;
+    let used = speeds.len().clamp(1, channels.max(1) as usize);
     let mut link: Option<NetLink> = None;
-    for dev in 0..used {
-        let p = net.properties(dev)?;
-        let l = NetLink::from_properties(p.speed_mbps, p.latency_us);
+    for (dev, (_, mbps)) in speeds.iter().enumerate().take(used) {
+        let p = net.properties(dev as i32)?;
+        let l = NetLink::from_properties(*mbps as i32, p.latency_us);
         link = Some(link.map_or(l, |a| a.beside(l)));
     }
     Ok(link.expect("at least one device"))
+}
+
+/// (name, speed in Mbit/s) of every device of `net`: the speed its properties report
+/// (`NET_DEFAULT_MBPS` when they report none), unless `OXCCL_NET_SPEEDS` names the device.
+pub fn device_speeds(net: &dyn Net) -> Result<Vec<(String, u32)>> {
+    let overrides = speed_overrides();
+    (0..net.devices()?)
+        .map(|dev| {
+            let p = net.properties(dev)?;
+            let reported = if p.speed_mbps > 0 {
+                p.speed_mbps as u32
+            } else {
+                crate::sched::cost::NET_DEFAULT_MBPS as u32
+            };
+            let speed = overrides
+                .iter()
+                .find(|(n, _)| *n == p.name)
+                .map_or(reported, |&(_, s)| s);
+            Ok((p.name, speed))
+        })
+        .collect()
+}
+
+/// `OXCCL_NET_SPEEDS` (`name=Mbit/s,...`, e.g. `eth0=4000,eth1=1000`): the speeds of the
+/// devices it names, for a network whose devices misreport theirs (a veth reports 10000, a
+/// shaped link its unshaped speed). An entry that does not parse is warned about and left out.
+fn speed_overrides() -> Vec<(String, u32)> {
+    let spec = crate::env::registry::NET_SPEEDS.string();
+    let (good, bad) = parse_speed_overrides(&spec);
+    for entry in bad {
+        crate::warn!("OXCCL_NET_SPEEDS: ignoring '{entry}' (expected name=Mbit/s, Mbit/s > 0)");
+    }
+    good
+}
+
+/// The (name, Mbit/s) entries of an `OXCCL_NET_SPEEDS` value, and the entries that are not.
+fn parse_speed_overrides(spec: &str) -> (Vec<(String, u32)>, Vec<String>) {
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let parsed = entry.split_once('=').and_then(|(name, mbps)| {
+            let mbps = mbps.trim().parse::<u32>().ok().filter(|&m| m > 0)?;
+            let name = name.trim();
+            (!name.is_empty()).then(|| (name.to_string(), mbps))
+        });
+        match parsed {
+            Some(p) => good.push(p),
+            None => bad.push(entry.to_string()),
+        }
+    }
+    (good, bad)
+}
+
+/// What this rank says at init about the devices of the network named `name`, for the
+/// channels' routes (`sched::weights`): their speeds, `OXCCL_WEIGHTED_CHANNELS`, and the
+/// in-node hop `hop_mbps` its channels share (0: none). No devices when the network cannot be
+/// loaded (the routes are then even).
+pub fn route_claim(name: Option<&str>, hop_mbps: u32) -> RouteClaim {
+    let speeds = network(name)
+        .and_then(|net| device_speeds(net.as_ref()))
+        .map(|s| s.into_iter().map(|(_, mbps)| mbps).collect())
+        .unwrap_or_default();
+    RouteClaim {
+        speeds_mbps: speeds,
+        weighted: crate::env::registry::WEIGHTED_CHANNELS.flag(),
+        hop_mbps,
+    }
+}
+
+/// INFO lines for the routes rank `rank` agreed on for `nchannels` channels over the network
+/// named `name`: each device's speed and channels, or why the split is even.
+pub fn log_routes(
+    rank: i32,
+    routes: &Routes,
+    verdict: Verdict,
+    nchannels: u32,
+    name: Option<&str>,
+) {
+    let names: Vec<String> = network(name)
+        .and_then(|net| device_speeds(net.as_ref()))
+        .map(|s| s.into_iter().map(|(n, _)| n).collect())
+        .unwrap_or_default();
+    let why = match verdict {
+        Verdict::Weighted => {
+            let devices = routes.describe(nchannels, &names).join(", ");
+            crate::info!(
+                INIT | NET,
+                "rank {rank}: channel weights: {devices}; bytes per channel in proportion to \
+                 bandwidth (OXCCL_WEIGHTED_CHANNELS=0: even)"
+            );
+            return;
+        }
+        Verdict::Off => "OXCCL_WEIGHTED_CHANNELS=0 on some rank",
+        Verdict::OneDevice => "one network device",
+        Verdict::DeviceCounts => "ranks have different numbers of network devices",
+        Verdict::EqualSpeeds => "network devices of equal speed",
+    };
+    crate::info!(
+        INIT | NET,
+        "rank {rank}: channel weights even ({why}): channel c uses device c mod {}",
+        names.len().max(1)
+    );
 }
 
 /// Why the built-in IB network is not among the process's networks, when it is not.
@@ -299,7 +404,10 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
         )));
     }
     let net = setup.net.get()?;
-    let dev = ch as i32 % net.devices()?.max(1);
+    let dev = match setup.routes {
+        Some(r) => r.device_of_row(ch, setup.nchannels, net.devices()?),
+        None => ch as i32 % net.devices()?.max(1),
+    };
     let staging = setup.nslots as usize * setup.slot_bytes as usize;
     let site = gdr_site(setup, net.as_ref(), dev)?;
     let on_gpu = gdr::uses_gpu_memory(&site, dir, &gdr::Settings::from_env());
@@ -574,6 +682,14 @@ mod layout_tests {
             "{}",
             e.msg
         );
+    }
+
+    #[test]
+    fn speed_overrides_name_devices_and_bad_entries_are_set_aside() {
+        let (good, bad) = parse_speed_overrides(" oxf=4000, oxs = 1000 ,,x=0,y,=5,z=fast");
+        assert_eq!(good, vec![("oxf".into(), 4000), ("oxs".into(), 1000)]);
+        assert_eq!(bad, vec!["x=0", "y", "=5", "z=fast"]);
+        assert_eq!(parse_speed_overrides(""), (vec![], vec![]));
     }
 
     #[test]

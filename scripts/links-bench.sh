@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Two links of unequal speed between two "hosts": two network namespaces joined by two veth
+# links (fast: 10.213.81.1/30 - .2, slow: 10.213.82.1/30 - .2, addresses that exist only inside
+# the namespaces), each shaped with tc tbf (default 4000 and 1000 Mbit/s, both directions).
+# One rank in each namespace (both on GPU 0, NCCL_HOSTID per rank) runs a 2-rank float
+# all_reduce (oxccl-bench, out of place) over the socket network, with NCCL_SOCKET_IFNAME =
+# the fast link only, the slow link only, and both; for every library given, and for ours also
+# with OXCCL_WEIGHTED_CHANNELS=0 (even split, NVIDIA's way). Prints busbw (GB/s) at 16 and
+# 64 MiB. The veths report 10000 Mbit/s whatever tc does, so ours is told the shaped rates
+# (OXCCL_NET_SPEEDS); NVIDIA's ignores that setting.
+#
+# usage: scripts/links-bench.sh OURS_LIB [NVIDIA_LIB ...]
+# env:   FAST=4000 SLOW=1000 (Mbit/s), BENCH (default .device/bin/oxccl-bench, else
+#        target/release/oxccl-bench), IP and TC (default .device/iproute/ipw and tcw as
+#        scripts/stage-device bundles them, else ip and tc on PATH), PYTHON (python3, to make
+#        each library's unique id), ITERS=10, OUTDIR (logs; default a temporary folder),
+#        OURS_ENV ("A=1 B=2;C=3": a row of ours per ';'-separated set of settings).
+# Needs root. Exits non-zero when a run fails (its logs are named).
+set -u
+[ $# -ge 1 ] || { sed -n '2,18p' "$0"; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+FAST=${FAST:-4000} SLOW=${SLOW:-1000} ITERS=${ITERS:-10}
+py=${PYTHON:-python3}
+pick() { for c in "$@"; do if [ -x "$c" ] || command -v "$c" >/dev/null 2>&1; then echo "$c"; return; fi; done; }
+BENCH=${BENCH:-$(pick "$root/.device/bin/oxccl-bench" "$root/target/release/oxccl-bench")}
+IP=${IP:-$(pick "$root/.device/iproute/ipw" ip)}
+TC=${TC:-$(pick "$root/.device/iproute/tcw" tc)}
+[ -n "$BENCH" ] || { echo "links-bench: no oxccl-bench (set BENCH)"; exit 2; }
+[ -n "$IP" ] && [ -n "$TC" ] || { echo "links-bench: needs ip and tc (set IP, TC)"; exit 2; }
+OUTDIR=${OUTDIR:-$(mktemp -d)}
+mkdir -p "$OUTDIR"
+
+a=oxccl-lb-$$-a b=oxccl-lb-$$-b
+cleanup() { "$IP" netns delete "$a" 2>/dev/null; "$IP" netns delete "$b" 2>/dev/null; }
+trap cleanup EXIT
+# link END SUBNET: veth END0 in a (SUBNET.1/30), END1 in b (SUBNET.2/30), up.
+link() {
+  "$IP" link add "${1}0" netns "$a" type veth peer name "${1}1" netns "$b" &&
+    "$IP" -n "$a" addr add "$2.1/30" dev "${1}0" && "$IP" -n "$b" addr add "$2.2/30" dev "${1}1" &&
+    "$IP" -n "$a" link set "${1}0" up && "$IP" -n "$b" link set "${1}1" up
+}
+# shape END MBIT: both ends' egress at MBIT Mbit/s (a burst of 10 ms, at least 256 KiB).
+shape() {
+  local burst=$(($2 * 1000000 / 8 / 100)) ns end
+  [ "$burst" -ge 262144 ] || burst=262144
+  for ns in "$a" "$b"; do
+    end=${1}0
+    [ "$ns" = "$b" ] && end=${1}1
+    "$TC" -n "$ns" qdisc add dev "$end" root tbf rate "${2}mbit" burst "$burst" latency 50ms || return 1
+  done
+}
+if ! { "$IP" netns add "$a" && "$IP" netns add "$b" && link oxf 10.213.81 && link oxs 10.213.82 &&
+  "$IP" -n "$a" link set lo up && "$IP" -n "$b" link set lo up; }; then
+  echo "links-bench: network namespaces cannot be made here"
+  exit 2
+fi
+shape oxf "$FAST" && shape oxs "$SLOW" || { echo "links-bench: tc cannot shape the links"; exit 2; }
+sleep 1 # carriers up
+
+SPEEDS="oxf0=$FAST,oxf1=$FAST,oxs0=$SLOW,oxs1=$SLOW"
+UNSET="NCCL_SOCKET_IFNAME NCCL_SOCKET_FAMILY NCCL_HOSTID NCCL_COMM_ID NCCL_NET NCCL_NET_PLUGIN LD_PRELOAD"
+failed=0
+
+# uid LIB ENV...: LIB's unique id for NCCL_COMM_ID (in namespace a, where rank 0 runs): with
+# NCCL_COMM_ID set it names that address and starts nothing, so the ranks can use it later.
+uid() {
+  local lib=$1
+  shift
+  "$IP" netns exec "$a" env -u LD_PRELOAD "$@" "$py" -c '
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+buf = ctypes.create_string_buffer(128)
+rc = lib.ncclGetUniqueId(buf)
+sys.exit("ncclGetUniqueId: %d" % rc) if rc else print(buf.raw.hex())' "$lib"
+}
+
+# run LABEL LIB IFNAME ENV...: one 2-rank run; prints "size busbw" lines (bytes, GB/s).
+run() {
+  local label=$1 lib=$2 ifname=$3
+  shift 3
+  local port=$((30000 + RANDOM % 2000)) r ns pids=() ok=1 hex log
+  local env=(NCCL_COMM_ID=10.213.81.1:$port NCCL_SOCKET_IFNAME=$ifname OXCCL_NET_SPEEDS=$SPEEDS
+    NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@")
+  if ! hex=$(uid "$lib" "${env[@]}" 2>"$OUTDIR/$label-uid.log"); then
+    echo "FAIL $label: no unique id ($OUTDIR/$label-uid.log)" >&2
+    return 1
+  fi
+  for r in 0 1; do
+    ns=$a
+    [ "$r" = 1 ] && ns=$b
+    "$IP" netns exec "$ns" sh -c "unset $UNSET; exec env \"\$@\"" sh "${env[@]}" NCCL_HOSTID=links-bench-$r \
+      "$BENCH" --lib "$lib" -c all_reduce -d float -o sum --sizes 16M,64M --inplace 0 --devices 0,0 \
+      -w 3 -n "$ITERS" --timeout 300 --child-rank "$r" --child-nranks 2 --child-id "$hex" \
+      >"$OUTDIR/$label-$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in 0 1; do wait "${pids[$r]}" || ok=0; done
+  if [ $ok = 0 ] || grep -q 'wrong=[1-9]' "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log"; then
+    echo "FAIL $label (logs: $OUTDIR/$label-[01].log)" >&2
+    tail -n 3 "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log" >&2
+    return 1
+  fi
+  # Each size's time is the slower rank's; all_reduce of 2 ranks: busbw = algbw = bytes / time.
+  cat "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log" | awk '
+    /^@@OXCCL res / { s = b = t = 0
+      for (i = 3; i <= NF; i++) { split($i, kv, "=")
+        if (kv[1] == "size") s = kv[2]; if (kv[1] == "bytes") b = kv[2]; if (kv[1] == "time_us") t = kv[2] }
+      if (t > worst[s]) worst[s] = t; bytes[s] = b }
+    END { for (s in worst) printf "%s %.3f\n", s, bytes[s] / worst[s] / 1e3 }'
+}
+
+libs=()
+for lib in "$@"; do
+  lib=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
+  libs+=("$lib")
+done
+printf '%-22s %-5s %12s %12s\n' library links 'busbw 16MiB' 'busbw 64MiB'
+row() { # LABEL LIB ENV...
+  local label=$1 lib=$2 mode ifname out
+  shift 2
+  for mode in fast slow both; do
+    case $mode in fast) ifname=oxf ;; slow) ifname=oxs ;; both) ifname=oxf,oxs ;; esac
+    if out=$(run "$label-$mode" "$lib" "$ifname" "$@"); then
+      printf '%-22s %-5s %12s %12s\n' "$label" "$mode" \
+        "$(echo "$out" | awk '$1 == 16777216 {print $2}')" "$(echo "$out" | awk '$1 == 67108864 {print $2}')"
+    else
+      printf '%-22s %-5s %12s %12s\n' "$label" "$mode" FAIL FAIL
+      failed=$((failed + 1))
+    fi
+  done
+}
+row oxccl "${libs[0]}"
+row oxccl-even "${libs[0]}" OXCCL_WEIGHTED_CHANNELS=0
+# OURS_ENV="A=1 B=2;C=3": one more row of ours per ';'-separated set of settings.
+IFS=';' read -r -a extra <<<"${OURS_ENV:-}"
+for set in "${extra[@]}"; do
+  [ -n "${set// /}" ] || continue
+  read -r -a vars <<<"$set"
+  row "oxccl+${set// /+}" "${libs[0]}" "${vars[@]}"
+done
+n=0
+for lib in "${libs[@]:1}"; do
+  n=$((n + 1))
+  row "nvidia$n" "$lib"
+done
+echo "rates: fast $FAST Mbit/s, slow $SLOW Mbit/s; logs: $OUTDIR"
+[ "$failed" = 0 ]
