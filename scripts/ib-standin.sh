@@ -25,6 +25,8 @@
 #   OUT=dir                    where the summary and one tar.gz of every log go (default /tmp/ib-standin)
 #   IB_STANDIN_SYSFS=0         skip step 2; IB_STANDIN_PCI=/sys/devices/... the PCI function for it
 #   IB_STANDIN_QUICK=1         fewer types and sizes (a smoke run)
+#   IB_STANDIN_PREBUILT=1      use .device/lib/soft-verbs/libibverbs.so.1 even where gcc could build
+#                              it (the binary whose offsets the crash traces name)
 #   IB_STANDIN_BUDGET=540      seconds for the whole run: a step gets what is left (minus 20 s),
 #                              a step with under 30 s left is skipped (said in the summary)
 # Every run: NCCL_SOCKET_IFNAME=lo (bootstrap and the IB transport's out-of-band socket),
@@ -86,7 +88,7 @@ if [ "${IB_STANDIN_INNER:-0}" != 1 ]; then
   # ---- 1. the stand-in
   SV=$LOGS/soft-verbs
   mkdir -p "$SV"
-  if [ -f ffi-tests/ibverbs/soft_verbs.c ] && gcc -shared -fPIC -O2 -Wall -fvisibility=hidden \
+  if [ "${IB_STANDIN_PREBUILT:-0}" != 1 ] && [ -f ffi-tests/ibverbs/soft_verbs.c ] && gcc -shared -fPIC -O2 -Wall -fvisibility=hidden \
       -Wl,-soname,libibverbs.so.1 -Wl,--version-script=ffi-tests/ibverbs/libibverbs.map \
       -o "$SV/libibverbs.so.1" ffi-tests/ibverbs/soft_verbs.c -lpthread >"$LOGS/soft-verbs-build.log" 2>&1; then
     say "stand-in: built here from ffi-tests/ibverbs/soft_verbs.c"
@@ -100,6 +102,12 @@ if [ "${IB_STANDIN_INNER:-0}" != 1 ]; then
   fi
   ln -sf libibverbs.so.1 "$SV/libibverbs.so"
   export LD_LIBRARY_PATH="$SV${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # A crash of a rank names where it happened (SEGV_TRACE lines in its log): ffi-tests/ibverbs/
+  # segv_trace.c, built by scripts/stage-device, preloaded into every run.
+  if [ -f "$DEV/lib/soft-verbs/segv_trace.so" ]; then
+    export LD_PRELOAD="$DEV/lib/soft-verbs/segv_trace.so${LD_PRELOAD:+:$LD_PRELOAD}"
+    say "crash traces: LD_PRELOAD=$DEV/lib/soft-verbs/segv_trace.so"
+  fi
   export OURS BENCH NVLIB LOGS SUMMARY START
 
   # ---- 2. the sysfs entry, in a mount namespace when permitted
@@ -165,6 +173,7 @@ step() {
   say "$name: $verdict ($((SECONDS - t0)) s, $wrong WRONG lines)"
   if [ "$RC" != 0 ]; then
     grep -E 'oxccl-bench: |NCCL WARN|error' "$LOG" | grep -v '^#' | tail -3 | cut -c1-200 | sed 's/^/      /' | tee -a "$SUMMARY"
+    grep -m 14 'SEGV_TRACE' "$LOG" | cut -c1-200 | sed 's/^/      /' | tee -a "$SUMMARY"
   fi
 }
 

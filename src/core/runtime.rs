@@ -163,11 +163,11 @@ pub struct Runtime {
     geometry: Option<Geometry>,
     /// Task shapes whose connections are known to exist: the per-call path skips
     /// `connections_needed` for them (it costs microseconds).
-    connected_shapes: HashSet<Vec<Shape>>,
+    connected_shapes: ConnectedShapes,
     /// Plans of recent groups, by their exact tasks (buffers and options included): a training loop or a
     /// benchmark repeats the same calls, and a plan is a pure function of the tasks and the
     /// geometry, so it is computed once. Cleared whenever the geometry changes.
-    plans: HashMap<Vec<Task>, Arc<CachedPlan>>,
+    plans: PlanCache,
     comm_hash: u64,
     /// The communicator's abort flag, and where a failed network connection is reported.
     abort: Arc<AtomicBool>,
@@ -206,8 +206,74 @@ fn shapes(tasks: &[Task]) -> Vec<Shape> {
         .collect()
 }
 
+/// The task shapes whose connections exist, with the tasks of the last group found connected
+/// kept aside: a loop repeating one call compares its tasks instead of collecting and hashing
+/// their shapes.
+#[derive(Default)]
+struct ConnectedShapes {
+    set: HashSet<Vec<Shape>>,
+    last: Vec<Task>,
+}
+
+impl ConnectedShapes {
+    fn contains(&self, tasks: &[Task]) -> bool {
+        (!self.last.is_empty() && self.last.as_slice() == tasks)
+            || self.set.contains(&shapes(tasks))
+    }
+
+    /// `tasks` are connected: remember their shapes (bounded: a program with endlessly
+    /// varying shapes just keeps computing them) and them as the last group.
+    fn remember(&mut self, tasks: &[Task]) {
+        if self.set.len() < 4096 {
+            self.set.insert(shapes(tasks));
+        }
+        if self.last.as_slice() != tasks {
+            self.last = tasks.to_vec();
+        }
+    }
+
+    fn clear(&mut self) {
+        self.set.clear();
+        self.last.clear();
+    }
+}
+
 /// Most plans kept in `Runtime::plans` (the map is emptied when full).
 const PLAN_CACHE_ENTRIES: usize = 256;
+
+/// Plans by their exact tasks, with the last one used kept aside: a loop repeating one call
+/// finds it by comparing the tasks, without hashing them.
+#[derive(Default)]
+struct PlanCache {
+    map: HashMap<Vec<Task>, Arc<CachedPlan>>,
+    last: Option<(Vec<Task>, Arc<CachedPlan>)>,
+}
+
+impl PlanCache {
+    fn get(&mut self, tasks: &[Task]) -> Option<Arc<CachedPlan>> {
+        if let Some((last, plan)) = &self.last {
+            if last.as_slice() == tasks {
+                return Some(plan.clone());
+            }
+        }
+        let plan = self.map.get(tasks)?.clone();
+        self.last = Some((tasks.to_vec(), plan.clone()));
+        Some(plan)
+    }
+
+    fn insert(&mut self, tasks: &[Task], plan: Arc<CachedPlan>) {
+        if self.map.len() >= PLAN_CACHE_ENTRIES {
+            self.map.clear();
+        }
+        self.map.insert(tasks.to_vec(), plan.clone());
+        self.last = Some((tasks.to_vec(), plan));
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.last = None;
+    }
+}
 
 /// A plan with the bytes its launch passes: the inline kernel's parameter when the items fit
 /// it, else what `ox_kernel` reads from the arena (see `arena_bytes`).
@@ -510,8 +576,8 @@ impl Runtime {
             copied: Event::new()?,
             last: None,
             geometry: None,
-            connected_shapes: HashSet::new(),
-            plans: HashMap::new(),
+            connected_shapes: ConnectedShapes::default(),
+            plans: PlanCache::default(),
             comm_hash,
             abort,
             sink,
@@ -700,7 +766,7 @@ impl Runtime {
     /// Whether `tasks` need connections this communicator does not have yet (setting them up
     /// waits on peers, so groups over several communicators do it in parallel threads).
     pub fn needs_connect(&self, rank: i32, nranks: i32, tasks: &[Task]) -> bool {
-        if nranks == 1 || self.connected_shapes.contains(&shapes(tasks)) {
+        if nranks == 1 || self.connected_shapes.contains(tasks) {
             return false;
         }
         self.connections_needed(rank, nranks, tasks)
@@ -730,8 +796,8 @@ impl Runtime {
         if nranks == 1 {
             return Ok(());
         }
-        let key = shapes(tasks);
-        if self.connected_shapes.contains(&key) {
+        if self.connected_shapes.contains(tasks) {
+            self.connected_shapes.remember(tasks);
             return Ok(());
         }
         cuda::set_current(self.ctx)?;
@@ -771,10 +837,7 @@ impl Runtime {
             self.geometry = None;
             self.plans.clear();
         }
-        // Bounded: a program with endlessly varying shapes just keeps computing them.
-        if self.connected_shapes.len() < 4096 {
-            self.connected_shapes.insert(key);
-        }
+        self.connected_shapes.remember(tasks);
         Ok(())
     }
 
@@ -805,14 +868,11 @@ impl Runtime {
             self.geometry = Some(self.build_geometry(rank, nranks));
         }
         let cached = match self.plans.get(tasks) {
-            Some(cached) => cached.clone(),
+            Some(cached) => cached,
             None => {
                 let plan = sched::plan(self.geometry.as_ref().expect("built above"), tasks)?;
                 let cached = Arc::new(CachedPlan::new(plan));
-                if self.plans.len() >= PLAN_CACHE_ENTRIES {
-                    self.plans.clear();
-                }
-                self.plans.insert(tasks.to_vec(), cached.clone());
+                self.plans.insert(tasks, cached.clone());
                 cached
             }
         };
