@@ -102,6 +102,7 @@ pub mod redop;
 pub mod ring;
 #[cfg(test)]
 mod sim;
+pub mod steps;
 
 pub use cost::NetLink;
 pub use cost::{NCHANNELS, NSLOTS, SLOT_BYTES};

@@ -408,6 +408,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         )?,
         Dir::Recv => mh,
     };
+    let announced = proxy::Announced::default();
     proxy.add(NetSide {
         net,
         comm,
@@ -422,6 +423,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         nslots,
         slot_bytes,
         gpu_slots: gpu_slots.is_some(),
+        announced: announced.clone(),
     });
     let (mine, theirs) = mine_and_theirs(dir);
     let base = mem.dev();
@@ -455,6 +457,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         Side {
             conn,
             gpu_slots: on_gpu,
+            announced: (dir == Dir::Recv).then_some(announced),
             _keep: keep,
         },
     ))
