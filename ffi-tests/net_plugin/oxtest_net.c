@@ -32,6 +32,9 @@
  * memory without the environment variable). With OXTEST_HOLD_AFTER=N in the environment, once
  * N requests of the process have completed every later test call never returns (a plugin
  * hung in a call: the caller's destroy and abort must still return).
+ * closeSend / closeRecv of a comm with requests still in flight (posted, not yet reported done
+ * by test) logs a WARN line saying how many, as aws-ofi-nccl does, and adds them to a
+ * process-wide count that oxtest_requests_in_flight_at_close() returns.
  *
  * The ABI types below are written from NVIDIA's 2.28.9 headers (nccl_net.h, net_v8.h ..
  * net_v11.h, net_device.h, nccl_common.h); NVIDIA's headers are not included.
@@ -999,9 +1002,26 @@ static ncclResult_t oxTest(void* request, int* done, int* sizes) {
   return ncclSuccess;
 }
 
+/* Requests closed while still in flight, process-wide (atomic): posted and not yet reported
+ * done by test. A caller should close a comm with none (NVIDIA's library does); aws-ofi-nccl
+ * warns for each such comm, and so does this plugin. Read by oxccl's cargo tests through
+ * oxtest_requests_in_flight_at_close. */
+static long oxInflightAtClose;
+
+long oxtest_requests_in_flight_at_close(void) {
+  return __atomic_load_n(&oxInflightAtClose, __ATOMIC_ACQUIRE);
+}
+
 static ncclResult_t oxCloseComm(void* comm) {
   struct oxComm* c = (struct oxComm*)comm;
   if (c == NULL) return ncclSuccess;
+  int inflight = 0;
+  for (int i = 0; i < OX_MAX_REQUESTS; i++) inflight += c->reqs[i].used;
+  if (inflight > 0) {
+    OXWARN("NET/OxTest : Closing %s comm %p with %d requests in flight",
+           c->isSend ? "send" : "recv", comm, inflight);
+    __atomic_add_fetch(&oxInflightAtClose, inflight, __ATOMIC_ACQ_REL);
+  }
   close(c->fd);
   free(c);
   return ncclSuccess;

@@ -11,6 +11,7 @@ use crate::profile::{self, Stage};
 use crate::sched::device::GpuWait;
 use crate::sched::{self, Geometry, Plan, Task};
 use crate::topo::{Path, Topology};
+use crate::transport::net::proxy::Announced;
 use crate::transport::net::CommNet;
 use crate::transport::{self, sizes, ConnSpan, Connections, ErrorSink, Setup};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -227,6 +228,11 @@ impl ConnectedShapes {
         if self.set.len() < 4096 {
             self.set.insert(shapes(tasks));
         }
+        self.note_last(tasks);
+    }
+
+    /// `tasks`, known connected, become the last group (compared first next time).
+    fn note_last(&mut self, tasks: &[Task]) {
         if self.last.as_slice() != tasks {
             self.last = tasks.to_vec();
         }
@@ -281,10 +287,14 @@ struct CachedPlan {
     plan: Plan,
     inline: Option<Vec<u8>>,
     arena: Vec<u8>,
+    /// What each launch tells the network proxy: the steps its kernels consume on each
+    /// network receiving side.
+    announce: Vec<(Announced, u64)>,
 }
 
 impl CachedPlan {
-    fn new(plan: Plan) -> CachedPlan {
+    fn new(plan: Plan, conns: &Connections) -> CachedPlan {
+        let announce = announcements(&plan, conns);
         let inline = (plan.nitems as usize <= sched::device::INLINE_ITEMS && !plan.yields)
             .then(|| sched::device::inline_param(plan.nitems, &plan.items));
         let arena = if inline.is_some() {
@@ -298,7 +308,41 @@ impl CachedPlan {
             plan,
             inline,
             arena,
+            announce,
         }
+    }
+
+    /// Tell the network proxy the steps a launch of this plan on `stream` will consume: now,
+    /// or under capture at every launch of the graph (a host node beside the kernel's).
+    fn announce(&self, stream: CUstream, capturing: bool) -> Result<()> {
+        if self.announce.is_empty() {
+            return Ok(());
+        }
+        if !capturing {
+            announce(&self.announce);
+            return Ok(());
+        }
+        let list = self.announce.clone();
+        cuda::capture_host_call_beside(stream, Box::new(move || announce(&list)))
+    }
+}
+
+/// The steps `plan`'s kernels consume on each network receiving side among `conns`
+/// (`sched::steps`).
+fn announcements(plan: &Plan, conns: &Connections) -> Vec<(Announced, u64)> {
+    let items = sched::device::deserialize_all(&plan.items);
+    sched::steps::recv_steps_per_connection(&items)
+        .into_iter()
+        .filter_map(|(conn, steps)| {
+            let side = conns.recv.values().find(|s| s.conn.tail == conn.tail)?;
+            Some((side.announced.clone()?, steps))
+        })
+        .collect()
+}
+
+fn announce(list: &[(Announced, u64)]) {
+    for (side, steps) in list {
+        side.add(*steps);
     }
 }
 
@@ -797,7 +841,7 @@ impl Runtime {
             return Ok(());
         }
         if self.connected_shapes.contains(tasks) {
-            self.connected_shapes.remember(tasks);
+            self.connected_shapes.note_last(tasks);
             return Ok(());
         }
         cuda::set_current(self.ctx)?;
@@ -871,7 +915,7 @@ impl Runtime {
             Some(cached) => cached,
             None => {
                 let plan = sched::plan(self.geometry.as_ref().expect("built above"), tasks)?;
-                let cached = Arc::new(CachedPlan::new(plan));
+                let cached = Arc::new(CachedPlan::new(plan, &self.conns));
                 self.plans.insert(tasks, cached.clone());
                 cached
             }
@@ -916,6 +960,7 @@ impl Runtime {
             }
         }
         let mut beside = self.fork_copies(&plan.copies, stream, capturing)?;
+        cached.announce(stream, capturing)?;
         let done = if let Some(blob) = &cached.inline {
             let _span = profile::span(Stage::KernelLaunch);
             cuda::module::launch_blob(

@@ -543,6 +543,39 @@ pub fn capture_copies_beside(
     Ok(nodes)
 }
 
+/// A call a graph's host node makes (`capture_host_call_beside`).
+pub type HostCall = Box<dyn Fn() + Send + Sync>;
+
+unsafe extern "C" fn run_host_call(data: *mut std::ffi::c_void) {
+    // SAFETY: data is the HostCall kept alive with the graph by capture_host_call_beside, for
+    // as long as the graph (hence this node) exists.
+    let call = unsafe { &*(data as *const HostCall) };
+    // A panic must not unwind into the driver.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call));
+}
+
+/// Under capture on `stream`: add a host node that runs `call` at every launch of the graph,
+/// beside the next operation (it depends on what that depends on; nothing waits for it).
+/// `call` lives as long as the graph; it runs on a driver thread and may not call CUDA.
+pub fn capture_host_call_beside(stream: CUstream, call: HostCall) -> Result<()> {
+    let (graph, deps) = capture_dependencies(stream)?;
+    let call = Box::new(call);
+    // The inner box's address: moving the outer box into the graph's keeping leaves it.
+    let data = &*call as *const HostCall as *mut std::ffi::c_void;
+    keep_for_graph(graph, call)?;
+    let params = sys::CUDA_HOST_NODE_PARAMS {
+        fn_: Some(run_host_call),
+        userData: data,
+    };
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: graph is the capturing graph; deps are its nodes; params names a function and
+    // data that live as long as the graph (kept above); writes one node handle.
+    check(
+        unsafe { sys::cuGraphAddHostNode(&mut node, graph, deps.as_ptr(), deps.len(), &params) },
+        "cuGraphAddHostNode",
+    )
+}
+
 /// Under capture: make later work on `stream` also wait for `nodes` (from
 /// `capture_copies_beside`).
 pub fn capture_join(stream: CUstream, nodes: &mut [sys::CUgraphNode]) -> Result<()> {

@@ -102,6 +102,7 @@ pub mod redop;
 pub mod ring;
 #[cfg(test)]
 mod sim;
+pub mod steps;
 pub mod weights;
 
 pub use cost::NetLink;

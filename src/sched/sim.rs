@@ -726,10 +726,17 @@ fn run(world: &mut World, geoms: &[Geometry], tasks: &[Vec<Task>], launches: usi
     for _ in 0..launches {
         let mut ctas: Vec<Cta> = Vec::new();
         let mut copies = Vec::new();
+        // What the network proxy is told each receive connection will consume (by the address
+        // of the connection's position), and where each stood before the launch.
+        let mut announced: HashMap<u64, u64> = HashMap::new();
+        let before = world.positions.clone();
         for (rank, g) in geoms.iter().enumerate() {
             let p = plan(g, &tasks[rank]).expect("plan");
             assert_eq!(p.items.len(), p.nitems as usize * super::device::WORK_SIZE);
             let items = deserialize_all(&p.items);
+            for (conn, steps) in super::steps::recv_steps_per_connection(&items) {
+                *announced.entry(conn.step).or_default() += steps;
+            }
             assert!(p.grid <= super::cost::MAX_CTAS && p.grid <= g.nchannels);
             copies.extend(p.copies.iter().copied());
             for c in 0..p.grid {
@@ -778,6 +785,17 @@ fn run(world: &mut World, geoms: &[Geometry], tasks: &[Vec<Task>], launches: usi
                 "connection {buf:#x} has {} unread slots",
                 c.pending.len()
             );
+        }
+        // Every receive connection consumed exactly the steps announced for it.
+        for g in geoms {
+            for conn in g.recv.iter().flatten().flatten() {
+                let at = |m: &HashMap<u64, u64>| m.get(&conn.step).copied().unwrap_or(0);
+                assert_eq!(
+                    at(&world.positions) - at(&before),
+                    at(&announced),
+                    "a receive connection consumed other than the steps counted for it"
+                );
+            }
         }
         // The copy engine's copies run beside the kernel on memory it does not touch: done
         // after it here, so a kernel that needed their result would be caught reading poison.

@@ -48,6 +48,9 @@ pub struct Side {
     /// A network side whose slots are in GPU memory, written or read by the network
     /// (GPUDirect RDMA): its items carry `FLAG_RECV_GPU` or `FLAG_SEND_GPU`.
     pub gpu_slots: bool,
+    /// A network receiving side's count of the steps its kernels will consume, which each
+    /// launch raises (`net::proxy::Announced`); None for every other side.
+    pub announced: Option<net::proxy::Announced>,
     _keep: Vec<Keep>,
 }
 
@@ -334,6 +337,7 @@ fn mapped_side(
     Ok(Side {
         conn,
         gpu_slots: false,
+        announced: None,
         _keep: std::iter::once(keep).chain(mapping).collect(),
     })
 }

@@ -540,6 +540,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         )?,
         Dir::Recv => mh,
     };
+    let announced = proxy::Announced::default();
     proxy.add(NetSide {
         net,
         comm,
@@ -554,6 +555,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         nslots,
         slot_bytes,
         gpu_slots: gpu_slots.is_some(),
+        announced: announced.clone(),
     });
     let (mine, theirs) = mine_and_theirs(dir);
     let base = mem.dev();
@@ -587,6 +589,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         Side {
             conn,
             gpu_slots: on_gpu,
+            announced: (dir == Dir::Recv).then_some(announced),
             _keep: keep,
         },
     ))

@@ -3,10 +3,11 @@
 //! every transport, in host memory the GPU maps (see `transport/mod.rs`): for a sending side
 //! it watches `tail` and the step words the kernel writes (`STEP_WORDS_OFFSET`), sends each
 //! filled slot, and, once the network has taken it, advances `head`, freeing the slot; for a
-//! receiving side it posts a receive into each slot the kernel has freed (`head`) and, once
-//! the data is in, advances `tail`. A message is the step's payload and an 8-byte trailer,
-//! the step word, which says where the payload goes (the Simple or the LL region of the
-//! slot) and lets the receiver check that both ends are at the same step. A side whose slots
+//! receiving side it posts a receive into each slot the kernel has freed (`head`) for a step
+//! the launched kernels will consume (`Announced`, as NVIDIA's proxy posts only the steps of
+//! the operations it was given) and, once the data is in, advances `tail`. A message is the
+//! step's payload and an 8-byte trailer, the step word, which says where the payload goes
+//! (the Simple or the LL region of the slot) and lets the receiver check that both ends are at the same step. A side whose slots
 //! are in GPU memory (GPUDirect RDMA, `NetSide::gpu_slots`), never read or written here: a
 //! receiving one leaves every message where it landed, at its slot's start (the kernel knows
 //! what it reads there), and advances `tail` once the network's `iflush` says the bytes are
@@ -21,7 +22,13 @@
 //! act itself: a process-wide monitor thread rings the bell of a yielding launch for it (a
 //! plugin's CUDA copy may be queued behind that launch's stream waits, in the same hardware
 //! queue of the GPU, and would otherwise never end) and logs which side's pass it is stuck in.
-//! Under CUDA graphs nothing changes: the proxy follows the counters, whoever launched.
+//! Under CUDA graphs nothing changes: the proxy follows the counters, whoever launched, and a
+//! graph's replays announce their steps themselves (a host node each).
+//!
+//! Teardown: once the kernels are done, every announced step has been received and consumed,
+//! so no receive is left posted; on stop the thread also lets the sends in flight complete
+//! (at most `SETTLE`) and then closes every connection with nothing in flight, as NVIDIA's
+//! does, so a plugin finds no request to complain about. An abort closes at once.
 
 use super::api::{Comm, MemHandle, Net, Request};
 use crate::error::{Error, Result};
@@ -47,6 +54,29 @@ const NAP: Duration = Duration::from_micros(50);
 /// After this long without moving anything while work is posted, the proxy logs where every
 /// side stands (once per stall).
 const STALL_REPORT: Duration = Duration::from_secs(10);
+
+/// How long a stopping proxy (not aborted) lets the sends in flight complete before it closes
+/// their connections anyway.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// The steps the kernels launched so far will consume on one receiving side, ever. The launch
+/// path adds each launch's (`sched::steps`): at the launch, or for a launch captured in a
+/// CUDA graph at every replay of the graph (a host node). The proxy posts a receive for step
+/// k only while k is below it, so once the kernels are done no receive is left posted.
+#[derive(Clone, Debug, Default)]
+pub struct Announced(Arc<AtomicU64>);
+
+impl Announced {
+    /// `steps` more will be consumed.
+    pub fn add(&self, steps: u64) {
+        self.0.fetch_add(steps, Ordering::AcqRel);
+    }
+
+    /// The steps announced so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
 
 /// Host addresses of one network side's counters and buffers (all in memory the GPU maps).
 #[derive(Clone, Copy, Debug)]
@@ -93,6 +123,8 @@ pub struct NetSide {
     /// never touched by the proxy: a received message is flushed, not landed; a Simple step
     /// is sent with the trailer its kernel wrote.
     pub gpu_slots: bool,
+    /// A receiving side's steps to post receives for (unused on a sending side).
+    pub announced: Announced,
 }
 
 // SAFETY: the block's pointers are into memory owned by the connection's `Side`, which the
@@ -252,12 +284,15 @@ impl Driven {
         Ok(posted)
     }
 
+    /// Post a receive for each step whose slot the kernel has freed and that a launched kernel
+    /// will consume.
     fn post_recvs(&mut self) -> Result<bool> {
         let mut posted = false;
         while self.inflight.len() < self.side.nslots as usize {
             let k = self.next;
             let s = &self.side;
-            if load(s.block.head) + s.nslots as u64 <= k {
+            let free = load(s.block.head) + s.nslots as u64;
+            if k >= free.min(s.announced.get()) {
                 break;
             }
             let ptr = self.slot(k);
@@ -357,9 +392,13 @@ impl Driven {
         let flushing = self
             .flushing
             .map_or(String::new(), |(f, _)| format!(", step {f} flushing"));
+        let announced = match s.dir {
+            Dir::Recv => format!(", {} steps announced", s.announced.get()),
+            Dir::Send => String::new(),
+        };
         format!(
-            "{}: next step {k}, {} posted{flushing}, tail {}, head {}, step word of the next \
-             slot {:#x}",
+            "{}: next step {k}, {} posted{flushing}{announced}, tail {}, head {}, step word of \
+             the next slot {:#x}",
             self.what(),
             self.inflight.len(),
             load(s.block.tail),
@@ -368,8 +407,23 @@ impl Driven {
         )
     }
 
-    fn close(&self) {
+    /// Requests still in flight (posted, or a flush).
+    fn in_flight(&self) -> usize {
+        self.inflight.len() + self.flushing.is_some() as usize
+    }
+
+    /// Close the connection (and deregister its memory). Requests still in flight are said
+    /// (an abort, a failed side, or steps announced that no kernel consumed).
+    fn close(&self, rank: i32) {
         let s = &self.side;
+        if self.in_flight() > 0 {
+            crate::info!(
+                NET,
+                "rank {rank}: closing the network connection {} with {} requests in flight",
+                self.what(),
+                self.in_flight()
+            );
+        }
         let _ = s.net.dereg_mr(s.comm, s.mh);
         let _ = match s.dir {
             Dir::Send => {
@@ -720,15 +774,7 @@ fn run(rank: i32, shared: &Shared) {
     let mut stall_reported = false;
     let mut silent_since: Option<Instant> = None;
     while !shared.stop.load(Ordering::Acquire) {
-        if shared.has_incoming.swap(false, Ordering::AcqRel) {
-            sides.extend(shared.incoming.lock().drain(..).map(|side| Driven {
-                side,
-                next: 0,
-                inflight: VecDeque::new(),
-                flushing: None,
-                failed: false,
-            }));
-        }
+        take_incoming(shared, &mut sides);
         let mut moved = false;
         if !shared.abort.load(Ordering::Acquire) {
             shared
@@ -782,8 +828,55 @@ fn run(rank: i32, shared: &Shared) {
             std::hint::spin_loop();
         }
     }
+    // A side handed over just before the stop is closed too.
+    take_incoming(shared, &mut sides);
+    if !shared.abort.load(Ordering::Acquire) {
+        settle_sends(rank, shared, &mut sides);
+    }
     for d in &sides {
-        d.close();
+        d.close(rank);
+    }
+}
+
+/// Drive the sides handed over since the last look.
+fn take_incoming(shared: &Shared, sides: &mut Vec<Driven>) {
+    if shared.has_incoming.swap(false, Ordering::AcqRel) {
+        sides.extend(shared.incoming.lock().drain(..).map(|side| Driven {
+            side,
+            next: 0,
+            inflight: VecDeque::new(),
+            flushing: None,
+            failed: false,
+        }));
+    }
+}
+
+/// Let the sends in flight complete (at most `SETTLE`, until an abort): a kernel that filled
+/// its last slot is done before its send is, and the peer has its receive posted for it.
+/// Receives are not waited for: once the kernels are done none is left that data will come
+/// for.
+fn settle_sends(rank: i32, shared: &Shared, sides: &mut [Driven]) {
+    let start = Instant::now();
+    let unsettled = |d: &Driven| !d.failed && d.side.dir == Dir::Send && !d.inflight.is_empty();
+    while sides.iter().any(unsettled) {
+        if shared.abort.load(Ordering::Acquire) || start.elapsed() > SETTLE {
+            return;
+        }
+        for d in sides.iter_mut().filter(|d| unsettled(d)) {
+            shared
+                .pass_side
+                .store(side_code(&d.side), Ordering::Release);
+            if let Err(e) = d.complete() {
+                crate::info!(
+                    NET,
+                    "rank {rank}: network connection {} failed while closing: {}",
+                    d.what(),
+                    e.msg
+                );
+                d.failed = true;
+            }
+        }
+        std::thread::sleep(NAP);
     }
 }
 

@@ -4,7 +4,7 @@
 //! processes, including a peer killed in the middle of a transfer.
 
 use super::api::{Comm, Handle, MemHandle, MemType, Net, Request, HANDLE_BYTES};
-use super::proxy::{bounce_bytes, HostBlock, NetSide, Proxy};
+use super::proxy::{bounce_bytes, Announced, HostBlock, NetSide, Proxy};
 use super::socket::{Shape, SocketNet};
 use super::{block_bytes, host_block};
 use crate::bootstrap::socket::NetIf;
@@ -357,11 +357,13 @@ const SLOT: u32 = 64 << 10;
 const NSLOTS: u32 = 4;
 
 /// One side's block in ordinary memory (the GPU would map it), and its slots in ordinary
-/// memory standing in for GPU memory where the side has them there.
+/// memory standing in for GPU memory where the side has them there; for a receiving side, the
+/// steps its stand-in kernels will consume, which a test announces as a launch would.
 struct Block {
     _mem: Vec<u64>,
     _gpu: Vec<u64>,
     host: HostBlock,
+    announced: Announced,
 }
 
 impl Block {
@@ -383,6 +385,7 @@ impl Block {
             _mem: mem,
             _gpu: gpu,
             host,
+            announced: Announced::default(),
         }
     }
 }
@@ -654,6 +657,7 @@ fn side(net: &Arc<dyn Net>, comm: Comm, dir: Dir, peer: i32, block: &Block) -> N
         nslots: NSLOTS,
         slot_bytes: SLOT,
         gpu_slots: false,
+        announced: block.announced.clone(),
     }
 }
 
@@ -669,6 +673,7 @@ pub(super) fn move_schedule_between_two_proxies(net: &Arc<dyn Net>) {
     p0.add(side(net, sc, Dir::Send, 1, &sb));
     p1.add(side(net, rc, Dir::Recv, 0, &rb));
     let steps = schedule();
+    rb.announced.add(steps.len() as u64);
     std::thread::scope(|s| {
         let (sb, rb, steps, flag) = (&sb, &rb, &steps, &flag);
         let send = s.spawn(move || stand_in_sender(&sb.host, steps, flag));
@@ -836,6 +841,7 @@ fn a_receiving_side_in_gpu_memory_gets_every_message_at_its_slot_start_and_no_la
         ..side(&net, rc, Dir::Recv, 0, &rb)
     });
     let steps = schedule();
+    rb.announced.add(steps.len() as u64);
     std::thread::scope(|s| {
         let (sb, rb, steps, flag) = (&sb, &rb, &steps, &flag);
         let send = s.spawn(move || stand_in_sender(&sb.host, steps, flag));
@@ -873,6 +879,7 @@ fn gpu_sender_pair(gpu_receiver: bool) -> GpuSenderPair {
     let (sc, rc) = connect_pair(net.as_ref());
     let sb = Block::with(Dir::Send, true);
     let rb = Block::with(Dir::Recv, gpu_receiver);
+    rb.announced.add(schedule().len() as u64);
     let errors = Arc::new(Mutex::new(Vec::new()));
     let p0 = proxy(0, &errors);
     let p1 = proxy(1, &errors);
@@ -983,6 +990,9 @@ fn two_ranks_in_a_ring_over_channels_with_host_sends_and_gpu_receives_finish() {
         }
     }
     let steps: Vec<(usize, bool)> = (0..4).flat_map(|_| schedule()).collect();
+    for (_, recv) in blocks.iter().flatten() {
+        recv.announced.add(steps.len() as u64);
+    }
     let flag = AtomicBool::new(false);
     std::thread::scope(|s| {
         let kernels: Vec<_> = blocks
@@ -1018,6 +1028,7 @@ fn a_proxy_stuck_in_a_network_call_is_named_by_the_side_it_is_at() {
     let net: Arc<dyn Net> = flushing.clone();
     let (_sc, rc) = connect_pair(net.as_ref());
     let rb = Block::new(Dir::Recv);
+    rb.announced.add(1); // a receive to post, whose test holds
     let errors = Arc::new(Mutex::new(Vec::new()));
     let p = proxy(3, &errors);
     p.set_stuck_after(Duration::from_millis(50));
@@ -1057,13 +1068,15 @@ impl HeldBed {
         let flushing = Arc::new(FlushingNet::new(true));
         let net: Arc<dyn Net> = flushing.clone();
         let (sc, rc) = connect_pair(net.as_ref());
+        let rb = Block::new(Dir::Recv);
+        rb.announced.add(1); // a receive to post, whose test holds
         HeldBed {
             page,
             flushing,
             net,
             _sc: sc,
             rc,
-            rb: Block::new(Dir::Recv),
+            rb,
             errors: Arc::new(Mutex::new(Vec::new())),
         }
     }
@@ -1278,6 +1291,10 @@ fn receive_from_child(
     let p = proxy(0, &errors);
     p.add(side(&net, rc, Dir::Recv, 1, &block));
     let steps = schedule();
+    // The receiving kernel waits for one step more than a killed peer sends.
+    block
+        .announced
+        .add(kill_after.map_or(n_recv, |k| k + 1) as u64);
     let mut since_kill = Duration::ZERO;
     if let Some(k) = kill_after {
         stand_in_receiver(&block.host, &steps[..k], &flag).unwrap();
@@ -1384,6 +1401,8 @@ fn both_directions_at_once_with_full_slots_do_not_stall() {
     let steps: Vec<(usize, bool)> = (0..300)
         .map(|i| (simple_max - (i % 3) * 8, false))
         .collect();
+    blocks[1].announced.add(steps.len() as u64);
+    blocks[3].announced.add(steps.len() as u64);
     std::thread::scope(|s| {
         let (steps, flag) = (&steps, &flag);
         let hs: Vec<_> = blocks
@@ -1417,6 +1436,7 @@ fn an_orderly_teardown_first_sends_what_the_kernels_left() {
     receiver_proxy.add(side(&net, rc, Dir::Recv, 0, &rb));
     let simple_max = (SLOT - SLOT / LL_REGION_DIV) as usize;
     let steps: Vec<(usize, bool)> = (0..40).map(|_| (simple_max, false)).collect();
+    rb.announced.add(steps.len() as u64);
     std::thread::scope(|s| {
         let (rb, steps, flag) = (&rb, &steps, &flag);
         // The receiving kernel is late: the last slots are still in the sender's staging
@@ -1440,4 +1460,343 @@ fn an_orderly_teardown_first_sends_what_the_kernels_left() {
         recv.join().unwrap().unwrap();
     });
     assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+}
+
+// ---- teardown: no connection closed with requests in flight ----
+
+/// The socket network counting each comm's requests in flight (posted, not yet reported done
+/// by `test`) and its receives posted, and recording how many requests each comm still had
+/// in flight when it was closed (what aws-ofi-nccl warns about).
+struct CountingNet {
+    inner: SocketNet,
+    /// Requests in flight, with their comm.
+    open: Mutex<std::collections::HashMap<Request, Comm>>,
+    /// Receives posted, per comm.
+    recvs: Mutex<std::collections::HashMap<Comm, usize>>,
+    /// (comm, sending, requests in flight) of every close, in order.
+    closed: Mutex<Vec<(Comm, bool, usize)>>,
+}
+
+impl CountingNet {
+    fn new() -> CountingNet {
+        CountingNet {
+            inner: SocketNet::new(lo(), Shape::new(0, 1)),
+            open: Mutex::new(Default::default()),
+            recvs: Mutex::new(Default::default()),
+            closed: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn track(&self, comm: Comm, r: Result<Option<Request>>) -> Result<Option<Request>> {
+        if let Ok(Some(req)) = r {
+            self.open.lock().insert(req, comm);
+        }
+        r
+    }
+
+    fn closing(&self, comm: Comm, sending: bool) {
+        let mut open = self.open.lock();
+        let before = open.len();
+        open.retain(|_, c| *c != comm);
+        self.closed
+            .lock()
+            .push((comm, sending, before - open.len()));
+    }
+
+    fn recvs_posted(&self, comm: Comm) -> usize {
+        self.recvs.lock().get(&comm).copied().unwrap_or(0)
+    }
+
+    fn closed(&self) -> Vec<(Comm, bool, usize)> {
+        self.closed.lock().clone()
+    }
+}
+
+impl Net for CountingNet {
+    fn name(&self) -> &str {
+        "Counting"
+    }
+    fn devices(&self) -> Result<i32> {
+        self.inner.devices()
+    }
+    fn properties(&self, dev: i32) -> Result<super::api::Properties> {
+        self.inner.properties(dev)
+    }
+    fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
+        self.inner.listen(dev)
+    }
+    fn connect(&self, dev: i32, handle: &Handle) -> Result<Option<Comm>> {
+        self.inner.connect(dev, handle)
+    }
+    fn accept(&self, listen: Comm) -> Result<Option<Comm>> {
+        self.inner.accept(listen)
+    }
+    fn reg_mr(&self, comm: Comm, data: *mut u8, size: usize, mem: MemType) -> Result<MemHandle> {
+        self.inner.reg_mr(comm, data, size, mem)
+    }
+    fn dereg_mr(&self, comm: Comm, mh: MemHandle) -> Result<()> {
+        self.inner.dereg_mr(comm, mh)
+    }
+    fn isend(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        self.track(comm, self.inner.isend(comm, data, size, tag, mh))
+    }
+    fn irecv(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        let r = self.track(comm, self.inner.irecv(comm, data, size, tag, mh));
+        if let Ok(Some(_)) = r {
+            *self.recvs.lock().entry(comm).or_default() += 1;
+        }
+        r
+    }
+    fn iflush(
+        &self,
+        comm: Comm,
+        data: *mut u8,
+        size: usize,
+        mh: MemHandle,
+    ) -> Result<Option<Request>> {
+        self.track(comm, self.inner.iflush(comm, data, size, mh))
+    }
+    fn test(&self, req: Request) -> Result<Option<usize>> {
+        let r = self.inner.test(req);
+        if let Ok(Some(_)) = r {
+            self.open.lock().remove(&req);
+        }
+        r
+    }
+    fn close_send(&self, comm: Comm) -> Result<()> {
+        self.closing(comm, true);
+        self.inner.close_send(comm)
+    }
+    fn close_recv(&self, comm: Comm) -> Result<()> {
+        self.closing(comm, false);
+        self.inner.close_recv(comm)
+    }
+    fn close_listen(&self, comm: Comm) -> Result<()> {
+        self.inner.close_listen(comm)
+    }
+}
+
+#[test]
+fn an_orderly_teardown_closes_no_connection_with_requests_in_flight() {
+    // Two ranks, each sending to and receiving from the other, move the whole schedule
+    // (Simple and LL steps, several turns of the slots); then each tears down as
+    // ncclCommDestroy does (drain, stop). Every receive was posted for a step a kernel
+    // consumed and every send was tested done: all four comms close with nothing in flight.
+    let counting = Arc::new(CountingNet::new());
+    let net: Arc<dyn Net> = counting.clone();
+    let (ab_s, ab_r) = connect_pair(net.as_ref());
+    let (ba_s, ba_r) = connect_pair(net.as_ref());
+    let blocks = [
+        Block::new(Dir::Send),
+        Block::new(Dir::Recv),
+        Block::new(Dir::Send),
+        Block::new(Dir::Recv),
+    ];
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let flag = AtomicBool::new(false);
+    let pa = proxy(0, &errors);
+    let pb = proxy(1, &errors);
+    pa.add(side(&net, ab_s, Dir::Send, 1, &blocks[0]));
+    pb.add(side(&net, ab_r, Dir::Recv, 0, &blocks[1]));
+    pb.add(side(&net, ba_s, Dir::Send, 0, &blocks[2]));
+    pa.add(side(&net, ba_r, Dir::Recv, 1, &blocks[3]));
+    let steps = schedule();
+    // The launch announces its steps to the receiving sides.
+    blocks[1].announced.add(steps.len() as u64);
+    blocks[3].announced.add(steps.len() as u64);
+    std::thread::scope(|s| {
+        let (steps, flag) = (&steps, &flag);
+        let kernels: Vec<_> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                s.spawn(move || match i % 2 {
+                    0 => stand_in_sender(&b.host, steps, flag),
+                    _ => stand_in_receiver(&b.host, steps, flag),
+                })
+            })
+            .collect();
+        for k in kernels {
+            k.join().unwrap().unwrap();
+        }
+    });
+    assert_eq!(pa.drain(Duration::from_secs(10)), Ok(()));
+    assert_eq!(pb.drain(Duration::from_secs(10)), Ok(()));
+    assert!(pa.stop(Duration::from_secs(5)) && pb.stop(Duration::from_secs(5)));
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+    let closed = counting.closed();
+    assert_eq!(closed.len(), 4, "{closed:?}");
+    for (comm, sending, inflight) in closed {
+        assert_eq!(
+            inflight, 0,
+            "{comm:?} (sending: {sending}) was closed with requests in flight"
+        );
+    }
+    for comm in [ab_r, ba_r] {
+        assert_eq!(counting.recvs_posted(comm), steps.len(), "{comm:?}");
+    }
+}
+
+#[test]
+fn receives_are_posted_only_for_steps_announced_and_slots_free() {
+    let counting = Arc::new(CountingNet::new());
+    let net: Arc<dyn Net> = counting.clone();
+    let (sc, rc) = connect_pair(net.as_ref());
+    let (sb, rb) = (Block::new(Dir::Send), Block::new(Dir::Recv));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let flag = AtomicBool::new(false);
+    let receiver = proxy(1, &errors);
+    receiver.add(side(&net, rc, Dir::Recv, 0, &rb));
+    // Nothing announced: nothing posted, although every slot is free.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(counting.recvs_posted(rc), 0);
+    // Three steps (fewer than the slots): three receives, and no more.
+    rb.announced.add(3);
+    wait_for("three receives posted", &|| counting.recvs_posted(rc) == 3);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(counting.recvs_posted(rc), 3);
+    // More steps than slots: one receive per free slot until the kernel consumes.
+    let steps: Vec<(usize, bool)> = schedule().into_iter().take(NSLOTS as usize + 3).collect();
+    rb.announced.add(steps.len() as u64 - 3);
+    wait_for("a receive per slot", &|| {
+        counting.recvs_posted(rc) == NSLOTS as usize
+    });
+    let sender = proxy(0, &errors);
+    sender.add(side(&net, sc, Dir::Send, 1, &sb));
+    std::thread::scope(|s| {
+        let (sb, rb, steps, flag) = (&sb, &rb, &steps, &flag);
+        let send = s.spawn(move || stand_in_sender(&sb.host, steps, flag));
+        let recv = s.spawn(move || stand_in_receiver(&rb.host, steps, flag));
+        send.join().unwrap().unwrap();
+        recv.join().unwrap().unwrap();
+    });
+    assert_eq!(sender.drain(Duration::from_secs(10)), Ok(()));
+    drop((sender, receiver));
+    assert_eq!(counting.recvs_posted(rc), steps.len());
+    let closed = counting.closed();
+    assert!(closed.iter().all(|c| c.2 == 0), "{closed:?}");
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+}
+
+#[test]
+fn stop_and_abort_close_at_once_with_receives_no_data_will_come_for() {
+    // Steps announced that no sender fills (a launch whose peer never came): the posted
+    // receives would never complete. Neither a stop nor an abort waits for them: both close
+    // promptly, saying how many were in flight.
+    for abort in [false, true] {
+        let counting = Arc::new(CountingNet::new());
+        let net: Arc<dyn Net> = counting.clone();
+        let (_sc, rc) = connect_pair(net.as_ref());
+        let rb = Block::new(Dir::Recv);
+        rb.announced.add(100);
+        let flag = Arc::new(AtomicBool::new(false));
+        let p = Proxy::start(
+            1,
+            None,
+            flag.clone(),
+            0,
+            Arc::new(|_peer: i32, _err: Error| {}),
+        )
+        .unwrap();
+        p.add(side(&net, rc, Dir::Recv, 0, &rb));
+        wait_for("every slot's receive posted", &|| {
+            counting.recvs_posted(rc) == NSLOTS as usize
+        });
+        flag.store(abort, Ordering::Release);
+        let start = Instant::now();
+        assert!(p.stop(Duration::from_secs(5)), "abort {abort}");
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "abort {abort}: the stop took {:?}",
+            start.elapsed()
+        );
+        assert_eq!(counting.closed(), vec![(rc, false, NSLOTS as usize)]);
+    }
+}
+
+#[test]
+fn an_abort_does_not_wait_for_sends_in_flight() {
+    // A sender whose peer never receives: its sends stay in flight (the socket buffers fill).
+    // A stop lets them settle for at most SETTLE; an abort closes at once.
+    let counting = Arc::new(CountingNet::new());
+    let net: Arc<dyn Net> = counting.clone();
+    let (sc, _rc) = connect_pair(net.as_ref());
+    let sb = Block::new(Dir::Send);
+    let flag = Arc::new(AtomicBool::new(false));
+    let p = Proxy::start(
+        0,
+        None,
+        flag.clone(),
+        0,
+        Arc::new(|_peer: i32, _err: Error| {}),
+    )
+    .unwrap();
+    p.add(side(&net, sc, Dir::Send, 1, &sb));
+    let simple_max = (SLOT - SLOT / LL_REGION_DIV) as usize;
+    let kernel_abort = AtomicBool::new(false);
+    // Fill every slot many times over the socket buffers' size: the kernel stops once the
+    // slots stay full (the proxy cannot send more), which the stand-in's own limit ends.
+    std::thread::scope(|s| {
+        let (sb, kernel_abort) = (&sb, &kernel_abort);
+        let kernel = s.spawn(move || {
+            let steps: Vec<(usize, bool)> = (0..10_000).map(|_| (simple_max, false)).collect();
+            stand_in_sender(&sb.host, &steps, kernel_abort)
+        });
+        wait_for("sends stuck in flight", &|| {
+            counting.open.lock().len() == NSLOTS as usize
+                && load(sb.host.head) + NSLOTS as u64 == load(sb.host.tail)
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        kernel_abort.store(true, Ordering::Release);
+        assert!(kernel.join().unwrap().is_err(), "the peer never receives");
+    });
+    assert_eq!(counting.open.lock().len(), NSLOTS as usize, "still stuck");
+    flag.store(true, Ordering::Release);
+    let start = Instant::now();
+    assert!(p.stop(Duration::from_secs(5)));
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "the abort waited {:?}",
+        start.elapsed()
+    );
+    assert_eq!(counting.closed(), vec![(sc, true, NSLOTS as usize)]);
+}
+
+#[test]
+fn over_the_test_plugin_no_comm_is_closed_with_requests_in_flight() {
+    // The test plugin counts (and warns about) requests in flight at closeSend/closeRecv, as
+    // aws-ofi-nccl does; a library of its own keeps the count this test's.
+    let Some(lib) = super::plugin::tests::plugin_of_its_own("teardown") else {
+        return;
+    };
+    let net = super::plugin::open_path(&lib).expect("the test plugin loads");
+    move_schedule_between_two_proxies(&net);
+    assert_eq!(super::plugin::tests::requests_in_flight_at_close(&lib), 0);
+    // The count is real: a comm closed with a receive posted adds one.
+    let (sc, rc) = connect_pair(net.as_ref());
+    let mut buf = vec![0u8; 64];
+    let mh = net
+        .reg_mr(rc, buf.as_mut_ptr(), buf.len(), MemType::Host)
+        .unwrap();
+    until("a receive posted", || {
+        net.irecv(rc, buf.as_mut_ptr(), buf.len(), 0, mh)
+    });
+    net.dereg_mr(rc, mh).unwrap();
+    net.close_recv(rc).unwrap();
+    net.close_send(sc).unwrap();
+    assert_eq!(super::plugin::tests::requests_in_flight_at_close(&lib), 1);
 }

@@ -515,6 +515,25 @@ pub(crate) fn plugin_taking_cuda() -> Option<&'static str> {
         .as_deref()
 }
 
+/// The test plugin built as a library of its own named by `variant`, so that its
+/// process-wide counts belong to the one test that loads it; compiled once per test run.
+pub(crate) fn plugin_of_its_own(variant: &'static str) -> Option<String> {
+    compile(variant, Source::Plugin, &[])
+}
+
+/// The requests the test plugin at `lib` (loaded) found still in flight when its caller closed
+/// a comm, over the process's life (`oxtest_requests_in_flight_at_close`).
+pub(crate) fn requests_in_flight_at_close(lib: &str) -> i64 {
+    let lib = dl::Library::open(Some(lib)).expect("the test plugin opens");
+    let f = lib
+        .symbol(c"oxtest_requests_in_flight_at_close")
+        .expect("the test plugin counts requests in flight at close");
+    // SAFETY: the symbol is oxtest_net.c's `long oxtest_requests_in_flight_at_close(void)`,
+    // and `lib` keeps the library loaded during the call.
+    let count: extern "C" fn() -> std::os::raw::c_long = unsafe { std::mem::transmute(f) };
+    count() as i64
+}
+
 /// Compile `src` with `defines` into a shared library under the target directory; None (and
 /// a note) when there is no C compiler.
 fn compile(variant: &str, src: Source, defines: &[&str]) -> Option<String> {
