@@ -27,8 +27,11 @@ fi
 # before a change, and oxccl's own host profile of each run (OXCCL_HOST_PROFILE=1, in .err).
 [[ -n ${HOSTPATH_BEFORE:-} && -f $HOSTPATH_BEFORE/libnccl.so.2 ]] && libs+=("before=$HOSTPATH_BEFORE")
 SIZES=${HOSTPATH_SIZES:-8,32768,524288,8388608,16777216,33554432}
-# MPS lets the kernels of the two processes of -p run side by side (stopped again at the end).
-mps_dir=$(mktemp -d /tmp/hostpath-mps.XXXXXX)
+# MPS lets the kernels of the two processes of -p run side by side (stopped again at the end;
+# its pipe folder is HOSTPATH_MPS_DIR, default /tmp/hostpath-mps, so that a caller that had to
+# kill this script can still stop it: CUDA_MPS_PIPE_DIRECTORY=... nvidia-cuda-mps-control <<<quit).
+mps_dir=${HOSTPATH_MPS_DIR:-/tmp/hostpath-mps}
+mkdir -p "$mps_dir"
 export CUDA_MPS_PIPE_DIRECTORY=$mps_dir CUDA_MPS_LOG_DIRECTORY=$mps_dir
 mps=0
 stop_mps() { [[ $mps == 1 ]] && echo quit | nvidia-cuda-mps-control && mps=0; }
