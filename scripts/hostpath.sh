@@ -7,8 +7,8 @@
 # operation), side-by-side.txt, profile.txt (oxccl's host profile of each mode), all packed
 # as hostpath.tar.gz. Modes: 1 = one rank, 2 = two ranks of one process (group calls), p = two
 # processes (under MPS when nvidia-cuda-mps-control starts a daemon; it is stopped at the end).
-# usage: scripts/hostpath.sh [ITERATIONS]   (calls per case, default 2000; HOSTPATH_SIZES and
-#        HOSTPATH_BEFORE=<folder of another oxccl build> as described below)
+# usage: scripts/hostpath.sh [ITERATIONS]   (calls per case, default 2000; HOSTPATH_SIZES,
+#        HOSTPATH_MODES (default "1 2 p") and HOSTPATH_BEFORE=<folder of another oxccl build>)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hostpath}
@@ -26,6 +26,10 @@ fi
 # Another oxccl to compare with (HOSTPATH_BEFORE=folder of its libnccl.so.2), e.g. the build
 # before a change, and oxccl's own host profile of each run (OXCCL_HOST_PROFILE=1, in .err).
 [[ -n ${HOSTPATH_BEFORE:-} && -f $HOSTPATH_BEFORE/libnccl.so.2 ]] && libs+=("before=$HOSTPATH_BEFORE")
+# The profile's clock reads cost the profiled run about 0.1 us per stage: ours is timed without
+# it, and run once more with it (oursprof) for the breakdown.
+libs+=("oursprof=.device/lib")
+MODES=${HOSTPATH_MODES:-1 2 p}
 SIZES=${HOSTPATH_SIZES:-8,32768,524288,8388608,16777216,33554432}
 # MPS lets the kernels of the two processes of -p run side by side (stopped again at the end;
 # its pipe folder is HOSTPATH_MPS_DIR, default /tmp/hostpath-mps, so that a caller that had to
@@ -36,7 +40,7 @@ export CUDA_MPS_PIPE_DIRECTORY=$mps_dir CUDA_MPS_LOG_DIRECTORY=$mps_dir
 mps=0
 stop_mps() { [[ $mps == 1 ]] && echo quit | nvidia-cuda-mps-control && mps=0; }
 trap stop_mps EXIT
-for mode in 1 2 p; do
+for mode in $MODES; do
   args=(-r "$mode")
   if [[ $mode == p ]]; then
     args=(-p)
@@ -50,7 +54,7 @@ for mode in 1 2 p; do
   for entry in "${libs[@]}"; do
     name=${entry%%=*} dir=${entry#*=}
     prof=()
-    [[ $name == ours ]] && prof=(OXCCL_HOST_PROFILE=1)
+    [[ $name == oursprof ]] && prof=(OXCCL_HOST_PROFILE=1)
     env "${prof[@]}" LD_LIBRARY_PATH="$dir" timeout -k 5 150 .device/bin/hostpath "${args[@]}" -n "$N" -s "$SIZES" \
       >"$OUT/$name-$mode.txt" 2>"$OUT/$name-$mode.err"
     echo "rc=$? $name mode=$mode: $(grep -c '^ROW' "$OUT/$name-$mode.txt") rows" | tee -a "$OUT/runs.txt"
@@ -81,6 +85,6 @@ for key in sorted(rows):
     print(f"{key[0]} {key[1]} {key[2]} {key[3]} | {cells} | {ratio}")
 PY
 cat "$OUT/side-by-side.txt"
-grep -H "host profile" "$OUT"/ours-*.err >"$OUT/profile.txt" 2>/dev/null
+grep -H "host profile" "$OUT"/oursprof-*.err >"$OUT/profile.txt" 2>/dev/null
 cat "$OUT/profile.txt"
 tar -czf "$OUT.tar.gz" -C "$OUT" . && mv "$OUT.tar.gz" "$OUT/hostpath.tar.gz"

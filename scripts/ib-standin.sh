@@ -126,7 +126,11 @@ if [ "${IB_STANDIN_INNER:-0}" != 1 ]; then
   fi
 fi
 
-export NCCL_SOCKET_IFNAME=lo NCCL_NET_GDR_LEVEL=LOC
+# NCCL_GIN_TYPE=0: NVIDIA's 2.28.9 probes its GPU-initiated (GDAKI) IB path when IB devices
+# exist; when that probe initializes but finds no device (the stand-in has no mlx5 interface)
+# it calls through the placeholder pointer (ncclGin_t *)-1 and crashes in ncclNetInit
+# (src/plugin/net.cc). GIN is the device API's transport, which no collective uses: off.
+export NCCL_SOCKET_IFNAME=lo NCCL_NET_GDR_LEVEL=LOC NCCL_GIN_TYPE=0
 QUICK=${IB_STANDIN_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
   TYPES=float,int8

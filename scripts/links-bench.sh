@@ -64,6 +64,7 @@ failed=0
 
 # uid LIB ENV...: LIB's unique id for NCCL_COMM_ID (in namespace a, where rank 0 runs): with
 # NCCL_COMM_ID set it names that address and starts nothing, so the ranks can use it later.
+# The id comes on a line of its own (UID=...): a library may log to stdout too.
 uid() {
   local lib=$1
   shift
@@ -72,7 +73,8 @@ import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
 buf = ctypes.create_string_buffer(128)
 rc = lib.ncclGetUniqueId(buf)
-sys.exit("ncclGetUniqueId: %d" % rc) if rc else print(buf.raw.hex())' "$lib"
+sys.exit("ncclGetUniqueId: %d" % rc) if rc else print("UID=" + buf.raw.hex(), flush=True)' "$lib" |
+    sed -n 's/^UID=//p'
 }
 
 # run LABEL LIB IFNAME ENV...: one 2-rank run; prints "size busbw" lines (bytes, GB/s).
@@ -82,7 +84,7 @@ run() {
   local port=$((30000 + RANDOM % 2000)) r ns pids=() ok=1 hex log
   local env=(NCCL_COMM_ID=10.213.81.1:$port NCCL_SOCKET_IFNAME=$ifname OXCCL_NET_SPEEDS=$SPEEDS
     NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@")
-  if ! hex=$(uid "$lib" "${env[@]}" 2>"$OUTDIR/$label-uid.log"); then
+  if ! hex=$(set -o pipefail; uid "$lib" "${env[@]}" 2>"$OUTDIR/$label-uid.log") || [ -z "$hex" ]; then
     echo "FAIL $label: no unique id ($OUTDIR/$label-uid.log)" >&2
     return 1
   fi
