@@ -678,7 +678,7 @@ impl Runtime {
             .collect();
         // Only when every other rank is such a peer: a communicator that also has peers on
         // this host spins as before (6 processes on 3 hosts of one GPU, host-grouped rings,
-        // hung once with parking in session 8; not understood yet).
+        // hung once with parking; not understood yet).
         let me = self.topo.my_rank as usize;
         if !park.iter().enumerate().all(|(r, &p)| p || r == me) || park.len() < 2 {
             return Vec::new();

@@ -70,13 +70,13 @@ pub const BLOCK_THREADS: u32 = 512;
 pub const MAX_CTAS: u32 = 64;
 /// Most channels one P2P operation is split over (per peer and direction): on 2 H200s a
 /// 512 MiB sendrecv reached 312 GB/s with 16, 340 GB/s with 32 and 203 GB/s with 64 (send and
-/// receive CTAs then exceed `MAX_CTAS` and share CTAs) (docs/bench.md, session 2 run 1).
+/// receive CTAs then exceed `MAX_CTAS` and share CTAs) (docs/bench.md, 2 × H200).
 pub const P2P_MAX_CHANNELS: u32 = 32;
 /// P2P bytes per channel before another channel is added (one CTA moves about 20 GB/s).
 pub const P2P_BYTES_PER_CHANNEL: u64 = 256 << 10;
 
 // Constants fitted to forced-protocol, forced-channel sweeps of GPU time (CUDA graph
-// replays) on 2 H200s (docs/bench.md, session 2 runs 5-6): a Simple all-reduce takes about
+// replays) on 2 H200s (docs/bench.md, "Sweeps behind the cost model"): a Simple all-reduce takes about
 // 11 µs on 8 channels and 14 µs on 32-64 for 16 KiB, and moves 4 MiB at 160 / 315 / 365 GB/s
 // on 8 / 32 / 64 channels, which `LINK_GBPS * (1 - exp(-nch * CHANNEL_GBPS / LINK_GBPS))`
 // follows; an LL ring all-reduce starts at about 8 µs, a one-shot one at about 4.4 µs; an LL
@@ -452,9 +452,9 @@ pub fn ring_plan_in(kind: CollKind, bytes: u64, nranks: i32, lim: &Limits) -> (P
 /// flight per hop (each step waits for the peer's), so over the network its throughput is a
 /// slot per round trip through both proxies and the peer's kernel, a time no network
 /// property reports. Measured on one H200 with ranks in processes claiming separate hosts
-/// (docs/bench.md, session 6): the network model's one channel for a 10 Gbit/s link gave
+/// (docs/bench.md): the network model's one channel for a 10 Gbit/s link gave
 /// 0.11 of NVIDIA's socket transport's busbw at 16 MiB and more; the in-node choice gave
-/// 1.06 (session 5). NVIDIA's library, too, runs several channels per network device.
+/// 1.06. NVIDIA's library, too, runs several channels per network device.
 pub fn ring_plan_net_with(
     kind: CollKind,
     bytes: u64,

@@ -120,7 +120,7 @@ fn auto_for_vendor(vendor: Option<&str>) -> (usize, usize) {
 /// The shape of any other NIC: 2 helper threads × 2 sockets. NVIDIA's is 0 × 1 (its proxy
 /// thread alone, one socket), which one core's copying bounds: on one H200 host over
 /// loopback, 2 × 2 moved 1.9 × (all-reduce) and 1.65 × (all-gather) NVIDIA's busbw from
-/// 16 MiB, where 0 × 1 was at par (docs/bench.md, session 12). The helpers sleep while
+/// 16 MiB, where 0 × 1 was at par (docs/bench.md). The helpers sleep while
 /// their sockets are idle.
 const OTHER_NIC: (usize, usize) = (2, 2);
 
