@@ -92,7 +92,12 @@ fn mirror_bits(val: usize, pow2: usize) -> usize {
 /// The devices GPU `me` uses, in channel order (channel c: the entry c mod length), from
 /// `types[g][n]`, the path type between the host's GPU g and device n (every row as long);
 /// `ordinal` is GPU `me`'s NVML-order index.
-pub fn local_nets(types: &[Vec<PathType>], me: usize, ordinal: usize, policy: NetDevsPolicy) -> Vec<usize> {
+pub fn local_nets(
+    types: &[Vec<PathType>],
+    me: usize,
+    ordinal: usize,
+    policy: NetDevsPolicy,
+) -> Vec<usize> {
     let Some(mine) = types.get(me).filter(|t| !t.is_empty()) else {
         return Vec::new();
     };
@@ -124,7 +129,12 @@ pub struct Choice {
 /// The devices of this rank's GPU among the network devices whose PCI paths are `nic_paths`
 /// (`ncclNetProperties_t.pciPath`, empty where a device has none), reading `sysfs` for the
 /// places of the host's GPUs (those of `topo`'s ranks on this host) and devices.
-pub fn choose(sysfs: &Sysfs, topo: &Topology, nic_paths: &[String], policy: NetDevsPolicy) -> Choice {
+pub fn choose(
+    sysfs: &Sysfs,
+    topo: &Topology,
+    nic_paths: &[String],
+    policy: NetDevsPolicy,
+) -> Choice {
     let every = || Choice {
         devices: (0..nic_paths.len()).collect(),
         types: Vec::new(),
@@ -204,8 +214,14 @@ mod tests {
     #[test]
     fn only_the_closest_devices_are_used() {
         // One GPU: a NIC under its switch, one on another root complex.
-        assert_eq!(local_nets(&[vec![Pix, Sys]], 0, 0, NetDevsPolicy::Auto), vec![0]);
-        assert_eq!(local_nets(&[vec![Phb, Pxb]], 0, 0, NetDevsPolicy::Auto), vec![1]);
+        assert_eq!(
+            local_nets(&[vec![Pix, Sys]], 0, 0, NetDevsPolicy::Auto),
+            vec![0]
+        );
+        assert_eq!(
+            local_nets(&[vec![Phb, Pxb]], 0, 0, NetDevsPolicy::Auto),
+            vec![1]
+        );
         // Two equally close: both, round robin.
         assert_eq!(
             local_nets(&[vec![Pix, Sys, Pix]], 0, 0, NetDevsPolicy::Auto),
@@ -216,7 +232,10 @@ mod tests {
             local_nets(&[vec![Sys, Sys]], 0, 3, NetDevsPolicy::Auto),
             vec![0, 1]
         );
-        assert_eq!(local_nets(&[vec![]], 0, 0, NetDevsPolicy::Auto), Vec::<usize>::new());
+        assert_eq!(
+            local_nets(&[vec![]], 0, 0, NetDevsPolicy::Auto),
+            Vec::<usize>::new()
+        );
     }
 
     #[test]
@@ -311,8 +330,14 @@ mod tests {
         // Two NICs under GPU 0's switch: both, round robin.
         let nics = paths(&[NIC_NEAR0, NIC_NEAR1, NIC_NEAR0_B]);
         let t = topo(&["0000:18:00.0", "0000:83:00.0"], 0);
-        assert_eq!(choose(&sys, &t, &nics, NetDevsPolicy::Auto).devices, vec![0, 2]);
-        assert_eq!(choose(&sys, &t, &nics, NetDevsPolicy::Max(1)).devices, vec![0]);
+        assert_eq!(
+            choose(&sys, &t, &nics, NetDevsPolicy::Auto).devices,
+            vec![0, 2]
+        );
+        assert_eq!(
+            choose(&sys, &t, &nics, NetDevsPolicy::Max(1)).devices,
+            vec![0]
+        );
     }
 
     #[test]
@@ -339,7 +364,12 @@ mod tests {
     fn a_gpu_sysfs_does_not_list_uses_every_device() {
         let fake = two_sockets();
         let t = topo(&["0000:99:00.0"], 0);
-        let c = choose(&fake.sysfs(), &t, &paths(&[NIC_NEAR0, NIC_NEAR1]), NetDevsPolicy::Auto);
+        let c = choose(
+            &fake.sysfs(),
+            &t,
+            &paths(&[NIC_NEAR0, NIC_NEAR1]),
+            NetDevsPolicy::Auto,
+        );
         assert_eq!((c.devices, c.types), (vec![0, 1], vec![]));
         let none = choose(&fake.sysfs(), &t, &[], NetDevsPolicy::Auto);
         assert!(none.devices.is_empty());

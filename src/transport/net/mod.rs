@@ -135,7 +135,10 @@ fn log_local_devices(net: &dyn Net, topo: &Topology, choice: &nics::Choice) {
         .first()
         .map(|&d| label(d).1)
         .filter(|c| !c.is_empty())
-        .map_or_else(|| "GPU not in sysfs: every device".to_string(), str::to_string);
+        .map_or_else(
+            || "GPU not in sysfs: every device".to_string(),
+            str::to_string,
+        );
     let others: Vec<String> = (0..choice.types.len())
         .filter(|d| !choice.devices.contains(d))
         .map(|d| {
@@ -239,9 +242,7 @@ pub fn route_claim(name: Option<&str>, topo: &Topology, hop_mbps: u32) -> RouteC
         log_local_devices(net.as_ref(), topo, &choice);
         Ok(choice.devices.iter().map(|&d| speeds[d].1).collect())
     };
-    let speeds = network(name)
-        .and_then(local_speeds)
-        .unwrap_or_default();
+    let speeds = network(name).and_then(local_speeds).unwrap_or_default();
     RouteClaim {
         speeds_mbps: speeds,
         weighted: crate::env::registry::WEIGHTED_CHANNELS.flag(),
@@ -262,7 +263,11 @@ pub fn log_routes(
     let local_names = |net: Arc<dyn Net>| -> Result<Vec<String>> {
         let speeds = device_speeds(net.as_ref())?;
         let choice = local_choice(net.as_ref(), topo)?;
-        Ok(choice.devices.iter().map(|&d| speeds[d].0.clone()).collect())
+        Ok(choice
+            .devices
+            .iter()
+            .map(|&d| speeds[d].0.clone())
+            .collect())
     };
     let names: Vec<String> = network(name).and_then(local_names).unwrap_or_default();
     let why = match verdict {

@@ -335,7 +335,11 @@ fn buffers_register_with_relaxed_ordering_unless_it_is_off() {
         let mut s = settings(1, false, 0);
         s.relaxed_ordering = mode;
         let net = open(&lib, s);
-        assert_eq!(net.relaxed_ordering(), relaxed, "NCCL_IB_PCI_RELAXED_ORDERING={mode}");
+        assert_eq!(
+            net.relaxed_ordering(),
+            relaxed,
+            "NCCL_IB_PCI_RELAXED_ORDERING={mode}"
+        );
         // Registered either way (the stand-in refuses access bits it does not know), and
         // data moves over them.
         let (s, r) = pair(&net);
@@ -473,7 +477,10 @@ fn c_structs_match_rdma_cores_header() {
             offset_of!(DeviceAttr, sys_image_guid),
         ),
         ("sizeof(struct ibv_device_attr) <= 320", 1),
-        ("IBV_ACCESS_RELAXED_ORDERING", ACCESS_RELAXED_ORDERING as usize),
+        (
+            "IBV_ACCESS_RELAXED_ORDERING",
+            ACCESS_RELAXED_ORDERING as usize,
+        ),
         ("sizeof(struct ibv_gid_entry)", size_of::<GidEntry>()),
         ("IBV_WC_RECV_RDMA_WITH_IMM", 129),
         ("IBV_WC_WR_FLUSH_ERR", 5),

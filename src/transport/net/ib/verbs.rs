@@ -697,7 +697,12 @@ impl Context {
 
     /// `reg_mr`, with PCI relaxed ordering when `relaxed` and the library has
     /// `ibv_reg_mr_iova2` (NVIDIA's registration of communication buffers).
-    pub fn reg_mr_ordered(self: &Arc<Self>, addr: *mut u8, len: usize, relaxed: bool) -> Result<Mr> {
+    pub fn reg_mr_ordered(
+        self: &Arc<Self>,
+        addr: *mut u8,
+        len: usize,
+        relaxed: bool,
+    ) -> Result<Mr> {
         let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
         let pd = self.pd as *mut c_void;
         let mr = match self.lib.reg_mr_iova2.filter(|_| relaxed) {
