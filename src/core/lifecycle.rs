@@ -396,7 +396,7 @@ fn agree_net_link(
     if topo.peers.len() <= 1 || !topo.uses_net() {
         return Ok((None, crate::sched::Routes::even()));
     }
-    let link = match crate::transport::net::link(net_name, nchannels) {
+    let link = match crate::transport::net::link(net_name, topo, nchannels) {
         Ok(l) => Some(l),
         Err(e) => {
             crate::info!(
@@ -411,7 +411,7 @@ fn agree_net_link(
     let next = super::runtime::ring_order(topo).next_of(topo.my_rank);
     let hop = topo.paths[next as usize].in_node_mbps().unwrap_or(0);
     let mut mine = NetClaim { uses: true, link }.to_bytes().to_vec();
-    mine.extend(crate::transport::net::route_claim(net_name, hop).to_bytes());
+    mine.extend(crate::transport::net::route_claim(net_name, topo, hop).to_bytes());
     let all = bootstrap.allgather(&mine)?;
     let (claims, route_claims): (Vec<_>, Vec<_>) = all
         .iter()
@@ -431,7 +431,7 @@ fn agree_net_link(
         .into_iter()
         .unzip();
     let (routes, verdict) = crate::sched::Routes::agree(nchannels, &route_claims);
-    crate::transport::net::log_routes(topo.my_rank, &routes, verdict, nchannels, net_name);
+    crate::transport::net::log_routes(topo, &routes, verdict, nchannels, net_name);
     let agreed = agreed_link(&claims);
     if let Some(l) = agreed {
         crate::info!(

@@ -217,6 +217,12 @@ registry! {
         "Give network devices channels and bytes in proportion to their speed (0: even, as NVIDIA's)").undocumented();
     NET_SPEEDS = Param::text("OXCCL_NET_SPEEDS", None,
         "Network device speeds overriding what the devices report: name=Mbit/s,...").undocumented();
+
+    // ---- network devices per GPU ----
+    NETDEVS_POLICY = Param::text("NCCL_NETDEVS_POLICY", Some("AUTO"),
+        "How many of its closest network devices a GPU uses: AUTO (shared among the GPUs as close), ALL, MAX:<n>");
+    IB_PCI_RELAXED_ORDERING = Param::integer("NCCL_IB_PCI_RELAXED_ORDERING", 2,
+        "Register memory with PCI relaxed ordering: 0 off, 1 on, 2 where the verbs library and device allow it");
 }
 
 /// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).

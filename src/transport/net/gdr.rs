@@ -3,8 +3,10 @@
 //! (`NCCL_PTR_CUDA`, or `NCCL_PTR_DMABUF` where dma-bufs can be used: `NCCL_DMABUF_ENABLE`,
 //! the plugin's `regMrDmaBuf`, the GPU's support), the GPU supports GPUDirect RDMA, and the
 //! PCI distance between the GPU and the NIC is within `NCCL_NET_GDR_LEVEL` (default `PXB`:
-//! the two under one PCIe switch hierarchy). A NIC without a PCI path (the socket network, a
-//! test plugin) is at `SYS`. A receiving side uses it whenever allowed; a sending side (the
+//! the two under one PCIe switch hierarchy). The distance is the PCI path type that also
+//! chooses a GPU's devices (`topo::pci`): a NIC without a PCI path (the socket network, a
+//! test plugin) hangs on the first CPU (`PHB` or `SYS`), and a GPU sysfs does not list is at
+//! `SYS` from every NIC. A receiving side uses it whenever allowed; a sending side (the
 //! network *reads* GPU memory) only with `NCCL_NET_GDR_READ`, by default on GPUs of compute
 //! capability 8.0 or later, and before that only where the GPU is the machine's only one
 //! (NVIDIA's also allows NVLink-connected GPUs there; we do not look). See docs/gdr.md.
@@ -12,47 +14,12 @@
 use super::api::{PTR_CUDA, PTR_DMABUF};
 use crate::sched::Dir;
 use crate::topo::parse_p2p_level;
+use crate::topo::pci::PathType;
 
-/// `NCCL_NET_GDR_LEVEL`'s levels, as `NCCL_P2P_LEVEL`'s (`topo::parse_p2p_level`).
-const PIX: i64 = 2;
-const PXB: i64 = 3;
-const PHB: i64 = 4;
-pub const SYS: i64 = 5;
-
-/// The PCI distance between two devices from their sysfs paths (`/sys/devices/pci0000:00/
-/// 0000:00:01.0/.../0000:19:00.0`), as NVIDIA's path types: `PIX` below one switch, `PXB`
-/// below one root port through several, `PHB` through the host bridge of one NUMA node, `SYS`
-/// across NUMA nodes or when a path is unknown.
-pub fn pci_distance(gpu: &str, nic: &str, same_numa_node: bool) -> i64 {
-    let parts = |p: &str| -> Vec<String> {
-        p.split('/')
-            .filter(|c| !c.is_empty())
-            .map(str::to_ascii_lowercase)
-            .collect()
-    };
-    let (g, n) = (parts(gpu), parts(nic));
-    // The root complex ("pci0000:15"), then the bridges, then the device itself.
-    let root = |p: &[String]| p.iter().position(|c| c.starts_with("pci"));
-    let (Some(gr), Some(nr)) = (root(&g), root(&n)) else {
-        return SYS;
-    };
-    if g.len() < gr + 2 || n.len() < nr + 2 {
-        return SYS;
-    }
-    if g[gr] != n[nr] {
-        return if same_numa_node { PHB } else { SYS };
-    }
-    let (gb, nb) = (&g[gr + 1..g.len() - 1], &n[nr + 1..n.len() - 1]);
-    let shared = gb.iter().zip(nb).take_while(|(a, b)| a == b).count();
-    if shared == 0 {
-        PHB
-    } else if shared + 1 >= gb.len() && shared + 1 >= nb.len() {
-        // One switch: they part at its downstream ports at most.
-        PIX
-    } else {
-        PXB
-    }
-}
+/// `NCCL_NET_GDR_LEVEL`'s levels, as `NCCL_P2P_LEVEL`'s (`topo::parse_p2p_level`) and the PCI
+/// path types' (`topo::pci::PathType::level`).
+const PXB: i64 = PathType::Pxb as i64;
+pub const SYS: i64 = PathType::Sys as i64;
 
 /// What decides whether a side uses GPU memory, besides its direction and the settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -64,7 +31,7 @@ pub struct Site {
     pub dma_buf: bool,
     /// The GPU supports GPUDirect RDMA.
     pub gpu_gdr: bool,
-    /// The PCI distance between the GPU and the NIC (`pci_distance`).
+    /// The PCI distance between the GPU and the NIC (`topo::pci::PathType::level`).
     pub distance: i64,
     /// The GPU's compute capability major version.
     pub compute_major: i32,
@@ -126,26 +93,8 @@ mod tests {
     use super::*;
     use crate::transport::net::api::PTR_HOST;
 
-    #[test]
-    fn distances_from_sysfs_paths() {
-        let gpu = "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0";
-        // The NIC behind the same switch port as the GPU.
-        let nic = "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:04.0/0000:1a:00.0";
-        assert_eq!(pci_distance(gpu, nic, true), PIX);
-        // Below the same root port through another switch.
-        let deeper = "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:08.0/0000:20:00.0/0000:21:00.0/0000:22:00.0";
-        assert_eq!(pci_distance(gpu, deeper, true), PXB);
-        // Another root port of the same root complex.
-        let other_port = "/sys/devices/pci0000:15/0000:15:02.0/0000:30:00.0";
-        assert_eq!(pci_distance(gpu, other_port, true), PHB);
-        // Another root complex: PHB on the same NUMA node, else SYS.
-        let other_root = "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0";
-        assert_eq!(pci_distance(gpu, other_root, true), PHB);
-        assert_eq!(pci_distance(gpu, other_root, false), SYS);
-        // No PCI path (sockets, test plugins).
-        assert_eq!(pci_distance(gpu, "", true), SYS);
-        assert_eq!(pci_distance("", nic, true), SYS);
-    }
+    const PIX: i64 = PathType::Pix as i64;
+    const PHB: i64 = PathType::Phb as i64;
 
     /// A Hopper GPU of eight, under the same PCIe switch hierarchy as a NIC that takes CUDA
     /// pointers.

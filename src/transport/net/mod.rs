@@ -30,6 +30,9 @@ use crate::error::{Error, Result};
 use crate::sched::device::{LL_REGION_DIV, MAX_NSLOTS, SEND_LL_OFFSET, STEP_WORDS_OFFSET};
 use crate::sched::weights::{RouteClaim, Routes, Verdict};
 use crate::sched::{Dir, NetLink};
+use crate::topo::nics::{self, NetDevsPolicy};
+use crate::topo::pci::Sysfs;
+use crate::topo::Topology;
 use api::{Comm, Handle, MemHandle, MemType, Net, PTR_CUDA, PTR_DMABUF};
 use once_cell::sync::OnceCell;
 use proxy::{bounce_bytes, HostBlock, NetSide, Proxy};
@@ -57,6 +60,8 @@ pub struct CommNet {
     comm_id: u64,
     traffic_class: i32,
     net: OnceCell<Arc<dyn Net>>,
+    /// The devices this rank's GPU uses (`local_choice`), found on first use.
+    local: OnceCell<nics::Choice>,
 }
 
 impl CommNet {
@@ -68,6 +73,7 @@ impl CommNet {
             comm_id,
             traffic_class,
             net: OnceCell::new(),
+            local: OnceCell::new(),
         }
     }
 
@@ -81,20 +87,93 @@ impl CommNet {
             })
             .cloned()
     }
+
+    /// The devices of the network this rank's GPU uses and their PCI path types from it
+    /// (`local_choice`), the same on every call.
+    pub fn local(&self, topo: &Topology) -> Result<&nics::Choice> {
+        self.local
+            .get_or_try_init(|| local_choice(self.get()?.as_ref(), topo))
+    }
+}
+
+/// The devices of `net` the GPU of `topo`'s rank uses, in channel order (channel c: entry c
+/// mod length), by NVIDIA's affinity rule (`topo::nics`: the closest ones by PCI path type,
+/// shared among the GPUs as close, `NCCL_NETDEVS_POLICY`), and every device's path type.
+pub fn local_choice(net: &dyn Net, topo: &Topology) -> Result<nics::Choice> {
+    let paths = (0..net.devices()?)
+        .map(|d| Ok(net.properties(d)?.pci_path))
+        .collect::<Result<Vec<_>>>()?;
+    let choice = nics::choose(&Sysfs::system(), topo, &paths, NetDevsPolicy::from_env());
+    if choice.devices.is_empty() {
+        return Err(Error::system(format!(
+            "NET/{} : no network device for rank {}",
+            net.name(),
+            topo.my_rank
+        )));
+    }
+    Ok(choice)
+}
+
+/// NVIDIA-style INFO line of the devices rank `topo.my_rank`'s GPU uses:
+/// `NET/IB : GPU 0000:18:00.0 (rank 0) uses [0]mlx5_0:1 [2]mlx5_2:1 (PIX) ; other devices
+/// [1]mlx5_1:1 (SYS)`.
+fn log_local_devices(net: &dyn Net, topo: &Topology, choice: &nics::Choice) {
+    let label = |d: usize| {
+        let name = net
+            .properties(d as i32)
+            .map(|p| match p.port {
+                port if port > 0 => format!("{}:{port}", p.name),
+                _ => p.name,
+            })
+            .unwrap_or_else(|_| "?".into());
+        let class = choice.types.get(d).map(|t| t.name()).unwrap_or("");
+        (format!("[{d}]{name}"), class)
+    };
+    let used: Vec<String> = choice.devices.iter().map(|&d| label(d).0).collect();
+    let class = choice
+        .devices
+        .first()
+        .map(|&d| label(d).1)
+        .filter(|c| !c.is_empty())
+        .map_or_else(
+            || "GPU not in sysfs: every device".to_string(),
+            str::to_string,
+        );
+    let others: Vec<String> = (0..choice.types.len())
+        .filter(|d| !choice.devices.contains(d))
+        .map(|d| {
+            let (l, c) = label(d);
+            format!("{l} ({c})")
+        })
+        .collect();
+    let others = match others.is_empty() {
+        true => String::new(),
+        false => format!(" ; other devices {}", others.join(" ")),
+    };
+    let me = &topo.peers[topo.my_rank as usize];
+    crate::info!(
+        INIT | NET,
+        "NET/{} : GPU {} (rank {}) uses {} ({class}){others}",
+        net.name(),
+        me.bus_id,
+        me.rank,
+        used.join(" ")
+    );
 }
 
 /// What this rank's channels get of the network named `name` (as `network` picks it), for
-/// the cost model: its devices side by side as far as `channels` reach them (with even routes
-/// channel c uses device c mod devices, see `local_half`), from each device's speed
-/// (`device_speeds`) and latency.
-pub fn link(name: Option<&str>, channels: u32) -> Result<NetLink> {
+/// the cost model: the devices its GPU uses (`local_choice`) side by side as far as
+/// `channels` reach them (with even routes channel c uses the device c mod their number, see
+/// `local_half`), from each device's speed (`device_speeds`) and latency.
+pub fn link(name: Option<&str>, topo: &Topology, channels: u32) -> Result<NetLink> {
     let net = network(name)?;
     let speeds = device_speeds(net.as_ref())?;
-    let used = speeds.len().clamp(1, channels.max(1) as usize);
+    let local = local_choice(net.as_ref(), topo)?.devices;
+    let used = local.len().clamp(1, channels.max(1) as usize);
     let mut link: Option<NetLink> = None;
-    for (dev, (_, mbps)) in speeds.iter().enumerate().take(used) {
+    for &dev in local.iter().take(used) {
         let p = net.properties(dev as i32)?;
-        let l = NetLink::from_properties(*mbps as i32, p.latency_us);
+        let l = NetLink::from_properties(speeds[dev].1 as i32, p.latency_us);
         link = Some(link.map_or(l, |a| a.beside(l)));
     }
     Ok(link.expect("at least one device"))
@@ -151,15 +230,19 @@ fn parse_speed_overrides(spec: &str) -> (Vec<(String, u32)>, Vec<String>) {
     (good, bad)
 }
 
-/// What this rank says at init about the devices of the network named `name`, for the
-/// channels' routes (`sched::weights`): their speeds, `OXCCL_WEIGHTED_CHANNELS`, and the
-/// in-node hop `hop_mbps` its channels share (0: none). No devices when the network cannot be
-/// loaded (the routes are then even).
-pub fn route_claim(name: Option<&str>, hop_mbps: u32) -> RouteClaim {
-    let speeds = network(name)
-        .and_then(|net| device_speeds(net.as_ref()))
-        .map(|s| s.into_iter().map(|(_, mbps)| mbps).collect())
-        .unwrap_or_default();
+/// What this rank says at init about the devices of the network named `name` its GPU uses
+/// (`local_choice`, logged here), for the channels' routes (`sched::weights`): their speeds
+/// in channel order (a route's device is a position in that list, which each rank maps to
+/// its own device), `OXCCL_WEIGHTED_CHANNELS`, and the in-node hop `hop_mbps` its channels
+/// share (0: none). No devices when the network cannot be loaded (the routes are then even).
+pub fn route_claim(name: Option<&str>, topo: &Topology, hop_mbps: u32) -> RouteClaim {
+    let local_speeds = |net: Arc<dyn Net>| -> Result<Vec<u32>> {
+        let speeds = device_speeds(net.as_ref())?;
+        let choice = local_choice(net.as_ref(), topo)?;
+        log_local_devices(net.as_ref(), topo, &choice);
+        Ok(choice.devices.iter().map(|&d| speeds[d].1).collect())
+    };
+    let speeds = network(name).and_then(local_speeds).unwrap_or_default();
     RouteClaim {
         speeds_mbps: speeds,
         weighted: crate::env::registry::WEIGHTED_CHANNELS.flag(),
@@ -170,16 +253,23 @@ pub fn route_claim(name: Option<&str>, hop_mbps: u32) -> RouteClaim {
 /// INFO lines for the routes rank `rank` agreed on for `nchannels` channels over the network
 /// named `name`: each device's speed and channels, or why the split is even.
 pub fn log_routes(
-    rank: i32,
+    topo: &Topology,
     routes: &Routes,
     verdict: Verdict,
     nchannels: u32,
     name: Option<&str>,
 ) {
-    let names: Vec<String> = network(name)
-        .and_then(|net| device_speeds(net.as_ref()))
-        .map(|s| s.into_iter().map(|(n, _)| n).collect())
-        .unwrap_or_default();
+    let rank = topo.my_rank;
+    let local_names = |net: Arc<dyn Net>| -> Result<Vec<String>> {
+        let speeds = device_speeds(net.as_ref())?;
+        let choice = local_choice(net.as_ref(), topo)?;
+        Ok(choice
+            .devices
+            .iter()
+            .map(|&d| speeds[d].0.clone())
+            .collect())
+    };
+    let names: Vec<String> = network(name).and_then(local_names).unwrap_or_default();
     let why = match verdict {
         Verdict::Weighted => {
             let devices = routes.describe(nchannels, &names).join(", ");
@@ -192,13 +282,15 @@ pub fn log_routes(
         }
         Verdict::Off => "OXCCL_WEIGHTED_CHANNELS=0 on some rank",
         Verdict::OneDevice => "one network device",
-        Verdict::DeviceCounts => "ranks have different numbers of network devices",
+        Verdict::DeviceCounts => "ranks' GPUs use different numbers of network devices",
         Verdict::EqualSpeeds => "network devices of equal speed",
     };
     crate::info!(
         INIT | NET,
-        "rank {rank}: channel weights even ({why}): channel c uses device c mod {}",
-        names.len().max(1)
+        "rank {rank}: channel weights even ({why}): channel c uses the device c mod {} of \
+         its GPU's ({})",
+        names.len().max(1),
+        names.join(", ")
     );
 }
 
@@ -362,12 +454,13 @@ fn gdr_site(setup: &Setup<'_>, net: &dyn Net, dev: i32) -> Result<gdr::Site> {
         return Ok(site);
     }
     let me = &setup.topo.peers[setup.topo.my_rank as usize];
-    let gpu_path = std::fs::canonicalize(format!("/sys/bus/pci/devices/{}", me.bus_id))
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let numa = |dir: &str| std::fs::read_to_string(format!("{dir}/numa_node")).ok();
-    let same_numa = !gpu_path.is_empty() && numa(&gpu_path) == numa(&props.pci_path);
-    site.distance = gdr::pci_distance(&gpu_path, &props.pci_path, same_numa);
+    // The same PCI path types that chose the device (`topo::pci`); SYS where the GPU has none.
+    site.distance = setup
+        .net
+        .local(setup.topo)?
+        .types
+        .get(dev as usize)
+        .map_or(gdr::SYS, |t| t.level());
     site.gpu_gdr = crate::cuda::gpu_direct_rdma_supported(me.cuda_dev)?;
     site.dma_buf = crate::env::registry::DMABUF_ENABLE.flag()
         && net.has_dma_buf()
@@ -394,6 +487,25 @@ fn log_dma_buf_once(dev: i32) {
     }
 }
 
+/// The network device of connection row `ch`: the routes (or the row, when there are none)
+/// give a position in the list of devices this rank's GPU uses (`CommNet::local`), which
+/// every rank maps to its own device, so ranks whose GPUs use different devices still agree
+/// on every channel's route.
+fn row_device(setup: &Setup<'_>, ch: u32) -> Result<i32> {
+    let local = &setup.net.local(setup.topo)?.devices;
+    Ok(local[slot_of_row(setup.routes, ch, setup.nchannels, local.len())] as i32)
+}
+
+/// The position in a rank's device list (of `ndev` devices) of connection row `row`.
+fn slot_of_row(routes: Option<&Routes>, row: u32, nchannels: u32, ndev: usize) -> usize {
+    let ndev = ndev.max(1);
+    let slot = match routes {
+        Some(r) => r.device_of_row(row, nchannels, ndev as i32),
+        None => row as i32,
+    };
+    slot.max(0) as usize % ndev
+}
+
 /// Allocate this rank's block for (channel, peer, dir); a receiver also starts listening and
 /// puts its handle in the setup message.
 pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, Local)> {
@@ -404,10 +516,7 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
         )));
     }
     let net = setup.net.get()?;
-    let dev = match setup.routes {
-        Some(r) => r.device_of_row(ch, setup.nchannels, net.devices()?),
-        None => ch as i32 % net.devices()?.max(1),
-    };
+    let dev = row_device(setup, ch)?;
     let staging = setup.nslots as usize * setup.slot_bytes as usize;
     let site = gdr_site(setup, net.as_ref(), dev)?;
     let on_gpu = gdr::uses_gpu_memory(&site, dir, &gdr::Settings::from_env());
@@ -693,6 +802,48 @@ mod layout_tests {
         assert_eq!(good, vec![("oxf".into(), 4000), ("oxs".into(), 1000)]);
         assert_eq!(bad, vec!["x=0", "y", "=5", "z=fast"]);
         assert_eq!(parse_speed_overrides(""), (vec![], vec![]));
+    }
+
+    #[test]
+    fn ranks_whose_gpus_use_different_devices_agree_on_every_route() {
+        use crate::sched::weights::RouteClaim;
+        let claim = |speeds: &[u32]| RouteClaim {
+            speeds_mbps: speeds.to_vec(),
+            weighted: true,
+            hop_mbps: 0,
+        };
+        // Rank 0's GPU uses devices 0 and 2 of its host, rank 1's devices 3 and 1; the first
+        // of each is 4x as fast as the second.
+        let local = [vec![0usize, 2], vec![3usize, 1]];
+        let speed_of = [[4000u32, 0, 1000, 0], [0, 1000, 0, 4000]];
+        let claims: Vec<RouteClaim> = (0..2)
+            .map(|r| claim(&local[r].iter().map(|&d| speed_of[r][d]).collect::<Vec<_>>()))
+            .collect();
+        let (routes, verdict) = Routes::agree(16, &claims);
+        assert_eq!(verdict, Verdict::Weighted);
+        let nch = 16;
+        for row in 0..2 * nch {
+            let slots: Vec<usize> = (0..2)
+                .map(|_| slot_of_row(Some(&routes), row, nch, 2))
+                .collect();
+            assert_eq!(slots[0], slots[1], "row {row}");
+            // Each rank's device on that route is its own, of the same speed.
+            let devs: Vec<usize> = (0..2).map(|r| local[r][slots[r]]).collect();
+            assert_eq!(speed_of[0][devs[0]], speed_of[1][devs[1]], "row {row}");
+        }
+        // 13 of 16 channels on the fast devices: devices 0 and 3.
+        let fast = (0..nch)
+            .filter(|&c| slot_of_row(Some(&routes), c, nch, 2) == 0)
+            .count();
+        assert_eq!(fast, 13);
+        // Ranks using different numbers of devices: even routes, each rank round robin over
+        // its own list.
+        let (even, verdict) = Routes::agree(16, &[claim(&[4000]), claim(&[1000, 1000])]);
+        assert_eq!(verdict, Verdict::DeviceCounts);
+        assert_eq!(slot_of_row(Some(&even), 5, 16, 1), 0);
+        assert_eq!(slot_of_row(Some(&even), 5, 16, 2), 1);
+        assert_eq!(slot_of_row(None, 7, 16, 3), 1);
+        assert_eq!(slot_of_row(None, 7, 16, 0), 0);
     }
 
     #[test]

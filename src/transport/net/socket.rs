@@ -921,7 +921,8 @@ impl Net for SocketNet {
         let netif = self.interface(dev)?;
         Ok(Properties {
             name: netif.name.clone(),
-            pci_path: String::new(),
+            // NVIDIA's: the interface's device, where it has one (not lo, veth, bridges).
+            pci_path: crate::topo::pci::Sysfs::system().net_interface_device(&netif.name),
             guid: 0,
             ptr_support: PTR_HOST,
             reg_is_global: false,

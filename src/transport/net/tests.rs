@@ -635,14 +635,19 @@ fn side(net: &Arc<dyn Net>, comm: Comm, dir: Dir, peer: i32, block: &Block) -> N
     let mh = net
         .reg_mr(comm, b.buf, (SLOT * NSLOTS) as usize, MemType::Host)
         .unwrap();
-    let bounce_mh = net
-        .reg_mr(
-            comm,
-            b.bounce,
-            NSLOTS as usize * bounce_bytes(SLOT),
-            MemType::Host,
-        )
-        .unwrap();
+    // Only a sender's block has a bounce area (`block_bytes`); a receiver's would start at
+    // the end of its block.
+    let bounce_mh = match dir {
+        Dir::Send => net
+            .reg_mr(
+                comm,
+                b.bounce,
+                NSLOTS as usize * bounce_bytes(SLOT),
+                MemType::Host,
+            )
+            .unwrap(),
+        Dir::Recv => mh,
+    };
     NetSide {
         net: net.clone(),
         comm,

@@ -169,6 +169,8 @@ pub struct Port {
     pub gid: Gid,
     pub pci_path: String,
     pub speed_mbps: i32,
+    /// The adapter's system image GUID (`Context::sys_image_guid`), NVIDIA's device GUID.
+    pub guid: u64,
 }
 
 impl Port {
@@ -238,6 +240,7 @@ pub fn find_ports(lib: &Arc<Lib>, filter: &HcaFilter, gid: GidChoice) -> Result<
                 gid: gid_bytes,
                 pci_path: pci_path(&name),
                 speed_mbps: port_speed_mbps(&attr),
+                guid: ctx.sys_image_guid(),
             });
         }
     }

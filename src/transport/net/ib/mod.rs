@@ -48,6 +48,9 @@ pub struct Settings {
     pub gdr_flush: bool,
     /// The HCA reads and writes GPU memory registered with `ibv_reg_mr` (nvidia-peermem).
     pub peer_memory: bool,
+    /// `NCCL_IB_PCI_RELAXED_ORDERING`: 0 off; 1 or 2 (default) on where the verbs library
+    /// registers with relaxed ordering (`ibv_reg_mr_iova2`).
+    pub relaxed_ordering: i64,
 }
 
 impl Settings {
@@ -75,7 +78,14 @@ impl Settings {
             ar_threshold: reg::IB_AR_THRESHOLD.int().max(0) as usize,
             gdr_flush: !reg::GDR_FLUSH_DISABLE.flag(),
             peer_memory: peer_memory_loaded(),
+            relaxed_ordering: reg::IB_PCI_RELAXED_ORDERING.int(),
         }
+    }
+
+    /// Whether buffers register with PCI relaxed ordering, with the verbs library `lib`
+    /// (NVIDIA's `ncclIbRelaxedOrderingCapable`).
+    fn relaxed_ordering_with(&self, lib: &Lib) -> bool {
+        matches!(self.relaxed_ordering, 1 | 2) && lib.has_relaxed_ordering()
     }
 
     /// How a connection on `port` moves data.
@@ -127,6 +137,8 @@ pub struct IbNet {
     /// Per port: it went down (an async event said so).
     down: Vec<Arc<AtomicBool>>,
     dmabuf: Vec<bool>,
+    /// Buffers register with PCI relaxed ordering.
+    relaxed: bool,
     oob: NetIf,
     settings: Settings,
     objects: Mutex<Objects>,
@@ -170,10 +182,19 @@ impl IbNet {
             .enumerate()
             .map(|(i, p)| format!("[{i}]{}", p.label()))
             .collect();
+        let relaxed = settings.relaxed_ordering_with(&lib);
+        if settings.relaxed_ordering == 1 && !relaxed {
+            crate::info!(
+                NET,
+                "NET/IB : NCCL_IB_PCI_RELAXED_ORDERING=1 but the verbs library has no \
+                 ibv_reg_mr_iova2 (IBVERBS_1.8): registering without relaxed ordering"
+            );
+        }
         crate::info!(
             INIT | NET,
-            "NET/IB : Using {} ; OOB {}:{}<0>",
+            "NET/IB : Using {} {}; OOB {}:{}<0>",
             list.join(" "),
+            if relaxed { "[RO]" } else { "" },
             oob.name,
             oob.ip
         );
@@ -186,6 +207,7 @@ impl IbNet {
             ports,
             down,
             dmabuf,
+            relaxed,
             oob,
             settings,
             objects: Mutex::new(Objects::default()),
@@ -243,6 +265,11 @@ impl IbNet {
             qp: self.settings.qp,
             path: self.settings.data_path(port),
         }
+    }
+
+    /// Whether buffers register with PCI relaxed ordering (`NCCL_IB_PCI_RELAXED_ORDERING`).
+    pub fn relaxed_ordering(&self) -> bool {
+        self.relaxed
     }
 
     fn id(&self) -> usize {
@@ -366,9 +393,11 @@ impl Net for IbNet {
         Ok(Properties {
             name: p.dev_name.clone(),
             pci_path: p.pci_path.clone(),
-            guid: d as u64,
+            guid: p.guid,
             ptr_support: self.ptr_support(d),
-            reg_is_global: false,
+            // A registration is the device's (its protection domain's), good for every comm
+            // on it, as NVIDIA's.
+            reg_is_global: true,
             speed_mbps: p.speed_mbps,
             port: p.port as i32,
             latency_us: 0.0,
@@ -446,7 +475,9 @@ impl Net for IbNet {
                  loaded (else as a dma-buf)",
             ));
         }
-        let mr = self.ports[d].ctx.reg_mr(data, size.max(1))?;
+        let mr = self.ports[d]
+            .ctx
+            .reg_mr_ordered(data, size.max(1), self.relaxed)?;
         let id = self.id();
         self.objects.lock().regions.insert(id, Region { mr, mem });
         Ok(MemHandle(id))
@@ -467,7 +498,7 @@ impl Net for IbNet {
         let (d, _) = self.comm(comm)?;
         let mr = self.ports[d]
             .ctx
-            .reg_dmabuf_mr(offset, size, data as u64, fd)?;
+            .reg_dmabuf_mr(offset, size, data as u64, fd, self.relaxed)?;
         let id = self.id();
         self.objects.lock().regions.insert(
             id,

@@ -314,6 +314,9 @@ fn properties_are_the_ports() {
     assert_eq!(p.port, 1);
     assert_eq!(p.speed_mbps, 100_000, "the stand-in's 100 Gb/s as 4x EDR");
     assert_eq!(p.pci_path, "", "soft_0 has no sysfs device");
+    // The adapter's GUID as the library gives it (big-endian), not the device's index.
+    assert_eq!(p.guid, 0x0002_c903_00a1_b2c0u64.to_be());
+    assert!(p.reg_is_global, "registrations are the device's");
     assert_eq!(p.ptr_support & crate::transport::net::api::PTR_DMABUF, 0);
     assert!(net.properties(1).is_err());
     // Host memory needs no flush.
@@ -323,6 +326,27 @@ fn properties_are_the_ports() {
     assert!(net.iflush(r, b.as_mut_ptr(), 64, mh).unwrap().is_none());
     net.close_send(s).unwrap();
     net.close_recv(r).unwrap();
+}
+
+#[test]
+fn buffers_register_with_relaxed_ordering_unless_it_is_off() {
+    let Some(lib) = stand_in() else { return };
+    for (mode, relaxed) in [(2, true), (1, true), (0, false)] {
+        let mut s = settings(1, false, 0);
+        s.relaxed_ordering = mode;
+        let net = open(&lib, s);
+        assert_eq!(
+            net.relaxed_ordering(),
+            relaxed,
+            "NCCL_IB_PCI_RELAXED_ORDERING={mode}"
+        );
+        // Registered either way (the stand-in refuses access bits it does not know), and
+        // data moves over them.
+        let (s, r) = pair(&net);
+        exchange(&net, s, r, &[0, 1, 4096, 1 << 20], 2);
+        net.close_send(s).unwrap();
+        net.close_recv(r).unwrap();
+    }
 }
 
 #[test]
@@ -444,6 +468,19 @@ fn c_structs_match_rdma_cores_header() {
             offset_of!(Wc, wc_flags),
         ),
         ("sizeof(struct ibv_async_event)", size_of::<AsyncEvent>()),
+        (
+            "offsetof(struct ibv_device_attr, node_guid)",
+            offset_of!(DeviceAttr, node_guid),
+        ),
+        (
+            "offsetof(struct ibv_device_attr, sys_image_guid)",
+            offset_of!(DeviceAttr, sys_image_guid),
+        ),
+        ("sizeof(struct ibv_device_attr) <= 320", 1),
+        (
+            "IBV_ACCESS_RELAXED_ORDERING",
+            ACCESS_RELAXED_ORDERING as usize,
+        ),
         ("sizeof(struct ibv_gid_entry)", size_of::<GidEntry>()),
         ("IBV_WC_RECV_RDMA_WITH_IMM", 129),
         ("IBV_WC_WR_FLUSH_ERR", 5),
@@ -487,6 +524,7 @@ fn c_structs_match_rdma_cores_header() {
         assert_eq!(*ours, theirs, "{expr}");
     }
     assert!(size_of::<PortAttr>() >= 52);
+    assert_eq!(size_of::<DeviceAttr>(), 320);
 }
 
 // ---- across processes ----
@@ -734,6 +772,12 @@ fn ib_is_chosen_before_sockets_unless_excluded_or_disabled() {
     };
     let out = run(&[]);
     assert!(out.contains("CHILD_NET IB"), "{out}");
+    // The stand-in has ibv_reg_mr_iova2: relaxed ordering by default, as NVIDIA's.
+    assert!(
+        out.contains("NET/IB : Using [0]soft_0:1/IB [RO]; OOB lo:127.0.0.1<0>"),
+        "{out}"
+    );
+    let out = run(&[("NCCL_IB_PCI_RELAXED_ORDERING", "0")]);
     assert!(
         out.contains("NET/IB : Using [0]soft_0:1/IB ; OOB lo:127.0.0.1<0>"),
         "{out}"

@@ -244,6 +244,16 @@ pub struct QpHead {
     pub qp_num: u32,
 }
 
+/// `struct ibv_device_attr` up to the GUIDs, with room for the rest.
+#[repr(C)]
+pub struct DeviceAttr {
+    pub fw_ver: [u8; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    /// The other fields (rdma-core's struct is 232 bytes).
+    _rest: [u64; 30],
+}
+
 /// The start of `struct ibv_mr` up to its keys.
 #[repr(C)]
 pub struct MrHead {
@@ -363,6 +373,9 @@ type QueryGidEx = unsafe extern "C" fn(*mut c_void, u32, u32, *mut GidEntry, u32
 type AllocPd = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
 type DeallocPd = unsafe extern "C" fn(*mut c_void) -> c_int;
 type RegMr = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut MrHead;
+type RegMrIova2 =
+    unsafe extern "C" fn(*mut c_void, *mut c_void, usize, u64, std::ffi::c_uint) -> *mut MrHead;
+type QueryDevice = unsafe extern "C" fn(*mut c_void, *mut DeviceAttr) -> c_int;
 type RegDmabufMr = unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut MrHead;
 type DeregMr = unsafe extern "C" fn(*mut MrHead) -> c_int;
 type CreateCq =
@@ -392,6 +405,9 @@ pub struct Lib {
     alloc_pd: AllocPd,
     dealloc_pd: DeallocPd,
     reg_mr: RegMr,
+    /// `ibv_reg_mr_iova2` (IBVERBS_1.8): takes `ACCESS_RELAXED_ORDERING`.
+    reg_mr_iova2: Option<RegMrIova2>,
+    query_device: QueryDevice,
     reg_dmabuf_mr: Option<RegDmabufMr>,
     dereg_mr: DeregMr,
     create_cq: CreateCq,
@@ -468,6 +484,8 @@ impl Lib {
                 alloc_pd: as_fn(need("ibv_alloc_pd", "IBVERBS_1.1")?),
                 dealloc_pd: as_fn(need("ibv_dealloc_pd", "IBVERBS_1.1")?),
                 reg_mr: as_fn(need("ibv_reg_mr", "IBVERBS_1.1")?),
+                reg_mr_iova2: sym("ibv_reg_mr_iova2", "IBVERBS_1.8").map(|p| as_fn(p)),
+                query_device: as_fn(need("ibv_query_device", "IBVERBS_1.1")?),
                 reg_dmabuf_mr: sym("ibv_reg_dmabuf_mr", "IBVERBS_1.12").map(|p| as_fn(p)),
                 dereg_mr: as_fn(need("ibv_dereg_mr", "IBVERBS_1.1")?),
                 create_cq: as_fn(need("ibv_create_cq", "IBVERBS_1.1")?),
@@ -479,6 +497,12 @@ impl Lib {
                 ack_async_event: as_fn(need("ibv_ack_async_event", "IBVERBS_1.1")?),
             }))
         }
+    }
+
+    /// Whether registrations can ask for PCI relaxed ordering (`ibv_reg_mr_iova2`, NVIDIA's
+    /// test of the IBVERBS_1.8 API).
+    pub fn has_relaxed_ordering(&self) -> bool {
+        self.reg_mr_iova2.is_some()
     }
 
     /// The names of the devices the library finds.
@@ -653,11 +677,49 @@ impl Context {
         (rc == 0).then_some((g, GID_TYPE_IB))
     }
 
+    /// The device's system image GUID (NVIDIA's `ncclNetProperties_t.guid`: the same for
+    /// every port of one adapter), as the library gives it (big-endian); 0 where it cannot.
+    pub fn sys_image_guid(&self) -> u64 {
+        // SAFETY: all-zero bytes are a valid DeviceAttr (integers and arrays).
+        let mut a: DeviceAttr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live context; `a` has room for the whole struct.
+        let rc = unsafe { (self.lib.query_device)(self.ctx as *mut c_void, &mut a) };
+        if rc != 0 {
+            return 0;
+        }
+        a.sys_image_guid
+    }
+
     /// Register `len` bytes at `addr` for local writes and remote reads and writes.
     pub fn reg_mr(self: &Arc<Self>, addr: *mut u8, len: usize) -> Result<Mr> {
+        self.reg_mr_ordered(addr, len, false)
+    }
+
+    /// `reg_mr`, with PCI relaxed ordering when `relaxed` and the library has
+    /// `ibv_reg_mr_iova2` (NVIDIA's registration of communication buffers).
+    pub fn reg_mr_ordered(
+        self: &Arc<Self>,
+        addr: *mut u8,
+        len: usize,
+        relaxed: bool,
+    ) -> Result<Mr> {
         let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
-        // SAFETY: a live PD; the caller keeps [addr, addr+len) valid while the MR lives.
-        let mr = unsafe { (self.lib.reg_mr)(self.pd as *mut c_void, addr.cast(), len, access) };
+        let pd = self.pd as *mut c_void;
+        let mr = match self.lib.reg_mr_iova2.filter(|_| relaxed) {
+            // SAFETY: a live PD; the caller keeps [addr, addr+len) valid while the MR lives;
+            // the iova is the address itself, as ibv_reg_mr gives it.
+            Some(f) => unsafe {
+                f(
+                    pd,
+                    addr.cast(),
+                    len,
+                    addr as u64,
+                    (access | ACCESS_RELAXED_ORDERING) as std::ffi::c_uint,
+                )
+            },
+            // SAFETY: as above.
+            None => unsafe { (self.lib.reg_mr)(pd, addr.cast(), len, access) },
+        };
         if mr.is_null() {
             return Err(os_error(&format!("ibv_reg_mr({addr:p}, {len})")));
         }
@@ -667,19 +729,24 @@ impl Context {
         })
     }
 
-    /// Register `len` bytes of the dma-buf `fd` from `offset`, seen at address `iova`.
+    /// Register `len` bytes of the dma-buf `fd` from `offset`, seen at address `iova`, with
+    /// PCI relaxed ordering when `relaxed`.
     pub fn reg_dmabuf_mr(
         self: &Arc<Self>,
         offset: u64,
         len: usize,
         iova: u64,
         fd: i32,
+        relaxed: bool,
     ) -> Result<Mr> {
         let f = self
             .lib
             .reg_dmabuf_mr
             .ok_or_else(|| Error::system("NET/IB : the verbs library has no ibv_reg_dmabuf_mr"))?;
-        let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
+        let mut access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
+        if relaxed {
+            access |= ACCESS_RELAXED_ORDERING;
+        }
         // SAFETY: a live PD; the caller's fd names a dma-buf of at least offset + len bytes.
         let mr = unsafe { f(self.pd as *mut c_void, offset, len, iova, fd, access) };
         if mr.is_null() {
