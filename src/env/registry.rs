@@ -217,6 +217,11 @@ registry! {
         "Give network devices channels and bytes in proportion to their speed (0: even, as NVIDIA's)").undocumented();
     NET_SPEEDS = Param::text("OXCCL_NET_SPEEDS", None,
         "Network device speeds overriding what the devices report: name=Mbit/s,...").undocumented();
+    // Self-correcting channel weights (`core::adaptive`).
+    ADAPTIVE_WEIGHTS = Param::boolean("OXCCL_ADAPTIVE_WEIGHTS", false,
+        "Re-agree the network devices' channel weights from measured throughput while a communicator runs (needs it on every rank)").undocumented();
+    ADAPTIVE_PERIOD_MS = Param::integer("OXCCL_ADAPTIVE_PERIOD_MS", 200,
+        "Milliseconds between two exchanges of measured network rates for adaptive channel weights").undocumented();
 }
 
 /// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).
