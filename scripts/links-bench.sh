@@ -10,7 +10,9 @@
 # (OXCCL_NET_SPEEDS); NVIDIA's ignores that setting.
 #
 # usage: scripts/links-bench.sh OURS_LIB [NVIDIA_LIB ...]
-# env:   FAST=4000 SLOW=1000 (Mbit/s), BENCH (default .device/bin/oxccl-bench, else
+# env:   CUT_AFTER_S, CUT_TO (Mbit/s, default 1000): cut the fast link mid-run (runs over
+#        both links only; ITERS must make the run last well past CUT_AFTER_S);
+#        FAST=4000 SLOW=1000 (Mbit/s), BENCH (default .device/bin/oxccl-bench, else
 #        target/release/oxccl-bench), IP and TC (default .device/iproute/ipw and tcw as
 #        scripts/stage-device bundles them, else ip and tc on PATH), PYTHON (python3, to make
 #        each library's unique id), ITERS=10, OUTDIR (logs; default a temporary folder),
@@ -39,6 +41,16 @@ link() {
   "$IP" link add "${1}0" netns "$a" type veth peer name "${1}1" netns "$b" &&
     "$IP" -n "$a" addr add "$2.1/30" dev "${1}0" && "$IP" -n "$b" addr add "$2.2/30" dev "${1}1" &&
     "$IP" -n "$a" link set "${1}0" up && "$IP" -n "$b" link set "${1}1" up
+}
+# reshape END MBIT: change both ends' egress of a shaped link to MBIT Mbit/s while it runs.
+reshape() {
+  local burst=$(($2 * 1000000 / 8 / 100)) ns end
+  [ "$burst" -ge 262144 ] || burst=262144
+  for ns in "$a" "$b"; do
+    end=${1}0
+    [ "$ns" = "$b" ] && end=${1}1
+    "$TC" -n "$ns" qdisc change dev "$end" root tbf rate "${2}mbit" burst "$burst" latency 50ms || return 1
+  done
 }
 # shape END MBIT: both ends' egress at MBIT Mbit/s (a burst of 10 ms, at least 256 KiB).
 shape() {
@@ -97,7 +109,20 @@ run() {
       >"$OUTDIR/$label-$r.log" 2>&1 &
     pids+=($!)
   done
+  # CUT_AFTER_S=N CUT_TO=MBIT: N s into a run over both links, the fast link drops to MBIT
+  # (restored after the run); ranks log the weights as they change (NCCL_DEBUG_SUBSYS NET).
+  local cutter=
+  if [ -n "${CUT_AFTER_S:-}" ] && [ "$ifname" = oxf,oxs ]; then
+    (sleep "$CUT_AFTER_S" && reshape oxf "${CUT_TO:-1000}" &&
+      echo "links-bench: $label: fast link cut to ${CUT_TO:-1000} Mbit/s at $(date +%s.%N)" >&2) &
+    cutter=$!
+  fi
   for r in 0 1; do wait "${pids[$r]}" || ok=0; done
+  if [ -n "$cutter" ]; then
+    kill "$cutter" 2>/dev/null
+    wait "$cutter" 2>/dev/null
+    reshape oxf "$FAST"
+  fi
   if [ $ok = 0 ] || grep -q 'wrong=[1-9]' "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log"; then
     echo "FAIL $label (logs: $OUTDIR/$label-[01].log)" >&2
     tail -n 3 "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log" >&2

@@ -87,6 +87,7 @@ fn submit_call(c: std::sync::Arc<crate::core::Comm>, call: Call, cfg: CallConfig
         recvbuff: call.recvbuff as u64,
         root: call.root,
         opts: cfg.opts,
+        weights_epoch: 0,
     };
     crate::core::enqueue::enqueue(&c, task, call.stream, cfg.launch_event)
 }

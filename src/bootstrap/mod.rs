@@ -449,6 +449,20 @@ impl Bootstrap {
         self.allgather(&[]).map(|_| ())
     }
 
+    /// The same membership for another thread, whose waits stop when `abort` is raised
+    /// (instead of the communicator's flag): for traffic of its own tags beside the
+    /// communicator's, such as the channel weights' exchange (`core::adaptive`).
+    pub fn handle(&self, abort: Arc<AtomicBool>) -> Bootstrap {
+        Bootstrap {
+            rank: self.rank,
+            nranks: self.nranks,
+            secret: self.secret,
+            cfg: self.cfg,
+            peers: self.peers.clone(),
+            abort,
+        }
+    }
+
     /// Send `data` to `peer`, tagged; any size.
     pub fn send(&self, peer: i32, tag: u64, data: &[u8]) -> Result<()> {
         self.check_peer(peer)?;

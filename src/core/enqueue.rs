@@ -22,7 +22,7 @@ use std::sync::Arc;
 /// record on `stream` once the task's kernel has been launched.
 pub fn enqueue(
     comm: &Arc<Comm>,
-    task: Task,
+    mut task: Task,
     stream: cudaStream_t,
     launch_event: usize,
 ) -> Result<()> {
@@ -32,6 +32,10 @@ pub fn enqueue(
         check::note(comm, signature(&task, seq));
     }
     let p2p = matches!(task.kind, CollKind::Send | CollKind::Recv);
+    if !p2p {
+        // Collectives are numbered alike on every rank: the number picks the weights.
+        task.weights_epoch = comm.weights.epoch_for(seq, &comm.abort)?;
+    }
     let noop = !p2p
         && (task.count == 0 || comm.nranks() == 1 && is_one_rank_noop(&task) && comm.is_ready());
     if noop {

@@ -1,6 +1,7 @@
 //! Communicator state and lifecycle: the registry of live handles, ranks and devices, the
 //! async error and abort flag, user-defined reduction ops, and the group/enqueue machinery.
 
+pub mod adaptive;
 pub mod coll_config;
 pub mod config;
 pub mod enqueue;
@@ -60,6 +61,8 @@ pub struct Comm {
     pub redops: redop::RedOpTable,
     /// The operations enqueued, numbered as every rank numbers them.
     pub progress: progress::Progress,
+    /// The channel weights epoch of each collective (`adaptive`; inactive: always 0).
+    pub weights: adaptive::Schedule,
     /// The watchdog thread (dead ranks, hang reports) and what transports report to it.
     pub watch: watchdog::Slot,
     /// The ids `ncclCommGetUniqueId` handed out for growing this communicator.
@@ -91,6 +94,7 @@ impl Comm {
             abort: Arc::new(AtomicBool::new(false)),
             redops: redop::RedOpTable::default(),
             progress: progress::Progress::default(),
+            weights: adaptive::Schedule::default(),
             watch: watchdog::Slot::default(),
             grow: grow::GrowIds::default(),
             destroyed: AtomicBool::new(false),

@@ -242,6 +242,7 @@ mod tests {
             recvbuff: 0,
             root,
             opts: Default::default(),
+            weights_epoch: 0,
         }
     }
 

@@ -188,6 +188,17 @@ pub struct Runtime {
     /// Where the device memory of connections is counted (the communicator's suspendable
     /// memory, `memory::Usage`).
     connection_bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Adaptive channel weights (`core::adaptive`): where network sends are measured, the
+    /// schedule of weights epochs, and the exchange thread; None when the weights are fixed.
+    adaptive: Option<AdaptiveWeights>,
+}
+
+/// A runtime's part of the adaptive channel weights. The agent is dropped (its thread
+/// stopped) with the runtime.
+struct AdaptiveWeights {
+    meter: Arc<crate::transport::net::meter::NetMeter>,
+    schedule: super::adaptive::Schedule,
+    _agent: super::adaptive::Agent,
 }
 
 /// What decides the connections a task needs: its kind, type, count, root (or peer) and
@@ -632,7 +643,66 @@ impl Runtime {
             yielding: yielding::Settings::from_env(),
             park: Vec::new(),
             connection_bytes: Arc::default(),
+            adaptive: None,
         })
+    }
+
+    /// Start the adaptive channel weights (every rank agreed on them at init:
+    /// `Routes::is_adaptive`): measure network sends from now on and run the exchange that
+    /// gives `schedule`'s collectives their epochs. `names`: the network devices', for the
+    /// INFO lines; `comm_abort` ends the exchange.
+    pub fn start_adaptive_weights(
+        &mut self,
+        schedule: super::adaptive::Schedule,
+        names: Vec<String>,
+        comm_abort: Arc<AtomicBool>,
+    ) -> Result<()> {
+        let Some(net) = self.net.as_ref().filter(|n| n.routes.is_adaptive()) else {
+            return Ok(());
+        };
+        let nominal = net.routes.speeds().to_vec();
+        let meter = crate::transport::net::meter::NetMeter::new(nominal.len());
+        let period_ms = crate::env::registry::ADAPTIVE_PERIOD_MS
+            .int()
+            .clamp(10, 60_000);
+        let setup = super::adaptive::AgentSetup {
+            rank: self.topo.my_rank,
+            nominal,
+            names,
+            period: Duration::from_millis(period_ms as u64),
+            comm_abort,
+        };
+        let agent =
+            super::adaptive::Agent::start(setup, &self.bootstrap, meter.clone(), schedule.clone())?;
+        crate::info!(
+            INIT | NET,
+            "rank {}: channel weights adapt to measured throughput, agreed every {period_ms} ms \
+             (OXCCL_ADAPTIVE_WEIGHTS=0: fixed)",
+            self.topo.my_rank
+        );
+        self.adaptive = Some(AdaptiveWeights {
+            meter,
+            schedule,
+            _agent: agent,
+        });
+        Ok(())
+    }
+
+    /// Make the speeds of every weights epoch `tasks` plan with known to the planner's view
+    /// (the geometry is rebuilt when one was new).
+    fn learn_epochs(&mut self, tasks: &[Task]) {
+        let (Some(a), Some(net)) = (self.adaptive.as_ref(), self.net.as_mut()) else {
+            return;
+        };
+        for t in tasks {
+            if net.routes.knows_epoch(t.weights_epoch) {
+                continue;
+            }
+            if let Some(speeds) = a.schedule.speeds_of(t.weights_epoch) {
+                net.routes.add_epoch(t.weights_epoch, speeds);
+                self.geometry = None;
+            }
+        }
     }
 
     /// Count the device memory of connections made from now on into `counter`.
@@ -873,6 +943,7 @@ impl Runtime {
                 sink: &self.sink,
                 net: &self.comm_net,
                 routes: self.net.as_ref().map(|n| &n.routes),
+                meter: self.adaptive.as_ref().map(|a| &a.meter),
             };
             self.conns.connect(&setup, &rows)?;
         }
@@ -911,9 +982,15 @@ impl Runtime {
         if self.geometry.is_none() {
             self.geometry = Some(self.build_geometry(rank, nranks));
         }
+        // Plans are cached by their tasks, weights epochs included: a plan made with other
+        // weights is never served.
         let cached = match self.plans.get(tasks) {
             Some(cached) => cached,
             None => {
+                self.learn_epochs(tasks);
+                if self.geometry.is_none() {
+                    self.geometry = Some(self.build_geometry(rank, nranks));
+                }
                 let plan = sched::plan(self.geometry.as_ref().expect("built above"), tasks)?;
                 let cached = Arc::new(CachedPlan::new(plan, &self.conns));
                 self.plans.insert(tasks, cached.clone());

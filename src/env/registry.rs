@@ -223,6 +223,12 @@ registry! {
         "How many of its closest network devices a GPU uses: AUTO (shared among the GPUs as close), ALL, MAX:<n>");
     IB_PCI_RELAXED_ORDERING = Param::integer("NCCL_IB_PCI_RELAXED_ORDERING", 2,
         "Register memory with PCI relaxed ordering: 0 off, 1 on, 2 where the verbs library and device allow it");
+
+    // Self-correcting channel weights (`core::adaptive`).
+    ADAPTIVE_WEIGHTS = Param::boolean("OXCCL_ADAPTIVE_WEIGHTS", false,
+        "Re-agree the network devices' channel weights from measured throughput while a communicator runs (needs it on every rank)").undocumented();
+    ADAPTIVE_PERIOD_MS = Param::integer("OXCCL_ADAPTIVE_PERIOD_MS", 200,
+        "Milliseconds between two exchanges of measured network rates for adaptive channel weights").undocumented();
 }
 
 /// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).

@@ -170,6 +170,7 @@ fn task(kind: CollKind, dtype: ncclDataType_t, op: RedOp, count: usize, bufs: (u
         recvbuff: bufs.1,
         root: 0,
         opts: Default::default(),
+        weights_epoch: 0,
     }
 }
 

@@ -88,8 +88,12 @@ pub struct Task {
     pub recvbuff: u64,
     pub root: i32,
     pub opts: TaskOptions,
+    /// The channel weights its ring split uses (`weights::Routes::at_epoch`): 0, the weights
+    /// agreed at init, unless the communicator's weights adapt (`core::adaptive`).
+    pub weights_epoch: u32,
 }
 
+pub mod adaptive;
 pub mod cost;
 pub mod device;
 #[cfg(test)]

@@ -114,6 +114,25 @@ impl NetView {
         self.routes.link_for(nch, self.link)
     }
 
+    /// The view as the weights of `epoch` have it (`Routes::at_epoch`): itself for epoch 0,
+    /// an error when this rank does not know the epoch's speeds (planning with others would
+    /// split differently from the peers).
+    pub fn at_epoch(&self, epoch: u32) -> Result<std::borrow::Cow<'_, NetView>> {
+        if epoch == 0 {
+            return Ok(std::borrow::Cow::Borrowed(self));
+        }
+        let routes = self.routes.at_epoch(epoch).ok_or_else(|| {
+            crate::error::Error::internal(format!(
+                "plan: the channel weights of epoch {epoch} are not known here"
+            ))
+        })?;
+        Ok(std::borrow::Cow::Owned(NetView {
+            link: self.link,
+            remote: self.remote.clone(),
+            routes,
+        }))
+    }
+
     /// `total` elements (or bytes) cut over channels `0..nch` in multiples of `gran`: in
     /// proportion to the channels' weights when the routes weigh them, else evenly (`split`).
     pub fn split_over(&self, total: u64, nch: u32, gran: u64) -> Vec<(u64, u64)> {

@@ -923,6 +923,7 @@ fn prepare(world: &mut World, c: &Case) -> Prepared {
             recvbuff: recv,
             root: c.root,
             opts: Default::default(),
+            weights_epoch: 0,
         };
         if c.kind == CollKind::Send {
             // Ring exchange: send to r+1 and receive from r-1 in one group.
@@ -1161,6 +1162,7 @@ fn in_place_reductions_single_launch() {
                     recvbuff: recv,
                     root: 0,
                     opts: Default::default(),
+                    weights_epoch: 0,
                 }]);
             }
             let geoms = geometries(nranks, 3, 4096, 2, &tasks);
@@ -1206,6 +1208,7 @@ fn mixed_group_and_unbalanced_p2p_do_not_deadlock() {
             recvbuff: d,
             root,
             opts: Default::default(),
+            weights_epoch: 0,
         };
         let mut sends = vec![
             t(CollKind::Send, ((r + 1) % n) as i32, a, 0),
@@ -1453,6 +1456,7 @@ fn planning_cost() {
         recvbuff: 0x2000,
         root: 0,
         opts: Default::default(),
+        weights_epoch: 0,
     };
     let tasks = vec![vec![task]; 2];
     let geoms = geometries(
@@ -1555,6 +1559,7 @@ fn float_task(kind: CollKind, count: usize, send: u64, recv: u64, op: RedOp) -> 
         recvbuff: recv,
         root: 0,
         opts: Default::default(),
+        weights_epoch: 0,
     }
 }
 
@@ -1818,6 +1823,7 @@ fn items_on_parking_peers_are_flagged_and_make_a_yielding_plan() {
                 recvbuff: 0x1000_0000,
                 root: 0,
                 opts: Default::default(),
+                weights_epoch: 0,
             }]
         })
         .collect();
@@ -2293,6 +2299,7 @@ fn two_unequal_devices(nranks: i32, nchannels: u32) -> impl Fn(i32) -> Option<Ne
         speeds_mbps: vec![4000, 1000],
         weighted: true,
         hop_mbps: 0,
+        adaptive: false,
     };
     let claims = vec![claim; nranks as usize];
     let (routes, _) = super::Routes::agree(nchannels, &claims);
@@ -2355,6 +2362,7 @@ fn weighted_channels_give_the_fast_device_its_share_of_the_bytes() {
                 recvbuff: 0x1_0000_0000,
                 root: 0,
                 opts: Default::default(),
+                weights_epoch: 0,
             }]
         })
         .collect();

@@ -14,8 +14,11 @@
 //! unweighted communicator.
 //!
 //! Weights are plain integers computed from agreed integers, so every rank computes the same
-//! ones. Re-weighting later (from measured per-channel throughput) only has to replace the
-//! agreed speeds at a point every rank passes in the same order.
+//! ones. With `OXCCL_ADAPTIVE_WEIGHTS` on every rank, the speeds are also re-agreed while the
+//! communicator runs (`sched::adaptive`, `core::adaptive`): each agreement is an *epoch*, a
+//! new set of device speeds over the same channel→device routes, and a collective planned in
+//! epoch e splits its bytes by that epoch's speeds (`Routes::at_epoch`). Epoch 0 is the
+//! speeds agreed at init; P2P operations always use it.
 
 use super::cost::NetLink;
 
@@ -32,6 +35,8 @@ pub struct RouteClaim {
     /// Bandwidth in Mbit/s of the in-node hop from this rank to its ring successor, which
     /// every channel crosses (0: the hop is the network, no in-node cap).
     pub hop_mbps: u32,
+    /// `OXCCL_ADAPTIVE_WEIGHTS` on this rank.
+    pub adaptive: bool,
 }
 
 impl RouteClaim {
@@ -39,7 +44,7 @@ impl RouteClaim {
     pub fn to_bytes(&self) -> Vec<u8> {
         let n = self.speeds_mbps.len().min(MAX_DEVICES);
         let mut b = Vec::with_capacity(6 + 4 * n);
-        b.push(self.weighted as u8);
+        b.push(self.weighted as u8 | (self.adaptive as u8) << 1);
         b.extend_from_slice(&self.hop_mbps.to_le_bytes());
         b.push(n as u8);
         for s in &self.speeds_mbps[..n] {
@@ -50,10 +55,10 @@ impl RouteClaim {
 
     /// The claim of `b` (`to_bytes`), or None when it is not one.
     pub fn from_bytes(b: &[u8]) -> Option<RouteClaim> {
-        let (&weighted, rest) = b.split_first()?;
+        let (&flags, rest) = b.split_first()?;
         let hop = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?);
         let (&n, speeds) = rest.get(4..)?.split_first()?;
-        if weighted > 1 || n as usize > MAX_DEVICES || speeds.len() != 4 * n as usize {
+        if flags > 3 || n as usize > MAX_DEVICES || speeds.len() != 4 * n as usize {
             return None;
         }
         Some(RouteClaim {
@@ -61,8 +66,9 @@ impl RouteClaim {
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
                 .collect(),
-            weighted: weighted == 1,
+            weighted: flags & 1 == 1,
             hop_mbps: hop,
+            adaptive: flags & 2 == 2,
         })
     }
 }
@@ -92,7 +98,15 @@ pub struct Routes {
     speeds: Vec<u32>,
     /// The in-node hop every channel shares, Mbit/s (`u32::MAX`: none).
     hop_mbps: u32,
+    /// Every rank asked for weights that follow measurements (`OXCCL_ADAPTIVE_WEIGHTS`).
+    adaptive: bool,
+    /// Later epochs' speeds (`sched::adaptive`), oldest first, at most `KEPT_EPOCHS`.
+    epochs: Vec<(u32, Vec<u32>)>,
 }
+
+/// Epochs a `Routes` keeps the speeds of (a task is planned soon after its epoch was
+/// assigned, and epochs are at least one exchange period apart).
+const KEPT_EPOCHS: usize = 8;
 
 /// Weight of a channel alone on a device of 1 Mbit/s: weights are `speed * SCALE / sharers`,
 /// integers fine enough for 64 channels.
@@ -132,7 +146,8 @@ impl Routes {
                     .unwrap()
             })
             .collect();
-        if speeds.iter().all(|&s| s == speeds[0]) {
+        let adaptive = claims.iter().all(|c| c.adaptive);
+        if speeds.iter().all(|&s| s == speeds[0]) && !adaptive {
             return even(Verdict::EqualSpeeds);
         }
         let hop_mbps = claims
@@ -145,8 +160,53 @@ impl Routes {
             dev_of: assign_channels(nchannels.max(1), &speeds),
             speeds,
             hop_mbps,
+            adaptive,
+            epochs: Vec::new(),
         };
         (routes, Verdict::Weighted)
+    }
+
+    /// Whether the speeds are re-agreed from measurements while the communicator runs.
+    pub fn is_adaptive(&self) -> bool {
+        self.adaptive && self.is_weighted()
+    }
+
+    /// The device speeds agreed at init (epoch 0), Mbit/s; empty when even.
+    pub fn speeds(&self) -> &[u32] {
+        &self.speeds
+    }
+
+    /// Whether the speeds of `epoch` are known here.
+    pub fn knows_epoch(&self, epoch: u32) -> bool {
+        epoch == 0 || self.epochs.iter().any(|(e, _)| *e == epoch)
+    }
+
+    /// Keep `speeds` (one per device) as those of `epoch` (forgetting the oldest beyond
+    /// `KEPT_EPOCHS`).
+    pub fn add_epoch(&mut self, epoch: u32, speeds: Vec<u32>) {
+        if self.knows_epoch(epoch) || speeds.len() != self.speeds.len() {
+            return;
+        }
+        if self.epochs.len() == KEPT_EPOCHS {
+            self.epochs.remove(0);
+        }
+        self.epochs.push((epoch, speeds));
+    }
+
+    /// The routes as epoch `epoch` weighs them: the same channels on the same devices, the
+    /// devices at that epoch's speeds; None when the epoch is not known here.
+    pub fn at_epoch(&self, epoch: u32) -> Option<Routes> {
+        if epoch == 0 {
+            return Some(self.clone());
+        }
+        let (_, speeds) = self.epochs.iter().find(|(e, _)| *e == epoch)?;
+        Some(Routes {
+            dev_of: self.dev_of.clone(),
+            speeds: speeds.clone(),
+            hop_mbps: self.hop_mbps,
+            adaptive: self.adaptive,
+            epochs: Vec::new(),
+        })
     }
 
     /// The device of connection row `row` of a communicator of `nchannels` channels on a
@@ -281,6 +341,7 @@ mod tests {
             speeds_mbps: speeds.to_vec(),
             weighted: true,
             hop_mbps: 0,
+            adaptive: false,
         }
     }
 
@@ -290,13 +351,14 @@ mod tests {
             speeds_mbps: vec![4000, 1000, 7],
             weighted: true,
             hop_mbps: 96_000,
+            adaptive: false,
         };
         assert_eq!(RouteClaim::from_bytes(&c.to_bytes()), Some(c.clone()));
         let b = c.to_bytes();
         assert_eq!(RouteClaim::from_bytes(&b[..b.len() - 1]), None);
         assert_eq!(RouteClaim::from_bytes(&[]), None);
         let mut bad = b.clone();
-        bad[0] = 2;
+        bad[0] = 4;
         assert_eq!(RouteClaim::from_bytes(&bad), None);
     }
 

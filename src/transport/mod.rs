@@ -165,6 +165,9 @@ pub struct Setup<'a> {
     /// The device of every network connection row (`sched::weights`, agreed at init); None:
     /// row mod devices.
     pub routes: Option<&'a crate::sched::Routes>,
+    /// Where network sends count their bytes and busy time per device, for the channel
+    /// weights' exchange (`core::adaptive`); None when the weights do not adapt.
+    pub meter: Option<&'a std::sync::Arc<net::meter::NetMeter>>,
 }
 
 /// The transport of one connection, from the topology's path to the peer.

@@ -536,6 +536,7 @@ fn check_collective(
             recvbuff: recv_ptr,
             root,
             opts: Default::default(),
+            weights_epoch: 0,
         };
         groups.push(if kind == CollKind::Send {
             vec![
@@ -841,6 +842,7 @@ fn run_all(dev: i32, quick: bool) -> Res<(usize, usize)> {
                 recvbuff: b.ptr,
                 root: 0,
                 opts: Default::default(),
+                weights_epoch: 0,
             }]);
             bufs.push(b);
         }

@@ -134,6 +134,7 @@ fn task(kind: CollKind, count: usize, root: i32) -> Task {
         recvbuff: 0,
         root,
         opts: Default::default(),
+        weights_epoch: 0,
     }
 }
 

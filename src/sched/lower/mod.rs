@@ -241,6 +241,7 @@ mod tests {
             recvbuff: 0x2000,
             root: 0,
             opts: Default::default(),
+            weights_epoch: 0,
         }
     }
 

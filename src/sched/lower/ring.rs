@@ -11,7 +11,7 @@ use super::{collective_key, Group, Lowering, Piece};
 use crate::error::{Error, Result};
 use crate::sched::cost::{self, AllReducePlan};
 use crate::sched::device::{OxWork, WorkKind, FLAG_OWN_BLOCK, FLAG_RING_ORDER};
-use crate::sched::plan::{split_for, LocalCopy};
+use crate::sched::plan::{split_for, LocalCopy, NetView};
 use crate::sched::proto::Proto;
 use crate::sched::{ring, CollKind, Task};
 
@@ -41,8 +41,14 @@ impl Lowering<'_> {
         }
         let own_flag = self.own_all_gather_block(task);
         let bytes = task.count as u64 * task.dtype.size() as u64;
+        // The task's weights epoch (`weights::Routes::at_epoch`).
+        let view = self
+            .net
+            .map(|n| n.at_epoch(task.weights_epoch))
+            .transpose()?;
+        let net = view.as_deref();
         let lim = &self.limits;
-        let (proto, nch) = if let Some(net) = self.net {
+        let (proto, nch) = if let Some(net) = net {
             cost::ring_plan_net_routed(task.kind, bytes, self.nranks, lim, &|c| net.link_for(c))
         } else if task.kind == CollKind::AllReduce {
             match cost::allreduce_plan_in(bytes, self.nranks, lim) {
@@ -55,7 +61,7 @@ impl Lowering<'_> {
         } else {
             cost::ring_plan_in(task.kind, bytes, self.nranks, lim)
         };
-        self.ring_items(task, seq, proto, nch, own_flag);
+        self.ring_items(task, seq, proto, nch, own_flag, net);
         Ok(())
     }
 
@@ -82,15 +88,20 @@ impl Lowering<'_> {
     }
 
     /// One item per ring channel `c < nch`, each on its range of the task's elements.
-    fn ring_items(&mut self, task: &Task, seq: u64, proto: Proto, nch: u32, extra_flags: u32) {
+    fn ring_items(
+        &mut self,
+        task: &Task,
+        seq: u64,
+        proto: Proto,
+        nch: u32,
+        extra_flags: u32,
+        net: Option<&NetView>,
+    ) {
         let count = task.count as u64;
         let gran = ring::element_granularity(task.dtype.size() as u64);
         let next = self.ring.next_of(self.rank);
         let prev = self.ring.prev_of(self.rank);
-        for (c, (start, len)) in split_for(self.net, count, nch, gran)
-            .into_iter()
-            .enumerate()
-        {
+        for (c, (start, len)) in split_for(net, count, nch, gran).into_iter().enumerate() {
             if len == 0 {
                 continue;
             }

@@ -554,6 +554,7 @@ fn move_over_routes(b: &Bootstrap) {
         speeds_mbps: speeds.iter().map(|s| s.1).collect(),
         weighted: crate::env::registry::WEIGHTED_CHANNELS.flag(),
         hop_mbps: 0,
+        adaptive: false,
     };
     let claims: Vec<RouteClaim> = b
         .allgather(&claim.to_bytes())

@@ -19,6 +19,7 @@
 pub mod api;
 pub mod gdr;
 pub mod ib;
+pub mod meter;
 pub mod plugin;
 pub mod proxy;
 pub mod socket;
@@ -247,7 +248,16 @@ pub fn route_claim(name: Option<&str>, topo: &Topology, hop_mbps: u32) -> RouteC
         speeds_mbps: speeds,
         weighted: crate::env::registry::WEIGHTED_CHANNELS.flag(),
         hop_mbps,
+        adaptive: crate::env::registry::ADAPTIVE_WEIGHTS.flag(),
     }
+}
+
+/// The names of the devices of the network named `name` (empty when it cannot say).
+pub fn device_names(name: Option<&str>) -> Vec<String> {
+    network(name)
+        .and_then(|net| device_speeds(net.as_ref()))
+        .map(|s| s.into_iter().map(|(n, _)| n).collect())
+        .unwrap_or_default()
 }
 
 /// INFO lines for the routes rank `rank` agreed on for `nchannels` channels over the network
@@ -665,6 +675,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         slot_bytes,
         gpu_slots: gpu_slots.is_some(),
         announced: announced.clone(),
+        meter: setup.meter.map(|m| m.device(dev)),
     });
     let (mine, theirs) = mine_and_theirs(dir);
     let base = mem.dev();

@@ -125,6 +125,8 @@ pub struct NetSide {
     pub gpu_slots: bool,
     /// A receiving side's steps to post receives for (unused on a sending side).
     pub announced: Announced,
+    /// Where a sending side counts its bytes and busy time (`meter`); None: not counted.
+    pub meter: Option<super::meter::DeviceMeter>,
 }
 
 // SAFETY: the block's pointers are into memory owned by the connection's `Side`, which the
@@ -278,6 +280,9 @@ impl Driven {
                 Some(r) => self.inflight.push_back((k, r)),
                 None => break,
             }
+            if let Some(m) = &s.meter {
+                m.posted();
+            }
             self.next += 1;
             posted = true;
         }
@@ -329,6 +334,9 @@ impl Driven {
             };
             self.inflight.pop_front();
             done = true;
+            if let (Dir::Send, Some(m)) = (s.dir, &s.meter) {
+                m.done(n);
+            }
             match s.dir {
                 Dir::Send => store(s.block.head, k + 1),
                 // The slot is not reposted before the kernel has read it (head), which it

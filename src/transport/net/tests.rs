@@ -663,6 +663,7 @@ fn side(net: &Arc<dyn Net>, comm: Comm, dir: Dir, peer: i32, block: &Block) -> N
         slot_bytes: SLOT,
         gpu_slots: false,
         announced: block.announced.clone(),
+        meter: None,
     }
 }
 

@@ -1,0 +1,340 @@
+//! Self-correcting channel weights, the pure part: what a rank reports of its network devices
+//! (bytes sent and the time its sends were busy, per device), how every rank turns all
+//! reports into the same next device speeds (bounded steps, a floor per device, hysteresis),
+//! and from which collective the new speeds apply. `core::adaptive` runs the exchange; the
+//! speeds replace the agreed ones in `weights::Routes` (same channel→device routes, new
+//! shares of the bytes).
+//!
+//! Everything here is a function of integers every rank holds alike after the exchange, so
+//! every rank computes the same speeds and the same switch point.
+
+/// Most a device's speed moves in one update, in percent of its current speed.
+pub const MAX_STEP_PCT: u64 = 25;
+/// Least share of the bytes a device keeps, in percent (so a device that recovers carries
+/// traffic and is measured again); lower when there are more than 10 devices.
+pub const FLOOR_PCT: u64 = 5;
+/// Smallest change of any device's share, in permille, that is worth a switch: smaller
+/// changes are noise and leave the weights as they are.
+pub const HYSTERESIS_PERMILLE: u64 = 20;
+/// A device's sample says something only with at least this many bytes and this much busy
+/// time.
+pub const MIN_SAMPLE_BYTES: u64 = 256 << 10;
+pub const MIN_SAMPLE_NS: u64 = 1_000_000;
+
+/// What one rank's sends on one network device did over one period.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// Bytes the network took.
+    pub bytes: u64,
+    /// Time with at least one send on the device posted and not done, in ns.
+    pub busy_ns: u64,
+}
+
+impl Sample {
+    /// The rate the device achieved while busy, Mbit/s; None with too little traffic.
+    pub fn rate_mbps(&self) -> Option<u64> {
+        if self.bytes < MIN_SAMPLE_BYTES || self.busy_ns < MIN_SAMPLE_NS {
+            return None;
+        }
+        let mbps = self.bytes as u128 * 8000 / self.busy_ns as u128;
+        Some(mbps.min(u32::MAX as u128) as u64)
+    }
+
+    /// The sample of the period from `earlier` (cumulative totals) to `self`.
+    pub fn since(&self, earlier: &Sample) -> Sample {
+        Sample {
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+            busy_ns: self.busy_ns.saturating_sub(earlier.busy_ns),
+        }
+    }
+}
+
+/// One rank's contribution to an exchange round.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The round (every rank numbers its rounds alike, from 1).
+    pub round: u64,
+    /// The highest collective number this rank plans with the current weights without
+    /// waiting for the round's outcome.
+    pub fence: u64,
+    /// Per device, this rank's sends over the last period.
+    pub samples: Vec<Sample>,
+}
+
+impl Report {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(20 + 16 * self.samples.len());
+        b.extend_from_slice(&self.round.to_le_bytes());
+        b.extend_from_slice(&self.fence.to_le_bytes());
+        b.extend_from_slice(&(self.samples.len() as u32).to_le_bytes());
+        for s in &self.samples {
+            b.extend_from_slice(&s.bytes.to_le_bytes());
+            b.extend_from_slice(&s.busy_ns.to_le_bytes());
+        }
+        b
+    }
+
+    /// The report in `b` (`to_bytes`), or None when it is not one.
+    pub fn from_bytes(b: &[u8]) -> Option<Report> {
+        let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+        let n = u32::from_le_bytes(b.get(16..20)?.try_into().ok()?) as usize;
+        if n > super::weights::MAX_DEVICES || b.len() != 20 + 16 * n {
+            return None;
+        }
+        let samples = (0..n)
+            .map(|d| {
+                Some(Sample {
+                    bytes: u64_at(20 + 16 * d)?,
+                    busy_ns: u64_at(28 + 16 * d)?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Report {
+            round: u64_at(0)?,
+            fence: u64_at(8)?,
+            samples,
+        })
+    }
+}
+
+/// Per device, the rate every rank's ring can count on: the least any rank measured (the
+/// slowest sender on a device sets the pace of the channels on it); None where no rank
+/// moved enough to say.
+pub fn agreed_rates(reports: &[Report], ndev: usize) -> Vec<Option<u64>> {
+    (0..ndev)
+        .map(|d| {
+            reports
+                .iter()
+                .filter_map(|r| r.samples.get(d)?.rate_mbps())
+                .min()
+        })
+        .collect()
+}
+
+/// The first collective number the outcome of a round applies to: past every rank's fence
+/// (no rank has planned a collective beyond its fence without the outcome) and past the
+/// previous switch (`previous`, 0 for none), so switches keep their order.
+pub fn switch_from(previous: u64, reports: &[Report]) -> u64 {
+    let fence = reports.iter().map(|r| r.fence).max().unwrap_or(0);
+    fence.max(previous) + 1
+}
+
+/// The next speeds (Mbit/s) of the devices, or None when the weights stay as they are.
+/// `current`: the speeds in use; `nominal`: those agreed at init, which a measured rate
+/// never exceeds (a device that is not the bottleneck hands its sends to the network faster
+/// than the wire moves them, so its rate is a bound from above, not its speed); `rates`: the
+/// agreed measured rates (`agreed_rates`). Each speed moves towards its target by at most
+/// `MAX_STEP_PCT`, every device keeps at least its floor share, and a change of less than
+/// `HYSTERESIS_PERMILLE` in every share is no change.
+pub fn next_speeds(current: &[u32], nominal: &[u32], rates: &[Option<u64>]) -> Option<Vec<u32>> {
+    let n = current.len();
+    if n < 2 || nominal.len() != n || rates.len() != n {
+        return None;
+    }
+    let stepped: Vec<u64> = (0..n)
+        .map(|d| {
+            let cur = current[d].max(1) as u64;
+            let target = rates[d].map_or(cur, |r| r.min(nominal[d].max(1) as u64).max(1));
+            let lo = (cur * (100 - MAX_STEP_PCT) / 100).max(1);
+            let hi = (cur * (100 + MAX_STEP_PCT)).div_ceil(100);
+            target.clamp(lo, hi)
+        })
+        .collect();
+    let next = with_floor(stepped);
+    let before = shares_permille(&current.iter().map(|&s| s as u64).collect::<Vec<_>>());
+    let after = shares_permille(&next);
+    let moved = before
+        .iter()
+        .zip(&after)
+        .any(|(&a, &b)| a.abs_diff(b) >= HYSTERESIS_PERMILLE);
+    moved.then(|| {
+        next.into_iter()
+            .map(|s| s.min(u32::MAX as u64) as u32)
+            .collect()
+    })
+}
+
+/// Raise every speed to at least the floor share of the total (`FLOOR_PCT`, at most half an
+/// even share).
+fn with_floor(mut speeds: Vec<u64>) -> Vec<u64> {
+    let n = speeds.len() as u64;
+    // floor = num / den of the total.
+    let (num, den) = if FLOOR_PCT * 2 * n <= 100 {
+        (FLOOR_PCT, 100)
+    } else {
+        (1, 2 * n)
+    };
+    for _ in 0..8 {
+        let total: u64 = speeds.iter().sum();
+        let mut raised = false;
+        for s in speeds.iter_mut() {
+            let others = total - *s;
+            // s / (others + s) >= num / den  <=>  s >= others * num / (den - num).
+            let least = (others * num).div_ceil(den - num);
+            if *s < least {
+                *s = least;
+                raised = true;
+            }
+        }
+        if !raised {
+            break;
+        }
+    }
+    speeds
+}
+
+/// Each speed's share of the total, in permille.
+pub fn shares_permille(speeds: &[u64]) -> Vec<u64> {
+    let total: u64 = speeds.iter().sum::<u64>().max(1);
+    speeds.iter().map(|&s| s * 1000 / total).collect()
+}
+
+/// Collectives a rank may plan beyond its count at a round's start before it must know the
+/// round's outcome: what it plans in two periods at its recent pace, and at least 16, so
+/// that the outcome is normally there first and no call waits for it.
+pub fn fence_margin(collectives_per_s: f64, period_s: f64) -> u64 {
+    let ahead = collectives_per_s.max(0.0) * 2.0 * period_s;
+    16 + ahead.min(1e12) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(mbps: u64) -> Sample {
+        // 100 ms busy at `mbps`.
+        Sample {
+            bytes: mbps * 100_000 / 8 * 1000 / 1000,
+            busy_ns: 100_000_000,
+        }
+    }
+
+    #[test]
+    fn reports_round_trip_and_bad_bytes_are_refused() {
+        let r = Report {
+            round: 7,
+            fence: 1234,
+            samples: vec![sample(4000), Sample::default()],
+        };
+        assert_eq!(Report::from_bytes(&r.to_bytes()), Some(r.clone()));
+        let b = r.to_bytes();
+        assert_eq!(Report::from_bytes(&b[..b.len() - 1]), None);
+        assert_eq!(Report::from_bytes(&[]), None);
+    }
+
+    #[test]
+    fn rates_need_enough_traffic_and_the_slowest_rank_counts() {
+        assert_eq!(sample(4000).rate_mbps(), Some(4000));
+        assert_eq!(Sample::default().rate_mbps(), None);
+        let r = |s: Vec<Sample>| Report {
+            round: 1,
+            fence: 0,
+            samples: s,
+        };
+        let rates = agreed_rates(
+            &[
+                r(vec![sample(4000), sample(1000), Sample::default()]),
+                r(vec![sample(3000), sample(1200), Sample::default()]),
+            ],
+            3,
+        );
+        assert_eq!(rates, vec![Some(3000), Some(1000), None]);
+    }
+
+    #[test]
+    fn steps_are_bounded_and_reach_the_target() {
+        // The fast link cut to a quarter: 4000/1000 measured as 1000/1000.
+        let nominal = [4000, 1000];
+        let mut cur = vec![4000u32, 1000];
+        let mut updates = 0;
+        while let Some(next) = next_speeds(&cur, &nominal, &[Some(1000), Some(1000)]) {
+            for d in 0..2 {
+                let (a, b) = (cur[d] as f64, next[d] as f64);
+                assert!(
+                    b >= a * 0.75 - 1.0 && b <= a * 1.25 + 1.0,
+                    "{cur:?} -> {next:?}"
+                );
+            }
+            cur = next;
+            updates += 1;
+            assert!(updates < 10, "no convergence: {cur:?}");
+        }
+        let shares = shares_permille(&[cur[0] as u64, cur[1] as u64]);
+        assert!(shares[0].abs_diff(500) < HYSTERESIS_PERMILLE, "{cur:?}");
+        assert!(
+            updates >= 4,
+            "bounded steps take several updates: {updates}"
+        );
+        // It recovers: measured back at (above) nominal, the speeds climb back.
+        let mut back = 0;
+        while let Some(next) = next_speeds(&cur, &nominal, &[Some(9000), Some(1000)]) {
+            cur = next;
+            back += 1;
+            assert!(back < 10);
+        }
+        let shares = shares_permille(&[cur[0] as u64, cur[1] as u64]);
+        assert!(shares[0].abs_diff(800) < HYSTERESIS_PERMILLE, "{cur:?}");
+    }
+
+    #[test]
+    fn noise_below_the_hysteresis_changes_nothing() {
+        let nominal = [4000, 1000];
+        let cur = [4000u32, 1000];
+        assert_eq!(next_speeds(&cur, &nominal, &[Some(3900), Some(1000)]), None);
+        assert_eq!(next_speeds(&cur, &nominal, &[Some(4000), Some(980)]), None);
+        // No traffic on any device: nothing to go by.
+        assert_eq!(next_speeds(&cur, &nominal, &[None, None]), None);
+        // One device: nothing to weigh.
+        assert_eq!(next_speeds(&[1000], &[1000], &[Some(10)]), None);
+    }
+
+    #[test]
+    fn every_device_keeps_its_floor() {
+        let nominal = [10_000, 10_000, 10_000];
+        let mut cur = vec![10_000u32, 10_000, 10_000];
+        for _ in 0..40 {
+            match next_speeds(&cur, &nominal, &[Some(10_000), Some(1), Some(10_000)]) {
+                Some(n) => cur = n,
+                None => break,
+            }
+        }
+        let shares = shares_permille(&cur.iter().map(|&s| s as u64).collect::<Vec<_>>());
+        assert!(shares[1] >= FLOOR_PCT * 10 - 1, "{shares:?}");
+        // It stops near the floor: the last step would change less than the hysteresis.
+        assert!(
+            shares[1] < FLOOR_PCT * 10 + 2 * HYSTERESIS_PERMILLE,
+            "{shares:?}"
+        );
+        // Many devices: the floor shrinks to half an even share.
+        let many = with_floor(vec![1; 30].into_iter().chain([1_000_000]).collect());
+        let shares = shares_permille(&many);
+        assert!(
+            shares[..30].iter().all(|&s| s * 31 * 2 >= 1000 - 31),
+            "{shares:?}"
+        );
+    }
+
+    #[test]
+    fn the_same_inputs_give_the_same_outputs() {
+        let a = next_speeds(&[3000, 1250], &[4000, 1000], &[Some(1003), Some(1900)]);
+        for _ in 0..100 {
+            assert_eq!(
+                next_speeds(&[3000, 1250], &[4000, 1000], &[Some(1003), Some(1900)]),
+                a
+            );
+        }
+    }
+
+    #[test]
+    fn the_switch_lies_past_every_fence_and_the_previous_switch() {
+        let r = |fence| Report {
+            round: 3,
+            fence,
+            samples: vec![],
+        };
+        assert_eq!(switch_from(0, &[r(10), r(40), r(25)]), 41);
+        assert_eq!(switch_from(100, &[r(10), r(40)]), 101);
+        assert!(fence_margin(0.0, 0.2) >= 16);
+        assert_eq!(fence_margin(10_000.0, 0.2), 16 + 4000);
+    }
+}
