@@ -286,6 +286,9 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         comm.config.net_name.as_deref(),
         nchannels,
     )?;
+    // The names of the devices the routes' positions stand for, for the weights' INFO lines.
+    let device_names =
+        crate::transport::net::local_device_names(comm.config.net_name.as_deref(), &topo);
     let mut rt = Runtime::new(
         ctx,
         bootstrap,
@@ -296,11 +299,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         async_error_sink(comm),
     )?;
     rt.set_net_link(net_link, routes);
-    rt.start_adaptive_weights(
-        comm.weights.clone(),
-        crate::transport::net::device_names(comm.config.net_name.as_deref()),
-        comm.abort.clone(),
-    )?;
+    rt.start_adaptive_weights(comm.weights.clone(), device_names, comm.abort.clone())?;
     rt.set_network(comm.config.net_name.clone(), comm.config.traffic_class);
     rt.count_connections_into(comm.mem.suspendable.clone());
     *comm.rt.lock() = Some(rt);

@@ -252,12 +252,19 @@ pub fn route_claim(name: Option<&str>, topo: &Topology, hop_mbps: u32) -> RouteC
     }
 }
 
-/// The names of the devices of the network named `name` (empty when it cannot say).
-pub fn device_names(name: Option<&str>) -> Vec<String> {
-    network(name)
-        .and_then(|net| device_speeds(net.as_ref()))
-        .map(|s| s.into_iter().map(|(n, _)| n).collect())
-        .unwrap_or_default()
+/// The names of the devices this rank's GPU uses of the network named `name`, in route
+/// position order (empty when it cannot say).
+pub fn local_device_names(name: Option<&str>, topo: &Topology) -> Vec<String> {
+    let local_names = |net: Arc<dyn Net>| -> Result<Vec<String>> {
+        let speeds = device_speeds(net.as_ref())?;
+        let choice = local_choice(net.as_ref(), topo)?;
+        Ok(choice
+            .devices
+            .iter()
+            .map(|&d| speeds[d].0.clone())
+            .collect())
+    };
+    network(name).and_then(local_names).unwrap_or_default()
 }
 
 /// INFO lines for the routes rank `rank` agreed on for `nchannels` channels over the network
@@ -270,16 +277,7 @@ pub fn log_routes(
     name: Option<&str>,
 ) {
     let rank = topo.my_rank;
-    let local_names = |net: Arc<dyn Net>| -> Result<Vec<String>> {
-        let speeds = device_speeds(net.as_ref())?;
-        let choice = local_choice(net.as_ref(), topo)?;
-        Ok(choice
-            .devices
-            .iter()
-            .map(|&d| speeds[d].0.clone())
-            .collect())
-    };
-    let names: Vec<String> = network(name).and_then(local_names).unwrap_or_default();
+    let names = local_device_names(name, topo);
     let why = match verdict {
         Verdict::Weighted => {
             let devices = routes.describe(nchannels, &names).join(", ");
@@ -442,6 +440,8 @@ pub(super) struct Local {
     listen: Option<Comm>,
     net: Arc<dyn Net>,
     dev: i32,
+    /// `dev`'s position in the list of devices this rank's GPU uses (the routes' device).
+    slot: usize,
     /// The slots in GPU memory (`gdr`), else they are in `mem`.
     gpu_slots: Option<DeviceBuffer>,
     /// GPU slots are registered as a dma-buf (else as CUDA memory).
@@ -501,9 +501,11 @@ fn log_dma_buf_once(dev: i32) {
 /// give a position in the list of devices this rank's GPU uses (`CommNet::local`), which
 /// every rank maps to its own device, so ranks whose GPUs use different devices still agree
 /// on every channel's route.
-fn row_device(setup: &Setup<'_>, ch: u32) -> Result<i32> {
+/// Returns (position in the list, device).
+fn row_device(setup: &Setup<'_>, ch: u32) -> Result<(usize, i32)> {
     let local = &setup.net.local(setup.topo)?.devices;
-    Ok(local[slot_of_row(setup.routes, ch, setup.nchannels, local.len())] as i32)
+    let slot = slot_of_row(setup.routes, ch, setup.nchannels, local.len());
+    Ok((slot, local[slot] as i32))
 }
 
 /// The position in a rank's device list (of `ndev` devices) of connection row `row`.
@@ -526,7 +528,7 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
         )));
     }
     let net = setup.net.get()?;
-    let dev = row_device(setup, ch)?;
+    let (slot, dev) = row_device(setup, ch)?;
     let staging = setup.nslots as usize * setup.slot_bytes as usize;
     let site = gdr_site(setup, net.as_ref(), dev)?;
     let on_gpu = gdr::uses_gpu_memory(&site, dir, &gdr::Settings::from_env());
@@ -553,6 +555,7 @@ pub(super) fn local_half(setup: &Setup<'_>, ch: u32, dir: Dir) -> Result<(Half, 
             listen,
             net,
             dev,
+            slot,
             gpu_slots,
             dma_buf: site.registers_dma_buf(),
         },
@@ -635,6 +638,7 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         listen,
         net,
         dev,
+        slot,
         gpu_slots,
         dma_buf,
     } = p.local;
@@ -675,7 +679,8 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         slot_bytes,
         gpu_slots: gpu_slots.is_some(),
         announced: announced.clone(),
-        meter: setup.meter.map(|m| m.device(dev)),
+        // The meter counts by route position, as the weights it feeds are kept.
+        meter: setup.meter.map(|m| m.device(slot as i32)),
     });
     let (mine, theirs) = mine_and_theirs(dir);
     let base = mem.dev();
@@ -822,6 +827,7 @@ mod layout_tests {
             speeds_mbps: speeds.to_vec(),
             weighted: true,
             hop_mbps: 0,
+            adaptive: false,
         };
         // Rank 0's GPU uses devices 0 and 2 of its host, rank 1's devices 3 and 1; the first
         // of each is 4x as fast as the second.
