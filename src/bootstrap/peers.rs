@@ -309,6 +309,12 @@ impl Peers {
         limits: &Limits<'_>,
     ) -> Result<()> {
         let me = self.shared.rank;
+        // Nothing written yet: a raised abort (a handle's, such as the channel weights'
+        // exchange when it stops) or a passed deadline leaves the connection, which other
+        // threads share, as it is.
+        if let Some(why) = limits.expired() {
+            return Err(why.into_error(limits, &format!("rank {me} sending to rank {peer}")));
+        }
         let stream = slot.as_ref().expect("an open connection");
         let mut header = [0u8; HEADER_LEN];
         header[..4].copy_from_slice(&kind.to_le_bytes());
@@ -866,6 +872,35 @@ mod tests {
         first.write_all(&frame(KIND_USER, 7, 5, b"right")).unwrap();
         assert_eq!(peers.recv(1, KIND_USER, 7, &limits).unwrap(), b"right");
         assert!(!peers.shared.inbox.lock().closed[1]);
+    }
+
+    #[test]
+    fn a_send_stopped_before_its_first_byte_keeps_the_shared_connection() {
+        let peers = rank0_of_2();
+        let rank1 = TcpListener::bind("127.0.0.1:0").unwrap();
+        peers.set_addr(1, rank1.local_addr().unwrap());
+        let never = AtomicBool::new(false);
+        let limits = Limits::new(Duration::from_secs(10), &never);
+        peers.send(1, KIND_USER, 1, b"one", &limits).unwrap();
+        let (mut conn, _) = rank1.accept().unwrap();
+        let raised = AtomicBool::new(true);
+        let aborted = Limits::new(Duration::from_secs(10), &raised);
+        assert!(peers.send(1, KIND_USER, 2, b"two", &aborted).is_err());
+        peers.send(1, KIND_USER, 3, b"three", &limits).unwrap();
+        // One connection carried hello, frame 1 and frame 3, whole.
+        let want = [
+            hello(0, 2),
+            frame(KIND_USER, 1, 3, b"one"),
+            frame(KIND_USER, 3, 5, b"three"),
+        ]
+        .concat();
+        let mut got = vec![0u8; want.len()];
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.read_exact(&mut got).unwrap();
+        assert!(got == want, "the frames after the stopped send differ");
+        rank1.set_nonblocking(true).unwrap();
+        assert!(rank1.accept().is_err(), "a second connection was opened");
     }
 
     fn recv_coll(peers: &Peers, from: i32, seq: u64) -> Result<Vec<u8>> {
