@@ -6,8 +6,9 @@
 //! One more cuts the link after the bootstrap: the silent peer's connection must end within
 //! `OXCCL_DEAD_PEER_S`. Another shapes two links with `tc` to unequal rates and moves one
 //! transfer over channels routed as the planner routes them (`sched::weights`), counting the
-//! bytes each link carried. Needs root and `ip` (iproute2), and `tc` for the shaped links;
-//! skipped, saying so, where namespaces cannot be made.
+//! bytes each link carried; `meter_cut` cuts the faster of two such links mid-run and watches
+//! the adaptive weights' meter and exchange follow. Needs root and `ip` (iproute2), and `tc`
+//! for the shaped links; skipped, saying so, where namespaces cannot be made.
 
 use super::api::{Comm, Handle, MemType, Net, Request, HANDLE_BYTES};
 use super::socket::{handle_address, SocketNet};
@@ -26,6 +27,8 @@ const CUT_ENV: &str = "OXCCL_TWO_HOSTS_CUT";
 const WEIGHTS_ENV: &str = "OXCCL_TWO_HOSTS_WEIGHTS";
 /// Bytes rank 0 sends rank 1 on each device.
 const MESSAGE: usize = 3 << 20;
+
+mod meter_cut;
 
 /// One veth pair: its ends' names (in namespace a, b) and their addresses with prefix.
 /// Ends in different subnets get a host route to each other (`routed`), as hosts reached
@@ -291,6 +294,9 @@ fn two_hosts_child() {
     }
     if std::env::var(WEIGHTS_ENV).is_ok() {
         return move_over_routes(&b);
+    }
+    if let Ok(stop_file) = std::env::var(meter_cut::METER_ENV) {
+        return meter_cut::stream_and_measure(&b, std::path::Path::new(&stop_file));
     }
     let net = SocketNet::from_env().unwrap();
     for dev in 0..net.devices().unwrap() {
@@ -632,17 +638,19 @@ fn move_over_routes(b: &Bootstrap) {
     println!("TWO_HOSTS_OK rank {rank}");
 }
 
-/// Shape the egress of both ends of `link` to `rate` (a `tc` rate, e.g. `400mbit`).
-fn shape(hosts: &TwoHosts, link: &Link, rate: &str) -> Result<(), String> {
+/// Shape the egress of both ends of `link` to `mbps` Mbit/s with a token bucket: `verb` is
+/// `add` for a new shaper, `change` to reshape one while traffic runs.
+fn tbf(hosts: &TwoHosts, link: &Link, verb: &str, mbps: u32) -> Result<(), String> {
+    let rate = format!("{mbps}mbit");
     for (ns, end) in hosts.names.iter().zip(link.ends) {
         let args = [
-            "netns", "exec", ns, "tc", "qdisc", "add", "dev", end, "root", "tbf", "rate", rate,
+            "netns", "exec", ns, "tc", "qdisc", verb, "dev", end, "root", "tbf", "rate", &rate,
             "burst", "256kb", "latency", "100ms",
         ];
         let out = ip(&args).map_err(|e| format!("cannot run ip: {e}"))?;
         if !out.status.success() {
             return Err(format!(
-                "tc on {end}: {}",
+                "tc qdisc {verb} on {end}: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
@@ -669,8 +677,8 @@ fn weighted_routes_move_more_bytes_over_the_faster_of_two_shaped_links() {
     let Some(hosts) = hosts_or_skip("wt", &[&V4, &V4_SECOND]) else {
         return;
     };
-    for (link, rate) in [(&V4, "400mbit"), (&V4_SECOND, "100mbit")] {
-        if let Err(why) = shape(&hosts, link, rate) {
+    for (link, mbps) in [(&V4, 400), (&V4_SECOND, 100)] {
+        if let Err(why) = tbf(&hosts, link, "add", mbps) {
             eprintln!("weighted routes over shaped links: skipped ({why})");
             return;
         }

@@ -1,0 +1,593 @@
+//! The adaptive channel weights between two "hosts" whose fast link is cut mid-run: two
+//! namespaces joined by two links shaped to 400 and 100 Mbit/s (`tc`), and one connection per
+//! link that the proxy keeps full, from stand-in kernels streaming Simple steps, with each
+//! sending side counting through the communicator's `NetMeter`. Both ranks run the weights'
+//! exchange (`core::adaptive::Agent`) over their bootstrap. Rank 0 prints the rates the
+//! meter gives every period and every switch the exchange agrees on; the parent watches
+//! them, cuts the fast link to a quarter with `tc qdisc change`, and checks that the measured
+//! rates and the agreed speeds follow: the fast link's rate falls to about the slow one's,
+//! and the speeds move towards 1:1 in bounded steps. No tight timings: every figure is a
+//! median over periods or a proportion with wide margins.
+
+use super::super::api::{Handle, MemType, Net, HANDLE_BYTES};
+use super::super::meter::NetMeter;
+use super::super::proxy::{bounce_bytes, Announced, HostBlock, NetSide, Proxy};
+use super::super::socket::SocketNet;
+use super::super::tests::until;
+use super::super::{block_bytes, host_block};
+use super::{address, hosts_or_skip, port, tbf, TwoHosts, V4, V4_SECOND};
+use crate::bootstrap::Bootstrap;
+use crate::core::adaptive::{Agent, AgentSetup, Schedule};
+use crate::sched::adaptive::{shares_permille, MAX_STEP_PCT};
+use crate::sched::Dir;
+use parking_lot::Mutex;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Set in the children of this test: the path of the file whose existence tells them to stop.
+pub(super) const METER_ENV: &str = "OXCCL_TWO_HOSTS_METER";
+
+/// Slots of a connection and their size: 8 × 128 KiB in flight keep a 400 Mbit/s link busy,
+/// and a 100 Mbit/s one completes a few dozen steps per period.
+const SLOT: u32 = 128 << 10;
+const NSLOTS: u32 = 8;
+/// How often rank 0 reports the meter's rates, and the exchange's period.
+const PERIOD: Duration = Duration::from_millis(200);
+/// The links' rates, Mbit/s, and the fast link's after the cut (a quarter).
+const FAST_MBPS: u32 = 400;
+const SLOW_MBPS: u32 = 100;
+const CUT_MBPS: u32 = FAST_MBPS / 4;
+/// A child that is never told to stop stops by itself after this long.
+const CHILD_LIMIT: Duration = Duration::from_secs(40);
+
+/// One side's block of counters and slots in host memory, standing in for the memory the GPU
+/// maps.
+struct Block {
+    _mem: Vec<u64>,
+    host: HostBlock,
+}
+
+// SAFETY: the block's memory is owned by `_mem`, which outlives every thread that uses the
+// pointers (they are joined before the block is dropped); the stand-in kernel and the proxy
+// touch its words through volatile accesses only.
+unsafe impl Send for Block {}
+unsafe impl Sync for Block {}
+
+impl Block {
+    fn new(dir: Dir) -> Block {
+        let mut mem = vec![0u64; block_bytes(dir, SLOT, NSLOTS, false).div_ceil(8)];
+        let host = host_block(mem.as_mut_ptr() as *mut u8, SLOT, NSLOTS, None);
+        Block { _mem: mem, host }
+    }
+
+    fn load(p: *const u64) -> u64 {
+        // SAFETY: an aligned u64 of a live block, written by another thread.
+        let v = unsafe { std::ptr::read_volatile(p) };
+        std::sync::atomic::fence(Ordering::Acquire);
+        v
+    }
+
+    fn store(p: *mut u64, v: u64) {
+        std::sync::atomic::fence(Ordering::Release);
+        // SAFETY: as in `load`.
+        unsafe { std::ptr::write_volatile(p, v) };
+    }
+
+    fn slot(&self, k: u64) -> *mut u64 {
+        let at = (k % NSLOTS as u64) as usize * SLOT as usize;
+        self.host.buf.wrapping_add(at) as *mut u64
+    }
+}
+
+/// The payload of every step: a Simple step as large as a slot allows.
+fn step_bytes() -> usize {
+    (SLOT - SLOT / crate::sched::device::LL_REGION_DIV) as usize
+}
+
+/// The step word of Simple step k (its epoch, `k + 1`, in the high half; its bytes below).
+fn step_word(k: u64) -> u64 {
+    ((k + 1) & 0xffff_ffff) << 32 | step_bytes() as u64
+}
+
+/// Sleep briefly until `ready`; false when `stop` rose first.
+fn wait_until(stop: &AtomicBool, mut ready: impl FnMut() -> bool) -> bool {
+    while !ready() {
+        if stop.load(Ordering::Acquire) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    true
+}
+
+/// The sending kernel: fills every slot the proxy has freed with the next step (its number
+/// at the slot's start), until `stop`.
+fn stream_sends(b: &Block, stop: &AtomicBool) {
+    for k in 0.. {
+        if !wait_until(stop, || Block::load(b.host.head) + NSLOTS as u64 > k) {
+            return;
+        }
+        // SAFETY: the slot is free (head) and holds at least 8 bytes.
+        unsafe { std::ptr::write_volatile(b.slot(k), k) };
+        let words = b.host.words as *mut u64;
+        Block::store(
+            words.wrapping_add((k % NSLOTS as u64) as usize),
+            step_word(k),
+        );
+        Block::store(b.host.tail, k + 1);
+    }
+}
+
+/// The receiving kernel: consumes every step the proxy lands, checking its number, until
+/// `stop`. The first wrong step, if any.
+fn stream_recvs(b: &Block, stop: &AtomicBool) -> Option<String> {
+    for k in 0.. {
+        if !wait_until(stop, || Block::load(b.host.tail) > k) {
+            return None;
+        }
+        // SAFETY: the proxy landed step k in its slot (tail).
+        let got = unsafe { std::ptr::read_volatile(b.slot(k)) };
+        if got != k {
+            return Some(format!("step {k} carried step {got}'s data"));
+        }
+        Block::store(b.host.head, k + 1);
+    }
+    None
+}
+
+/// One connection per device between the two ranks (rank 0 sends), as `NetSide`s for the
+/// proxy, with their blocks; rank 0's count through `meter`.
+fn connect_devices(
+    b: &Bootstrap,
+    net: &Arc<dyn Net>,
+    meter: &Arc<NetMeter>,
+) -> Vec<(NetSide, Arc<Block>)> {
+    let rank = b.rank();
+    let dir = if rank == 0 { Dir::Send } else { Dir::Recv };
+    let mut sides = Vec::new();
+    for dev in 0..net.devices().unwrap() {
+        let tag = 300 + dev as u64;
+        let comm = if rank == 1 {
+            let (handle, listen) = net.listen(dev).unwrap();
+            b.send(0, tag, &handle.0).unwrap();
+            let comm = until("accept", || net.accept(listen));
+            net.close_listen(listen).unwrap();
+            comm
+        } else {
+            let mut handle = Handle([0u8; HANDLE_BYTES]);
+            handle.0.copy_from_slice(&b.recv(1, tag).unwrap());
+            until("connect", || net.connect(dev, &handle))
+        };
+        let block = Arc::new(Block::new(dir));
+        let h = block.host;
+        let staging = (SLOT * NSLOTS) as usize;
+        let mh = net.reg_mr(comm, h.buf, staging, MemType::Host).unwrap();
+        let bounce_mh = match dir {
+            Dir::Send => {
+                let len = NSLOTS as usize * bounce_bytes(SLOT);
+                net.reg_mr(comm, h.bounce, len, MemType::Host).unwrap()
+            }
+            Dir::Recv => mh,
+        };
+        let announced = Announced::default();
+        // The stand-in receiver consumes for as long as the test runs.
+        announced.add(1 << 48);
+        let side = NetSide {
+            net: net.clone(),
+            comm,
+            mh,
+            bounce_mh,
+            dir,
+            peer: 1 - rank,
+            channel: dev as u32,
+            block: h,
+            dev_head: 0,
+            dev_tail: 0,
+            nslots: NSLOTS,
+            slot_bytes: SLOT,
+            gpu_slots: false,
+            announced,
+            meter: (dir == Dir::Send).then(|| meter.device(dev)),
+        };
+        sides.push((side, block));
+    }
+    sides
+}
+
+/// "-" or the rate a period's sample gives, Mbit/s.
+fn rate_text(rate: Option<u64>) -> String {
+    rate.map_or("-".into(), |r| r.to_string())
+}
+
+/// In a child (its namespace's one rank): stream over every device until `stop_file`
+/// exists, with the weights' exchange running. Rank 0 prints `DEVICES name...`, then
+/// `STREAMING`, then every period `RATES ms rate...` (the meter's, Mbit/s or `-`) and
+/// `SPEEDS epoch speed...` for each switch the exchange agreed on.
+pub(super) fn stream_and_measure(b: &Bootstrap, stop_file: &Path) {
+    let rank = b.rank();
+    let net: Arc<dyn Net> = Arc::new(SocketNet::from_env().unwrap());
+    let speeds = crate::transport::net::device_speeds(net.as_ref()).unwrap();
+    let names: Vec<String> = speeds.iter().map(|s| s.0.clone()).collect();
+    let nominal: Vec<u32> = speeds.iter().map(|s| s.1).collect();
+    assert_eq!(nominal.len(), 2, "rank {rank}: devices {speeds:?}");
+    let meter = NetMeter::new(nominal.len());
+    let sides = connect_devices(b, &net, &meter);
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink_errors = errors.clone();
+    let proxy_abort = Arc::new(AtomicBool::new(false));
+    let proxy = Proxy::start(
+        rank,
+        None,
+        proxy_abort.clone(),
+        0,
+        Arc::new(move |peer: i32, e: crate::error::Error| {
+            sink_errors.lock().push(format!("peer {peer}: {e}"))
+        }),
+    )
+    .unwrap();
+    let blocks: Vec<Arc<Block>> = sides.iter().map(|(_, block)| block.clone()).collect();
+    for (side, _) in sides {
+        proxy.add(side);
+    }
+    let schedule = Schedule::default();
+    let setup = AgentSetup {
+        rank,
+        nominal: nominal.clone(),
+        names: names.clone(),
+        period: PERIOD,
+        comm_abort: Arc::new(AtomicBool::new(false)),
+    };
+    let agent = Agent::start(setup, b, meter.clone(), schedule.clone()).unwrap();
+    b.barrier().unwrap();
+    let stop = AtomicBool::new(false);
+    let wrong = std::thread::scope(|s| {
+        let kernels: Vec<_> = blocks
+            .iter()
+            .map(|block| {
+                let stop = &stop;
+                s.spawn(move || match rank {
+                    0 => {
+                        stream_sends(block, stop);
+                        None
+                    }
+                    _ => stream_recvs(block, stop),
+                })
+            })
+            .collect();
+        if rank == 0 {
+            println!("DEVICES {}", names.join(" "));
+            println!("STREAMING");
+        }
+        report_until_stopped(rank, &meter, &schedule, stop_file);
+        stop.store(true, Ordering::Release);
+        kernels
+            .into_iter()
+            .filter_map(|k| k.join().unwrap())
+            .collect::<Vec<String>>()
+    });
+    assert!(wrong.is_empty(), "rank {rank}: {wrong:?}");
+    assert!(errors.lock().is_empty(), "rank {rank}: {:?}", errors.lock());
+    drop(agent);
+    b.barrier().unwrap();
+    // Receives are still posted and sends may be held by the peer's full socket: close at once.
+    proxy_abort.store(true, Ordering::Release);
+    drop(proxy);
+    println!("TWO_HOSTS_OK rank {rank}");
+}
+
+/// Every period until `stop_file` exists (at most `CHILD_LIMIT`): rank 0 prints the meter's
+/// rates over the period and the speeds of every new switch.
+fn report_until_stopped(rank: i32, meter: &NetMeter, schedule: &Schedule, stop_file: &Path) {
+    let start = Instant::now();
+    let mut last = meter.totals();
+    let mut next_epoch = 1;
+    while !stop_file.exists() && start.elapsed() < CHILD_LIMIT {
+        std::thread::sleep(PERIOD);
+        if rank != 0 {
+            continue;
+        }
+        let now = meter.totals();
+        let rates: Vec<String> = now
+            .iter()
+            .zip(&last)
+            .map(|(n, l)| rate_text(n.since(l).rate_mbps()))
+            .collect();
+        last = now;
+        println!("RATES {} {}", start.elapsed().as_millis(), rates.join(" "));
+        while let Some(speeds) = schedule.speeds_of(next_epoch) {
+            let text: Vec<String> = speeds.iter().map(|s| s.to_string()).collect();
+            println!("SPEEDS {next_epoch} {}", text.join(" "));
+            next_epoch += 1;
+        }
+    }
+}
+
+/// What rank 0 reported, in order.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Device index of the fast link's and the slow link's end.
+    fast: usize,
+    slow: usize,
+    /// Per period, each device's rate (None: too little traffic).
+    rates: Vec<Vec<Option<u64>>>,
+    /// Each switch's speeds, with the number of periods reported before it was seen.
+    speeds: Vec<(usize, Vec<u64>)>,
+    lines: Vec<String>,
+}
+
+impl Seen {
+    fn take(&mut self, line: String) {
+        let mut words = line.split(' ');
+        match words.next() {
+            Some("DEVICES") => {
+                let names: Vec<&str> = words.collect();
+                let at = |n: &str| names.iter().position(|&x| x == n);
+                self.fast = at(V4.ends[0]).expect("the fast link's end is a device");
+                self.slow = at(V4_SECOND.ends[0]).expect("the slow link's end is a device");
+            }
+            Some("RATES") => self
+                .rates
+                .push(words.skip(1).map(|w| w.parse().ok()).collect()),
+            Some("SPEEDS") => {
+                let speeds = words.skip(1).map(|w| w.parse().unwrap()).collect();
+                self.speeds.push((self.rates.len(), speeds));
+            }
+            _ => {}
+        }
+        self.lines.push(line);
+    }
+
+    /// The fast device's share of the speeds in use after `periods` periods, permille (the
+    /// nominal 4:1 before any switch).
+    fn fast_share_at(&self, periods: usize) -> u64 {
+        let speeds = self
+            .speeds
+            .iter()
+            .rfind(|(at, _)| *at <= periods)
+            .map(|(_, s)| s.clone());
+        shares_permille(&speeds.unwrap_or_else(|| self.nominal()))[self.fast]
+    }
+
+    /// The speeds agreed at init, by device.
+    fn nominal(&self) -> Vec<u64> {
+        let mut nominal = vec![0; 2];
+        nominal[self.fast] = FAST_MBPS as u64;
+        nominal[self.slow] = SLOW_MBPS as u64;
+        nominal
+    }
+
+    /// Each device's median rate over the periods `from..to` that have a rate on both.
+    fn median_rates(&self, from: usize, to: usize) -> Option<(u64, u64)> {
+        let both: Vec<(u64, u64)> = self.rates[from.min(to)..to]
+            .iter()
+            .filter_map(|r| Some((r[self.fast]?, r[self.slow]?)))
+            .collect();
+        if both.is_empty() {
+            return None;
+        }
+        let median = |mut v: Vec<u64>| {
+            v.sort_unstable();
+            v[v.len() / 2]
+        };
+        Some((
+            median(both.iter().map(|b| b.0).collect()),
+            median(both.iter().map(|b| b.1).collect()),
+        ))
+    }
+}
+
+/// Rank 0's stdout lines, as they come; the rest of both ranks' output, kept.
+struct Watch {
+    lines: Receiver<String>,
+    rest: Arc<Mutex<String>>,
+    children: Vec<std::process::Child>,
+}
+
+impl Watch {
+    fn start(hosts: &TwoHosts, env: &[(&str, &str)]) -> Watch {
+        let mut children: Vec<_> = (0..2).map(|rank| hosts.spawn(rank, env)).collect();
+        let (tx, lines) = channel();
+        let rest = Arc::new(Mutex::new(String::new()));
+        for (rank, child) in children.iter_mut().enumerate() {
+            let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
+            let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
+            for (stream, to_channel) in [(out, rank == 0), (err, false)] {
+                let (tx, rest) = (tx.clone(), rest.clone());
+                std::thread::spawn(move || {
+                    for line in BufReader::new(stream).lines().map_while(|l| l.ok()) {
+                        if to_channel {
+                            let _ = tx.send(line);
+                        } else {
+                            rest.lock().push_str(&format!("[rank {rank}] {line}\n"));
+                        }
+                    }
+                });
+            }
+        }
+        Watch {
+            lines,
+            rest,
+            children,
+        }
+    }
+
+    /// Take rank 0's lines into `seen` until `enough` says so; fails after `limit`.
+    fn until(&self, seen: &mut Seen, limit: Duration, enough: impl Fn(&Seen) -> bool) {
+        let deadline = Instant::now() + limit;
+        while !enough(seen) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => seen.take(line),
+                Err(_) => panic!(
+                    "rank 0 did not report enough within {} s:\n{}\n{}",
+                    limit.as_secs(),
+                    seen.lines.join("\n"),
+                    self.rest.lock()
+                ),
+            }
+        }
+    }
+
+    /// Wait (at most 20 s, then kill) for both children; whether both ended well.
+    fn finish(mut self, seen: &mut Seen) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut ok = true;
+        for child in &mut self.children {
+            let status = loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    break Some(status);
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            ok &= status.is_some_and(|s| s.success());
+        }
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            seen.take(line);
+        }
+        ok
+    }
+}
+
+/// Removes the stop file when the test ends, whichever way.
+struct StopFile(PathBuf);
+
+impl Drop for StopFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Periods reported before the first that counts (connections ramping up), and the periods
+/// a median is taken over.
+const RAMP_PERIODS: usize = 2;
+const MEDIAN_PERIODS: usize = 6;
+/// After the cut, periods skipped before the rates count (the fast link's socket buffers
+/// drain at the new rate first).
+const SETTLE_PERIODS: usize = 3;
+/// The fast device's share of the speeds (permille) that counts as "moved towards 1:1": from
+/// 800 at 4:1, 500 at 1:1.
+const MOVED_SHARE: u64 = 600;
+
+#[test]
+fn measured_rates_and_agreed_weights_follow_a_link_cut_mid_run() {
+    let Some(hosts) = hosts_or_skip("mc", &[&V4, &V4_SECOND]) else {
+        return;
+    };
+    for (link, rate) in [(&V4, FAST_MBPS), (&V4_SECOND, SLOW_MBPS)] {
+        if let Err(why) = tbf(&hosts, link, "add", rate) {
+            eprintln!("rates following a link cut: skipped ({why})");
+            return;
+        }
+    }
+    let stop = StopFile(std::env::temp_dir().join(format!("oxccl-meter-{}", std::process::id())));
+    let _ = std::fs::remove_file(&stop.0);
+    let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
+    let speeds = format!("oxv0={FAST_MBPS},oxv1={FAST_MBPS},oxw0={SLOW_MBPS},oxw1={SLOW_MBPS}");
+    let stop_path = stop.0.to_string_lossy().into_owned();
+    let env = [
+        ("NCCL_COMM_ID", comm_id.as_str()),
+        ("NCCL_SOCKET_IFNAME", "ox"),
+        ("OXCCL_NET_SPEEDS", speeds.as_str()),
+        (METER_ENV, stop_path.as_str()),
+    ];
+    let watch = Watch::start(&hosts, &env);
+    let mut seen = Seen::default();
+    let before_end = RAMP_PERIODS + MEDIAN_PERIODS;
+    watch.until(&mut seen, Duration::from_secs(20), |s| {
+        s.rates.len() >= before_end
+    });
+    let share_at_cut = seen.fast_share_at(seen.rates.len());
+    let before = seen.median_rates(RAMP_PERIODS, seen.rates.len());
+    if let Err(why) = tbf(&hosts, &V4, "change", CUT_MBPS) {
+        std::fs::write(&stop.0, b"").unwrap();
+        watch.finish(&mut seen);
+        panic!("tc qdisc change: {why}");
+    }
+    let cut_at = seen.rates.len();
+    let after_from = cut_at + SETTLE_PERIODS;
+    let after_end = after_from + MEDIAN_PERIODS;
+    // Enough periods after the cut, and the speeds moved (or 10 s: the checks below say what
+    // is missing).
+    let moved =
+        |s: &Seen| s.rates.len() >= after_end && s.fast_share_at(s.rates.len()) <= MOVED_SHARE;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !moved(&seen) && Instant::now() < deadline {
+        match watch.lines.recv_timeout(Duration::from_millis(500)) {
+            Ok(line) => seen.take(line),
+            Err(_) => continue,
+        }
+    }
+    std::fs::write(&stop.0, b"").unwrap();
+    let rest = watch.rest.clone();
+    let ended_well = watch.finish(&mut seen);
+    let log = format!("{}\n{}", seen.lines.join("\n"), rest.lock());
+    assert!(ended_well, "a rank failed:\n{log}");
+
+    // Before the cut: the meter sees about 4:1, and the weights stay near the nominal 4:1.
+    let (fast, slow) = before.unwrap_or_else(|| panic!("no rates before the cut:\n{log}"));
+    eprintln!("before the cut: fast {fast} Mbit/s, slow {slow} Mbit/s");
+    assert!(
+        fast * 10 >= slow * 25,
+        "the fast link measured less than 2.5× the slow one: {fast} vs {slow}\n{log}"
+    );
+    assert!(
+        share_at_cut >= 700,
+        "weights moved before the cut ({share_at_cut}‰)\n{log}"
+    );
+
+    // After it: the fast link measures about the slow one's rate.
+    let after = seen.median_rates(after_from, seen.rates.len().min(after_end));
+    let (fast_after, slow_after) =
+        after.unwrap_or_else(|| panic!("no rates after the cut:\n{log}"));
+    eprintln!("after the cut: fast {fast_after} Mbit/s, slow {slow_after} Mbit/s");
+    assert!(
+        fast_after * 10 <= slow_after * 16 && fast_after * 2 <= fast,
+        "the fast link's rate did not follow the cut: {fast_after} vs {slow_after} (before \
+         {fast})\n{log}"
+    );
+
+    // The agreed speeds moved towards 1:1, each switch by at most MAX_STEP_PCT per device.
+    let switches: Vec<&Vec<u64>> = seen
+        .speeds
+        .iter()
+        .filter(|(at, _)| *at >= cut_at)
+        .map(|(_, s)| s)
+        .collect();
+    let final_share = seen.fast_share_at(seen.rates.len());
+    eprintln!(
+        "speeds after the cut: {switches:?} (fast share {final_share}‰ after {} periods)",
+        seen.rates.len() - cut_at
+    );
+    assert!(
+        final_share <= MOVED_SHARE,
+        "the weights did not follow the cut\n{log}"
+    );
+    assert!(
+        switches.len() >= 2,
+        "a single switch went from 4:1 to below {MOVED_SHARE}‰: steps are not bounded\n{log}"
+    );
+    let mut previous: Vec<u64> = seen
+        .speeds
+        .iter()
+        .rfind(|(at, _)| *at < cut_at)
+        .map_or_else(|| seen.nominal(), |(_, s)| s.clone());
+    for next in switches {
+        for (p, n) in previous.iter().zip(next) {
+            assert!(
+                n * 100 <= p * (100 + MAX_STEP_PCT) + 100
+                    && n * 100 + 100 >= p * (100 - MAX_STEP_PCT),
+                "a step beyond {MAX_STEP_PCT}%: {previous:?} -> {next:?}\n{log}"
+            );
+        }
+        previous = next.clone();
+    }
+}
