@@ -16,10 +16,15 @@
 #        target/release/oxccl-bench), IP and TC (default .device/iproute/ipw and tcw as
 #        scripts/stage-device bundles them, else ip and tc on PATH), PYTHON (python3, to make
 #        each library's unique id), ITERS=10, OUTDIR (logs; default a temporary folder),
-#        OURS_ENV ("A=1 B=2;C=3": a row of ours per ';'-separated set of settings).
+#        OURS_ENV ("A=1 B=2;C=3": a row of ours per ';'-separated set of settings),
+#        TRACE_MS (off by default): the bench prints busbw every TRACE_MS ms while each size
+#        runs (`# trace` lines, kept in the logs); with CUT_AFTER_S each row over both links
+#        is followed by a "recover" line: busbw before the cut, the new ideal (that busbw
+#        scaled by the links' capacity after/before the cut), and how long after the cut
+#        busbw came back to within 10% of it and stayed there.
 # Needs root. Exits non-zero when a run fails (its logs are named).
 set -u
-[ $# -ge 1 ] || { sed -n '2,18p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,23p' "$0"; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 FAST=${FAST:-4000} SLOW=${SLOW:-1000} ITERS=${ITERS:-10}
@@ -89,11 +94,54 @@ sys.exit("ncclGetUniqueId: %d" % rc) if rc else print("UID=" + buf.raw.hex(), fl
     sed -n 's/^UID=//p'
 }
 
-# run LABEL LIB IFNAME ENV...: one 2-rank run; prints "size busbw" lines (bytes, GB/s).
+# recover LOG CUT_UNIX: from a rank's trace lines (oxccl-bench --trace-interval), how busbw
+# came back after the fast link was cut at CUT_UNIX (wall-clock s), in the traced size that
+# was running then: one "recover ..." line.
+recover() {
+  "$py" - "$1" "$2" "$FAST" "$SLOW" "${CUT_TO:-1000}" <<'PY'
+import re, sys
+log, cut, fast, slow, cut_to = sys.argv[1], float(sys.argv[2]), *map(float, sys.argv[3:])
+traces, cur = [], None
+for line in open(log, errors="replace"):
+    m = re.match(r"# trace start size=(\d+) unix=([\d.]+)", line)
+    if m:
+        cur = (int(m.group(1)), float(m.group(2)), [])
+        traces.append(cur)
+        continue
+    m = re.match(r"# trace t=([\d.]+) busbw=([\d.]+) iters=(\d+)", line)
+    if m and cur:
+        cur[2].append((float(m.group(1)), float(m.group(2))))
+hit = [t for t in traces if t[2] and t[1] <= cut <= t[1] + t[2][-1][0]]
+if not hit:
+    print("recover: the cut fell outside every traced size (raise ITERS or lower CUT_AFTER_S)")
+    sys.exit(0)
+size, start, pts = hit[0]
+c = cut - start
+full = pts[:-1] or pts  # the last interval is partial
+before = sorted(b for t, b in full if t <= c)
+after = [(t, b) for t, b in full if t > c]
+if not before or not after:
+    print(f"recover: {size >> 20} MiB: too few intervals before or after the cut at t={c:.2f} s")
+    sys.exit(0)
+was = before[len(before) // 2]
+ideal = was * (cut_to + slow) / (fast + slow)
+settled = sorted(b for t, b in after[-max(1, len(after) // 3):])
+settled = settled[len(settled) // 2]
+back = next((t for i, (t, b) in enumerate(after) if all(x >= 0.9 * ideal for _, x in after[i:])), None)
+when = f"within 10% of it {back - c:.2f} s after the cut" if back is not None else \
+    f"not back within 10% of it by t={after[-1][0] - c:.2f} s after the cut"
+print(f"recover: {size >> 20} MiB, cut at t={c:.2f} s: busbw before {was:.3f} GB/s, new ideal "
+      f"{ideal:.3f}, settled {settled:.3f}; {when}")
+PY
+}
+
+# run LABEL LIB IFNAME ENV...: one 2-rank run; prints "size busbw" lines (bytes, GB/s), and
+# with a cut and TRACE_MS a "recover ..." line.
 run() {
   local label=$1 lib=$2 ifname=$3
   shift 3
-  local port=$((30000 + RANDOM % 2000)) r ns pids=() ok=1 hex log
+  local port=$((30000 + RANDOM % 2000)) r ns pids=() ok=1 hex log trace=()
+  [ -n "${TRACE_MS:-}" ] && trace=(--trace-interval "$TRACE_MS")
   local env=(NCCL_COMM_ID=10.213.81.1:$port NCCL_SOCKET_IFNAME=$ifname OXCCL_NET_SPEEDS=$SPEEDS
     NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@")
   if ! hex=$(set -o pipefail; uid "$lib" "${env[@]}" 2>"$OUTDIR/$label-uid.log") || [ -z "$hex" ]; then
@@ -105,16 +153,17 @@ run() {
     [ "$r" = 1 ] && ns=$b
     "$IP" netns exec "$ns" sh -c "unset $UNSET; exec env \"\$@\"" sh "${env[@]}" NCCL_HOSTID=links-bench-$r \
       "$BENCH" --lib "$lib" -c all_reduce -d float -o sum --sizes 16M,64M --inplace 0 --devices 0,0 \
-      -w 3 -n "$ITERS" --timeout 300 --child-rank "$r" --child-nranks 2 --child-id "$hex" \
+      -w 3 -n "$ITERS" --timeout 300 ${trace[@]+"${trace[@]}"} --child-rank "$r" --child-nranks 2 --child-id "$hex" \
       >"$OUTDIR/$label-$r.log" 2>&1 &
     pids+=($!)
   done
   # CUT_AFTER_S=N CUT_TO=MBIT: N s into a run over both links, the fast link drops to MBIT
   # (restored after the run); ranks log the weights as they change (NCCL_DEBUG_SUBSYS NET).
-  local cutter=
+  local cutter= cutfile=$OUTDIR/$label-cut.txt
+  rm -f "$cutfile"
   if [ -n "${CUT_AFTER_S:-}" ] && [ "$ifname" = oxf,oxs ]; then
-    (sleep "$CUT_AFTER_S" && reshape oxf "${CUT_TO:-1000}" &&
-      echo "links-bench: $label: fast link cut to ${CUT_TO:-1000} Mbit/s at $(date +%s.%N)" >&2) &
+    (sleep "$CUT_AFTER_S" && reshape oxf "${CUT_TO:-1000}" && date +%s.%N >"$cutfile" &&
+      echo "links-bench: $label: fast link cut to ${CUT_TO:-1000} Mbit/s at $(cat "$cutfile")" >&2) &
     cutter=$!
   fi
   for r in 0 1; do wait "${pids[$r]}" || ok=0; done
@@ -135,6 +184,9 @@ run() {
         if (kv[1] == "size") s = kv[2]; if (kv[1] == "bytes") b = kv[2]; if (kv[1] == "time_us") t = kv[2] }
       if (t > worst[s]) worst[s] = t; bytes[s] = b }
     END { for (s in worst) printf "%s %.3f\n", s, bytes[s] / worst[s] / 1e3 }'
+  if [ -n "${TRACE_MS:-}" ] && [ -s "$cutfile" ]; then
+    recover "$OUTDIR/$label-0.log" "$(cat "$cutfile")"
+  fi
 }
 
 libs=()
@@ -151,6 +203,7 @@ row() { # LABEL LIB ENV...
     if out=$(run "$label-$mode" "$lib" "$ifname" "$@"); then
       printf '%-22s %-5s %12s %12s\n' "$label" "$mode" \
         "$(echo "$out" | awk '$1 == 16777216 {print $2}')" "$(echo "$out" | awk '$1 == 67108864 {print $2}')"
+      echo "$out" | sed -n 's/^recover: /    recover: /p'
     else
       printf '%-22s %-5s %12s %12s\n' "$label" "$mode" FAIL FAIL
       failed=$((failed + 1))

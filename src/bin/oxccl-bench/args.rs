@@ -309,6 +309,9 @@ pub struct Options {
     /// `NCCL_HOSTID=oxccl-bench-host-<r % H>`, H hosts whose ranks interleave.
     pub hosts: Option<usize>,
     pub timeout_s: f64,
+    /// `--trace-interval MS`: while a size's timed iterations run, one busbw line per
+    /// interval (`trace.rs`).
+    pub trace_interval: Option<std::time::Duration>,
     pub json: Option<PathBuf>,
     pub csv: Option<PathBuf>,
     /// Hidden: print aggregated result lines for a parent `--vs` process.
@@ -342,6 +345,7 @@ impl Default for Options {
             hostid_per_rank: false,
             hosts: None,
             timeout_s: 60.0,
+            trace_interval: None,
             json: None,
             csv: None,
             emit: false,
@@ -415,6 +419,11 @@ Timing and checking:
                       replays instead of direct launches
   --timeout S         seconds any single NCCL step may take before it is reported as a hang,
                       the communicators are aborted and the run exits (default 60)
+  --trace-interval MS while each size's timed iterations run, print one line per MS
+                      milliseconds: `# trace t=<s> busbw=<GB/s> iters=<n>` (t from the first
+                      timed iteration's start, by its CUDA events; after a `# trace start
+                      size=<bytes> unix=<wall-clock s>` line), to see busbw change mid-run.
+                      Give enough iterations (-n) to span the time of interest. Not with --graph
 
 Output:
   --json PATH         write one JSON object per line per (lib, coll, dtype, op, inplace, size)
@@ -500,6 +509,16 @@ pub fn parse_device_list(text: &str) -> Result<Vec<usize>, UsageError> {
             })
         })
         .collect()
+}
+
+/// Parse `--trace-interval`: a positive number of milliseconds.
+fn parse_trace_interval(text: &str) -> Result<std::time::Duration, UsageError> {
+    match parse_count(text, "--trace-interval")? {
+        0 => Err(UsageError(
+            "--trace-interval needs at least 1 millisecond, got '0'".into(),
+        )),
+        ms => Ok(std::time::Duration::from_millis(ms as u64)),
+    }
 }
 
 /// Parse `--ranks-per-gpu`: a positive number of ranks per device.
@@ -722,6 +741,7 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
                         UsageError(format!("--timeout needs a positive number of seconds, got '{value}'"))
                     })?
             }
+            "--trace-interval" => opts.trace_interval = Some(parse_trace_interval(&value)?),
             "--json" => opts.json = Some(PathBuf::from(value)),
             "--csv" => opts.csv = Some(PathBuf::from(value)),
             "--child-rank" => child_rank = Some(parse_count(&value, "--child-rank")?),
@@ -765,6 +785,13 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
     }
     if opts.iters == 0 {
         return Err(UsageError("-n must be at least 1".into()));
+    }
+    if opts.graph && opts.trace_interval.is_some() {
+        return Err(UsageError(
+            "--trace-interval times direct launches: a graph's replays have no per-iteration \
+             times (leave out --graph)"
+                .into(),
+        ));
     }
     if let Layout::Processes(n) | Layout::Threadless(Some(n)) = opts.layout {
         if opts.root >= n {
@@ -945,6 +972,7 @@ mod tests {
             "--ranks-per-gpu",
             "--hostid-per-rank",
             "--hosts",
+            "--trace-interval",
         ] {
             assert!(HELP.contains(option), "help lacks {option}");
         }
@@ -1052,6 +1080,31 @@ mod tests {
                 &["-p", "4", "--hosts", "2", "--hostid-per-rank"][..],
                 "not both",
             ),
+        ] {
+            let message = run(bad).unwrap_err().0;
+            assert!(message.contains(says), "{bad:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn trace_interval_is_milliseconds_and_not_with_graph() {
+        assert_eq!(run(&[]).unwrap().trace_interval, None);
+        let opts = run(&["--trace-interval", "100", "-n", "500"]).unwrap();
+        assert_eq!(
+            opts.trace_interval,
+            Some(std::time::Duration::from_millis(100))
+        );
+        let opts = run(&["--trace-interval=1"]).unwrap();
+        assert_eq!(
+            opts.trace_interval,
+            Some(std::time::Duration::from_millis(1))
+        );
+        for (bad, says) in [
+            (&["--trace-interval", "0"][..], "at least 1"),
+            (&["--trace-interval", "0.5"][..], "--trace-interval"),
+            (&["--trace-interval", "-3"][..], "--trace-interval"),
+            (&["--trace-interval"][..], "needs a value"),
+            (&["--trace-interval", "100", "--graph"][..], "--graph"),
         ] {
             let message = run(bad).unwrap_err().0;
             assert!(message.contains(says), "{bad:?}: {message}");

@@ -13,6 +13,7 @@ mod procs;
 mod protocol;
 mod report;
 mod run;
+mod trace;
 
 use args::{Command, DeviceMap, Layout, Options};
 use nccl::{Nccl, UniqueId};

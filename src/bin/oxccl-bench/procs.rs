@@ -54,6 +54,12 @@ pub fn child_args(opts: &Options) -> Vec<String> {
     if opts.graph {
         args.push("--graph".into());
     }
+    if let Some(interval) = opts.trace_interval {
+        args.extend([
+            "--trace-interval".to_string(),
+            interval.as_millis().to_string(),
+        ]);
+    }
     match opts.layout {
         Layout::Threadless(Some(n)) => args.extend(["-g".to_string(), n.to_string()]),
         Layout::Threadless(None) => {}
@@ -356,6 +362,7 @@ mod tests {
             &["-g", "8", "--ranks-per-gpu", "8"][..],
             &["--devices", "2,2"][..],
             &["-p", "2"][..],
+            &["-p", "2", "--trace-interval", "250"][..],
         ] {
             let opts = parsed(args);
             let again = parsed(
@@ -368,6 +375,7 @@ mod tests {
             assert_eq!(again.layout, opts.layout, "{args:?}");
             assert_eq!(again.hostid_per_rank, opts.hostid_per_rank, "{args:?}");
             assert_eq!(again.hosts, opts.hosts, "{args:?}");
+            assert_eq!(again.trace_interval, opts.trace_interval, "{args:?}");
         }
         assert_eq!(host_id_for_rank(3), "oxccl-bench-host-3");
         let ids = |args: &[&str]| -> Vec<Option<String>> {

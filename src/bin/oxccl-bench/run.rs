@@ -4,7 +4,8 @@
 //! events to a sink. Several ranks may share a device: each keeps its own stream, events and
 //! buffers in the device's primary context, and device memory is measured once per device. A
 //! watchdog makes sure no step waits forever; a call the library refuses (`ncclInvalidUsage`,
-//! `ncclInvalidArgument`) ends the run as a `Failure::Refused`.
+//! `ncclInvalidArgument`) ends the run as a `Failure::Refused`. With `--trace-interval` the
+//! timed iterations are followed as they end (`trace.rs`).
 
 use crate::args::{Coll, Dtype, Op, Options};
 use crate::check::{self, Pattern, Shape};
@@ -14,6 +15,7 @@ use crate::nccl::{
     SCALAR_HOST_IMMEDIATE,
 };
 use crate::protocol::{Event, InitInfo, RankResult, Refusal, ResultKey};
+use crate::trace::{self, Tracer};
 use parking_lot::Mutex;
 use std::ffi::c_void;
 use std::sync::Once;
@@ -845,10 +847,14 @@ impl Worker<'_> {
             }
             outcome?;
         } else {
+            let started = std::time::SystemTime::now();
             for i in 0..iters {
                 self.record_all(|lr| lr.starts[i])?;
                 self.launch(step, shape, buffers)?;
                 self.record_all(|lr| lr.ends[i])?;
+            }
+            if let Some(interval) = self.opts.trace_interval {
+                self.trace(step, shape, interval, started)?;
             }
             let done: Vec<CUevent> = self.ranks.iter().map(|lr| lr.ends[iters - 1]).collect();
             self.wait(&done, step, "the timed iterations")?;
@@ -861,6 +867,38 @@ impl Worker<'_> {
         }
         self.report_first_collective_memory(sink)?;
         Ok(per_rank.iter_mut().map(|times| median(times)).collect())
+    }
+
+    /// `--trace-interval`: follow the launched timed iterations as they end and print busbw
+    /// per interval (`trace.rs`). An iteration's end is the slowest local rank's, timed from
+    /// the first iteration's start by the ranks' events; `started` is the wall-clock time
+    /// the first was launched. Each wait is bounded as every other.
+    fn trace(
+        &self,
+        step: Step,
+        shape: &Shape,
+        interval: Duration,
+        started: std::time::SystemTime,
+    ) -> Result<(), Failure> {
+        let factor = check::bus_factor(step.coll, self.nranks);
+        let mut tracer = Tracer::new(interval, shape.bytes, factor);
+        emit_trace(&trace::start_line(step.size, started, interval));
+        for i in 0..self.opts.iters {
+            let ends: Vec<CUevent> = self.ranks.iter().map(|lr| lr.ends[i]).collect();
+            self.wait(&ends, step, "the timed iterations")?;
+            let mut t = 0.0f64;
+            for lr in &self.ranks {
+                let ms = cuda::elapsed_ms(lr.starts[0], lr.ends[i])?;
+                t = t.max(f64::from(ms) / 1e3);
+            }
+            for line in tracer.iteration_ended(t) {
+                emit_trace(&line.to_string());
+            }
+        }
+        if let Some(line) = tracer.finish() {
+            emit_trace(&line.to_string());
+        }
+        Ok(())
     }
 
     /// Capture `iters` launches into one graph per local rank.
@@ -955,6 +993,12 @@ impl Worker<'_> {
         // After an abort the device may be unusable; leave the rest to process exit.
         std::mem::forget(ranks);
     }
+}
+
+/// A trace line on stdout at once (a parent process passes it through as it comes).
+fn emit_trace(line: &str) {
+    println!("{line}");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
 }
 
 fn release(ranks: Vec<LocalRank>) {

@@ -10,6 +10,8 @@
  *   MOCK_REFUSE_RANK=r    ncclCommInitRank of rank r answers ncclInvalidUsage; in -p the other
  *                         ranks then wait for it forever, as a real bootstrap would
  *   MOCK_INIT_HANG=1      ncclCommInitRank never returns
+ *   MOCK_COLL_US=n        every group of operations (a collective) takes n microseconds more,
+ *                         so that timed iterations span time (e.g. for --trace-interval)
  * Built with -DMOCK_REFUSES_SHARED the library always behaves as with MOCK_REFUSE_SHARED=1
  * (run-mock.sh builds such a copy for --vs tests). With NCCL_HOSTID set, init prints "mock nccl: rank R NCCL_HOSTID=..." on stdout. A
  * collective whose peers are not in this process fails with ncclInternalError. */
@@ -218,6 +220,8 @@ static int check_group_inits(void) {
 }
 
 static void execute(void) {
+  const char *extra_us = getenv("MOCK_COLL_US");
+  if (extra_us) usleep((useconds_t)atoi(extra_us));
   /* Snapshot every send buffer first: in-place variants overwrite them. */
   void *copies[4096];
   for (int i = 0; i < nposts; i++) {

@@ -8,7 +8,7 @@
 # @nvidia-like by the path of a second copy of the mock that, like NVIDIA's 2.28, refuses
 # ranks sharing a GPU (e.g. --vs @nvidia-like --devices 0,0).
 # Knobs (environment): MOCK_GPUS, MOCK_BREAK, MOCK_HANG, MOCK_REFUSE_SHARED, MOCK_REFUSE_RANK,
-# MOCK_INIT_HANG; see the two C files. The bench's exit status is the script's.
+# MOCK_INIT_HANG, MOCK_COLL_US; see the two C files. The bench's exit status is the script's.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bench=${1:-target/debug/oxccl-bench}; [ $# -gt 0 ] && shift
