@@ -10,7 +10,7 @@
 //! once per cargo profile (clippy, test and release builds each run this script in their own
 //! OUT_DIR). The cache key is a 64-bit FNV-1a hash of everything that determines the fatbin:
 //! the name and bytes of every file under `kernels/`, the generated translation unit, the nvcc
-//! path, `nvcc --version`, the host compiler's `--version`, nvcc's environment flags and the
+//! path (paths inside the checkout relative to it), `nvcc --version`, the host compiler's `--version`, nvcc's environment flags and the
 //! exact nvcc arguments (architectures included). The cache directory is env
 //! `OXCCL_KERNEL_CACHE`, else `oxccl-kernels/` in the directory that holds the profile
 //! directories (`target/`, or `target/<triple>/`), found from OUT_DIR. An entry is
@@ -64,7 +64,7 @@ fn main() {
     fs::write(&all, &unit).expect("write oxccl_all.cu");
     let args = nvcc_args(&nvcc, &kernels);
 
-    let key = cache_key(&nvcc, &args, &kernels, &unit);
+    let key = cache_key(&root, &nvcc, &args, &kernels, &unit);
     let cache = cache_dir(&out);
     fs::create_dir_all(&cache)
         .unwrap_or_else(|e| panic!("create kernel cache {}: {e}", cache.display()));
@@ -249,11 +249,15 @@ impl Fnv {
     }
 }
 
-/// The cache key: a hash of every input that determines the fatbin, as 16 hex digits.
-fn cache_key(nvcc: &Path, args: &[OsString], kernels: &Path, unit: &str) -> String {
+/// The cache key: a hash of every input that determines the fatbin, as 16 hex digits. Paths
+/// inside the checkout `root` count relative to it, so that two checkouts of the same sources
+/// (git worktrees sharing `OXCCL_KERNEL_CACHE`) find each other's entries.
+fn cache_key(root: &Path, nvcc: &Path, args: &[OsString], kernels: &Path, unit: &str) -> String {
+    let here = root.as_os_str().as_encoded_bytes();
+    let portable = |bytes: &[u8]| -> Vec<u8> { replace_all(bytes, here, b"<checkout>") };
     let mut h = Fnv::new();
     h.field(CACHE_FORMAT.as_bytes());
-    h.field(nvcc.as_os_str().as_encoded_bytes());
+    h.field(&portable(nvcc.as_os_str().as_encoded_bytes()));
     h.field(&tool_version(nvcc.as_os_str()));
     let ccbin = std::env::var_os("NVCC_CCBIN").unwrap_or_else(|| "gcc".into());
     h.field(&tool_version(&ccbin));
@@ -262,15 +266,34 @@ fn cache_key(nvcc: &Path, args: &[OsString], kernels: &Path, unit: &str) -> Stri
         h.field(std::env::var_os(var).unwrap_or_default().as_encoded_bytes());
     }
     for arg in args {
-        h.field(arg.as_encoded_bytes());
+        h.field(&portable(arg.as_encoded_bytes()));
     }
-    h.field(unit.as_bytes());
+    h.field(&portable(unit.as_bytes()));
     for file in files_under(kernels) {
         let rel = file.strip_prefix(kernels).unwrap_or(&file);
         h.field(rel.as_os_str().as_encoded_bytes());
         h.field(&fs::read(&file).unwrap_or_else(|e| panic!("read {}: {e}", file.display())));
     }
     format!("{:016x}", h.0)
+}
+
+/// `bytes` with every occurrence of `from` replaced by `to` (`from` empty: unchanged).
+fn replace_all(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    if from.is_empty() {
+        return bytes.to_vec();
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i..].starts_with(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 /// `<tool> --version` (stdout and stderr), or a marker when it cannot run.
