@@ -1398,52 +1398,79 @@ fn a_peer_killed_mid_transfer_is_an_error_naming_it_not_a_hang() {
     assert_eq!(e.code, crate::abi::ncclResult_t::ncclRemoteError);
 }
 
+/// Two ranks' proxies moving data both ways over one network: rank a (proxy `pa`) drives
+/// a->b's send and b->a's receive, rank b (`pb`) the other two. `comms` and `blocks` are, in
+/// order, a->b's send and receive, then b->a's send and receive.
+struct TwoWay {
+    comms: [Comm; 4],
+    blocks: [Block; 4],
+    errors: Arc<Mutex<Vec<Error>>>,
+    pa: Proxy,
+    pb: Proxy,
+}
+
+impl TwoWay {
+    fn connect(net: &Arc<dyn Net>) -> TwoWay {
+        let (ab_s, ab_r) = connect_pair(net.as_ref());
+        let (ba_s, ba_r) = connect_pair(net.as_ref());
+        let blocks = [
+            Block::new(Dir::Send),
+            Block::new(Dir::Recv),
+            Block::new(Dir::Send),
+            Block::new(Dir::Recv),
+        ];
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let pa = proxy(0, &errors);
+        let pb = proxy(1, &errors);
+        pa.add(side(net, ab_s, Dir::Send, 1, &blocks[0]));
+        pb.add(side(net, ab_r, Dir::Recv, 0, &blocks[1]));
+        pb.add(side(net, ba_s, Dir::Send, 0, &blocks[2]));
+        pa.add(side(net, ba_r, Dir::Recv, 1, &blocks[3]));
+        TwoWay {
+            comms: [ab_s, ab_r, ba_s, ba_r],
+            blocks,
+            errors,
+            pa,
+            pb,
+        }
+    }
+
+    /// Announce `steps` to both receiving sides, as a launch does, and run the four stand-in
+    /// kernels through them; every one must finish.
+    fn run(&self, steps: &[(usize, bool)]) {
+        self.blocks[1].announced.add(steps.len() as u64);
+        self.blocks[3].announced.add(steps.len() as u64);
+        let flag = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let flag = &flag;
+            let kernels: Vec<_> = self
+                .blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    s.spawn(move || match i % 2 {
+                        0 => stand_in_sender(&b.host, steps, flag),
+                        _ => stand_in_receiver(&b.host, steps, flag),
+                    })
+                })
+                .collect();
+            for k in kernels {
+                k.join().unwrap().unwrap();
+            }
+        });
+    }
+}
+
 #[test]
 fn both_directions_at_once_with_full_slots_do_not_stall() {
     let net: Arc<dyn Net> = Arc::new(SocketNet::new(lo(), Shape::new(0, 1)));
-    let (ab_s, ab_r) = connect_pair(net.as_ref());
-    let (ba_s, ba_r) = connect_pair(net.as_ref());
-    let blocks = [
-        Block::new(Dir::Send),
-        Block::new(Dir::Recv),
-        Block::new(Dir::Send),
-        Block::new(Dir::Recv),
-    ];
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let flag = AtomicBool::new(false);
-    // Rank a drives a->b's send and b->a's receive; rank b the other two.
-    let pa = proxy(0, &errors);
-    let pb = proxy(1, &errors);
-    pa.add(side(&net, ab_s, Dir::Send, 1, &blocks[0]));
-    pb.add(side(&net, ab_r, Dir::Recv, 0, &blocks[1]));
-    pb.add(side(&net, ba_s, Dir::Send, 0, &blocks[2]));
-    pa.add(side(&net, ba_r, Dir::Recv, 1, &blocks[3]));
+    let two = TwoWay::connect(&net);
     let simple_max = (SLOT - SLOT / LL_REGION_DIV) as usize;
     let steps: Vec<(usize, bool)> = (0..300)
         .map(|i| (simple_max - (i % 3) * 8, false))
         .collect();
-    blocks[1].announced.add(steps.len() as u64);
-    blocks[3].announced.add(steps.len() as u64);
-    std::thread::scope(|s| {
-        let (steps, flag) = (&steps, &flag);
-        let hs: Vec<_> = blocks
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                s.spawn(move || {
-                    if i % 2 == 0 {
-                        stand_in_sender(&b.host, steps, flag)
-                    } else {
-                        stand_in_receiver(&b.host, steps, flag)
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap().unwrap();
-        }
-    });
-    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+    two.run(&steps);
+    assert!(two.errors.lock().is_empty(), "{:?}", two.errors.lock());
 }
 
 #[test]
@@ -1599,42 +1626,17 @@ fn an_orderly_teardown_closes_no_connection_with_requests_in_flight() {
     // consumed and every send was tested done: all four comms close with nothing in flight.
     let counting = Arc::new(CountingNet::new());
     let net: Arc<dyn Net> = counting.clone();
-    let (ab_s, ab_r) = connect_pair(net.as_ref());
-    let (ba_s, ba_r) = connect_pair(net.as_ref());
-    let blocks = [
-        Block::new(Dir::Send),
-        Block::new(Dir::Recv),
-        Block::new(Dir::Send),
-        Block::new(Dir::Recv),
-    ];
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let flag = AtomicBool::new(false);
-    let pa = proxy(0, &errors);
-    let pb = proxy(1, &errors);
-    pa.add(side(&net, ab_s, Dir::Send, 1, &blocks[0]));
-    pb.add(side(&net, ab_r, Dir::Recv, 0, &blocks[1]));
-    pb.add(side(&net, ba_s, Dir::Send, 0, &blocks[2]));
-    pa.add(side(&net, ba_r, Dir::Recv, 1, &blocks[3]));
+    let two = TwoWay::connect(&net);
     let steps = schedule();
-    // The launch announces its steps to the receiving sides.
-    blocks[1].announced.add(steps.len() as u64);
-    blocks[3].announced.add(steps.len() as u64);
-    std::thread::scope(|s| {
-        let (steps, flag) = (&steps, &flag);
-        let kernels: Vec<_> = blocks
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                s.spawn(move || match i % 2 {
-                    0 => stand_in_sender(&b.host, steps, flag),
-                    _ => stand_in_receiver(&b.host, steps, flag),
-                })
-            })
-            .collect();
-        for k in kernels {
-            k.join().unwrap().unwrap();
-        }
-    });
+    two.run(&steps);
+    let TwoWay {
+        comms,
+        errors,
+        pa,
+        pb,
+        ..
+    } = two;
+    let [_, ab_r, _, ba_r] = comms;
     assert_eq!(pa.drain(Duration::from_secs(10)), Ok(()));
     assert_eq!(pb.drain(Duration::from_secs(10)), Ok(()));
     assert!(pa.stop(Duration::from_secs(5)) && pb.stop(Duration::from_secs(5)));
