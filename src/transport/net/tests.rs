@@ -41,7 +41,7 @@ pub(super) fn until<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> 
 
 /// A connected (send, recv) pair of comms on `net`.
 /// Connect and accept progress together, for a network whose connect waits for the accept.
-fn connect_pair(net: &dyn Net) -> (Comm, Comm) {
+pub(super) fn connect_pair(net: &dyn Net) -> (Comm, Comm) {
     let (h, l) = net.listen(0).unwrap();
     let (mut s, mut r) = (None, None);
     let pair = until("connect and accept", || {
@@ -57,7 +57,7 @@ fn connect_pair(net: &dyn Net) -> (Comm, Comm) {
     pair
 }
 
-fn pattern(seed: usize, n: usize) -> Vec<u8> {
+pub(super) fn pattern(seed: usize, n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 131 + seed * 7 + 1) as u8).collect()
 }
 

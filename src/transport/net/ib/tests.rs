@@ -83,41 +83,9 @@ fn open(lib: &Path, s: Settings) -> IbNet {
         .expect("the stand-in has an active port")
 }
 
-/// Call `f` until it gives a value; panics after 20 s.
-fn until<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().unwrap_or_else(|e| panic!("{what}: {e}")) {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what}: timed out"
-        );
-        std::thread::yield_now();
-    }
-}
-
-/// A connected (send, recv) pair on `net` (connect and accept progressed together).
-fn pair(net: &dyn Net) -> (Comm, Comm) {
-    let (h, l) = net.listen(0).unwrap();
-    let (mut s, mut r) = (None, None);
-    let both = until("connect and accept", || {
-        if s.is_none() {
-            s = net.connect(0, &h)?;
-        }
-        if r.is_none() {
-            r = net.accept(l)?;
-        }
-        Ok(s.zip(r))
-    });
-    net.close_listen(l).unwrap();
-    both
-}
-
-fn pattern(seed: usize, n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 131 + seed * 7 + 1) as u8).collect()
-}
+// The socket network's test helpers serve any `Net`: polling until a value comes, a
+// connected pair, a byte pattern.
+use super::super::tests::{connect_pair as pair, pattern, until};
 
 /// Post (retrying while None) until the request is there.
 fn post(what: &str, mut f: impl FnMut() -> Result<Option<Request>>) -> Request {
