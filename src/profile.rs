@@ -121,8 +121,11 @@ pub fn report_lines() -> Vec<String> {
 }
 
 extern "C" fn report_at_exit() {
+    // Not `eprintln!`: it panics when stderr is gone, and a panic may not leave an exit handler.
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
     for line in report_lines() {
-        eprintln!("NCCL INFO {line}");
+        let _ = writeln!(err, "NCCL INFO {line}");
     }
 }
 

@@ -245,7 +245,8 @@ impl ConnectedShapes {
     /// `tasks`, known connected, become the last group (compared first next time).
     fn note_last(&mut self, tasks: &[Task]) {
         if self.last.as_slice() != tasks {
-            self.last = tasks.to_vec();
+            self.last.clear();
+            self.last.extend_from_slice(tasks);
         }
     }
 
@@ -274,7 +275,7 @@ impl PlanCache {
             }
         }
         let plan = self.map.get(tasks)?.clone();
-        self.last = Some((tasks.to_vec(), plan.clone()));
+        self.set_last(tasks, plan.clone());
         Some(plan)
     }
 
@@ -283,7 +284,20 @@ impl PlanCache {
             self.map.clear();
         }
         self.map.insert(tasks.to_vec(), plan.clone());
-        self.last = Some((tasks.to_vec(), plan));
+        self.set_last(tasks, plan);
+    }
+
+    /// `tasks` and `plan` become the last ones used, in the tasks vector already kept (calls
+    /// that alternate between two shapes allocate nothing here).
+    fn set_last(&mut self, tasks: &[Task], plan: Arc<CachedPlan>) {
+        match &mut self.last {
+            Some((kept, kept_plan)) => {
+                kept.clear();
+                kept.extend_from_slice(tasks);
+                *kept_plan = plan;
+            }
+            None => self.last = Some((tasks.to_vec(), plan)),
+        }
     }
 
     fn clear(&mut self) {
