@@ -19,6 +19,9 @@
 #      refused with its "no such network" error)
 #   5. side by side (oxccl-bench --vs): IB (oxccl vs NVIDIA, or NVIDIA alone), then Socket
 #   6. exact values with 4 processes (4 hosts), NVIDIA's then oxccl's
+#   7. CUDA graphs over IB (oxccl-bench --graph, 2 processes): NVIDIA's then oxccl's
+#   8. NVIDIA 2.32.3 (NVLIB2, default the unpacked .device/ref copy) over the stand-in: its
+#      IB proof, exact values with 2 processes, and side by side with oxccl
 # Environment:
 #   NVLIB=/path/libnccl.so.2   NVIDIA's library (default: PyTorch's, python3 -c 'import nvidia.nccl')
 #   OURS=/path/libnccl.so.2    ours (default .device/lib/libnccl.so.2); BENCH (default .device/bin/oxccl-bench)
@@ -69,7 +72,14 @@ if [ "${IB_STANDIN_INNER:-0}" != 1 ]; then
     [ -n "$nvdir" ] && [ -f "$nvdir/libnccl.so.2" ] && NVLIB=$nvdir/libnccl.so.2
   fi
   NVLIB=${NVLIB:-}
-  say "ib-standin: ours $OURS; NVIDIA ${NVLIB:-not found}; bench $BENCH; logs $LOGS"
+  if [ -z "${NVLIB2:-}" ] && [ -f "$DEV/ref/libnccl-2.32.3.so.2.xz" ]; then
+    mkdir -p "$DEV/ref/lib"
+    [ -f "$DEV/ref/lib/libnccl.so.2" ] || { xz -dc "$DEV/ref/libnccl-2.32.3.so.2.xz" >"$DEV/ref/lib/libnccl.so.2.part" &&
+      mv "$DEV/ref/lib/libnccl.so.2.part" "$DEV/ref/lib/libnccl.so.2"; }
+    [ -f "$DEV/ref/lib/libnccl.so.2" ] && NVLIB2=$DEV/ref/lib/libnccl.so.2
+  fi
+  NVLIB2=${NVLIB2:-}
+  say "ib-standin: ours $OURS; NVIDIA ${NVLIB:-not found}; NVIDIA 2.32.3 ${NVLIB2:-not found}; bench $BENCH; logs $LOGS"
   {
     date -u
     timeout 30 nvidia-smi -L
@@ -108,7 +118,7 @@ if [ "${IB_STANDIN_INNER:-0}" != 1 ]; then
     export LD_PRELOAD="$DEV/lib/soft-verbs/segv_trace.so${LD_PRELOAD:+:$LD_PRELOAD}"
     say "crash traces: LD_PRELOAD=$DEV/lib/soft-verbs/segv_trace.so"
   fi
-  export OURS BENCH NVLIB LOGS SUMMARY START
+  export OURS BENCH NVLIB NVLIB2 LOGS SUMMARY START
 
   # ---- 2. the sysfs entry, in a mount namespace when permitted
   if [ "${IB_STANDIN_SYSFS:-1}" != 0 ] && [ -x scripts/ib-sysfs-ns.sh ]; then
@@ -211,6 +221,16 @@ if [ -n "$NVLIB" ]; then
   case $RC in 0) ;; 1) worst 1 ;; *) worst 3 ;; esac
 fi
 
+# oxccl's IB network in use: its INFO lines (the NIC, and the GPU-NIC choice).
+step ours-ib-proof 60 "${IB[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET -- --lib "$OURS" \
+  -c all_reduce -d float -o sum --inplace 0 --check 1 -w 0 -n 1 --timeout 60 --sizes 1048576 "${HOSTS2[@]}"
+if grep -q 'NET/IB : Using' "$LOG"; then
+  say "oxccl used IB: $(grep -m1 'NET/IB : Using' "$LOG" | sed 's/.*NCCL INFO //' | cut -c1-160)"
+  grep -m2 -E 'uses \[|Using network' "$LOG" | sed 's/.*NCCL INFO /      /' | cut -c1-200 | tee -a "$SUMMARY"
+else
+  say "oxccl did NOT show 'NET/IB : Using' (see $LOG)"
+fi
+
 # ---- 4. exact values: ours (reported, not counted: oxccl's IB network may not exist yet)
 OURS_IB=0
 step ours-ib-2proc 180 "${IB[@]}" NCCL_DEBUG=WARN -- --lib "$OURS" "${common[@]}" --sizes "$SIZES2" "${HOSTS2[@]}"
@@ -251,6 +271,25 @@ if [ -n "$NVLIB" ]; then
 fi
 [ "$OURS_IB" = 1 ] &&
   step ours-ib-4proc 100 "${IB[@]}" -- --lib "$OURS" "${common[@]}" --sizes "$SIZES4" "${HOSTS4[@]}"
+
+# ---- 7. CUDA graphs over IB
+graph=(-c all -d float -o sum,max --inplace both --check 1 -w 0 -n 2 --graph --timeout 60 --sizes 0,12,65540,1048580)
+if [ -n "$NVLIB" ]; then
+  step nvidia-ib-graph 90 "${IB[@]}" -- --lib "$NVLIB" "${graph[@]}" "${HOSTS2[@]}"
+  case $RC in 0 | 125) ;; 1) worst 1 ;; *) worst 3 ;; esac
+fi
+[ "$OURS_IB" = 1 ] && step ours-ib-graph 90 "${IB[@]}" -- --lib "$OURS" "${graph[@]}" "${HOSTS2[@]}"
+
+# ---- 8. NVIDIA 2.32.3 over the stand-in
+if [ -n "$NVLIB2" ]; then
+  step nvidia232-ib-proof 90 "${IB[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET -- --lib "$NVLIB2" \
+    -c all_reduce,sendrecv -d float -o sum --inplace 0 --check 1 -w 0 -n 1 --timeout 60 --sizes 1048576 "${HOSTS2[@]}"
+  ib_proof "$LOG" || say "(NVIDIA 2.32.3)"
+  step nvidia232-ib-2proc 120 "${IB[@]}" -- --lib "$NVLIB2" "${common[@]}" --sizes "$SIZES2" "${HOSTS2[@]}"
+  [ "$OURS_IB" = 1 ] && step vs232-ib 120 "${IB[@]}" -- --lib "$OURS" --vs "$NVLIB2" "${perf[@]}"
+  [ -f "$LOGS/vs232-ib.log" ] && { echo "---- vs232-ib.log" >>"$SUMMARY"; grep -E '^#|^ *[0-9]' "$LOGS/vs232-ib.log" |
+    grep -v -E '^# (Using|nThread|Rank)' | tail -n 40 >>"$SUMMARY"; }
+fi
 
 say "done: status $STATUS (0 NVIDIA's IB exact and used; 1 wrong results; 3 something did not run)"
 if [ "${IB_STANDIN_INNER:-0}" = 1 ]; then exit "$STATUS"; fi

@@ -12,6 +12,8 @@
 # usage: scripts/links-bench.sh OURS_LIB [NVIDIA_LIB ...]
 # env:   CUT_AFTER_S, CUT_TO (Mbit/s, default 1000): cut the fast link mid-run (runs over
 #        both links only; ITERS must make the run last well past CUT_AFTER_S);
+#        MODES="fast slow both" (which links each row runs over), EVEN=1 (0: no
+#        oxccl-even row), SIZES=16M,64M (the table shows 16 and 64 MiB),
 #        FAST=4000 SLOW=1000 (Mbit/s), BENCH (default .device/bin/oxccl-bench, else
 #        target/release/oxccl-bench), IP and TC (default .device/iproute/ipw and tcw as
 #        scripts/stage-device bundles them, else ip and tc on PATH), PYTHON (python3, to make
@@ -24,10 +26,11 @@
 #        busbw came back to within 10% of it and stayed there.
 # Needs root. Exits non-zero when a run fails (its logs are named).
 set -u
-[ $# -ge 1 ] || { sed -n '2,23p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 FAST=${FAST:-4000} SLOW=${SLOW:-1000} ITERS=${ITERS:-10}
+MODES=${MODES:-fast slow both} SIZES=${SIZES:-16M,64M}
 py=${PYTHON:-python3}
 pick() { for c in "$@"; do if [ -x "$c" ] || command -v "$c" >/dev/null 2>&1; then echo "$c"; return; fi; done; }
 BENCH=${BENCH:-$(pick "$root/.device/bin/oxccl-bench" "$root/target/release/oxccl-bench")}
@@ -152,7 +155,7 @@ run() {
     ns=$a
     [ "$r" = 1 ] && ns=$b
     "$IP" netns exec "$ns" sh -c "unset $UNSET; exec env \"\$@\"" sh "${env[@]}" NCCL_HOSTID=links-bench-$r \
-      "$BENCH" --lib "$lib" -c all_reduce -d float -o sum --sizes 16M,64M --inplace 0 --devices 0,0 \
+      "$BENCH" --lib "$lib" -c all_reduce -d float -o sum --sizes "$SIZES" --inplace 0 --devices 0,0 \
       -w 3 -n "$ITERS" --timeout 300 ${trace[@]+"${trace[@]}"} --child-rank "$r" --child-nranks 2 --child-id "$hex" \
       >"$OUTDIR/$label-$r.log" 2>&1 &
     pids+=($!)
@@ -198,7 +201,7 @@ printf '%-22s %-5s %12s %12s\n' library links 'busbw 16MiB' 'busbw 64MiB'
 row() { # LABEL LIB ENV...
   local label=$1 lib=$2 mode ifname out
   shift 2
-  for mode in fast slow both; do
+  for mode in $MODES; do
     case $mode in fast) ifname=oxf ;; slow) ifname=oxs ;; both) ifname=oxf,oxs ;; esac
     if out=$(run "$label-$mode" "$lib" "$ifname" "$@"); then
       printf '%-22s %-5s %12s %12s\n' "$label" "$mode" \
@@ -211,7 +214,7 @@ row() { # LABEL LIB ENV...
   done
 }
 row oxccl "${libs[0]}"
-row oxccl-even "${libs[0]}" OXCCL_WEIGHTED_CHANNELS=0
+[ "${EVEN:-1}" = 0 ] || row oxccl-even "${libs[0]}" OXCCL_WEIGHTED_CHANNELS=0
 # OURS_ENV="A=1 B=2;C=3": one more row of ours per ';'-separated set of settings.
 IFS=';' read -r -a extra <<<"${OURS_ENV:-}"
 for set in "${extra[@]}"; do

@@ -331,6 +331,9 @@ fn launch_all(per_comm: Vec<CommOps>) -> Result<()> {
             // Under the runtime's lock, so the watchdog sees the launch and its count together.
             comm.progress.mark_launched();
             rt.note_launched(comm.progress.launched());
+            if let Some(done) = rt.completed_after_wait() {
+                comm.progress.set_completed(done);
+            }
             Ok(())
         })?;
         record_events(&c.events)?;

@@ -38,6 +38,8 @@ struct WorkArena {
     done: Vec<Event>,
     recorded: Vec<bool>,
     next: usize,
+    /// The last eager write had to wait for an earlier launch to finish.
+    waited: bool,
 }
 
 impl WorkArena {
@@ -49,6 +51,7 @@ impl WorkArena {
                 .collect::<Result<_>>()?,
             recorded: vec![false; ARENA_SLOTS],
             next: 0,
+            waited: false,
         })
     }
 
@@ -58,7 +61,8 @@ impl WorkArena {
         check_items_size(items)?;
         let slot = self.next;
         self.next = (self.next + 1) % ARENA_SLOTS;
-        if self.recorded[slot] {
+        if self.recorded[slot] && !self.done[slot].done()? {
+            self.waited = true;
             wait_event(
                 &self.done[slot],
                 abort,
@@ -836,6 +840,18 @@ impl Runtime {
             self.noted.pop_front();
         }
         self.noted.push_back((ordinal, own.flatten()));
+    }
+
+    /// After a launch that had to wait for an earlier one to free its work slot: the ordinal
+    /// of the last operation known finished (`completed_ordinal`). A thread that launches
+    /// back to back holds the runtime's lock nearly all the time, so the watchdog, which only
+    /// tries the lock, would see no progress: the launcher reads it instead, only when it
+    /// waited (a launch that did not wait costs nothing more).
+    pub fn completed_after_wait(&mut self) -> Option<u64> {
+        if !std::mem::take(&mut self.arena.waited) {
+            return None;
+        }
+        self.completed_ordinal().ok().flatten()
     }
 
     /// The ordinal of the last operation known finished, from the launches noted: launches run

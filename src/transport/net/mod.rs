@@ -214,7 +214,7 @@ fn speed_overrides() -> Vec<(String, u32)> {
 }
 
 /// The (name, Mbit/s) entries of an `OXCCL_NET_SPEEDS` value, and the entries that are not.
-fn parse_speed_overrides(spec: &str) -> (Vec<(String, u32)>, Vec<String>) {
+pub(super) fn parse_speed_overrides(spec: &str) -> (Vec<(String, u32)>, Vec<String>) {
     let mut good = Vec::new();
     let mut bad = Vec::new();
     for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {

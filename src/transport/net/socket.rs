@@ -63,12 +63,15 @@ impl Shape {
     }
 
     /// Device `ifname`'s shape: the settings where set, else NVIDIA's automatic values for
-    /// its NIC (`auto_for_vendor`).
+    /// its NIC (`auto_for_vendor`), one helper and one socket on a link slower than
+    /// `HELPERS_MIN_MBPS` (`auto_for_speed`).
     pub fn for_interface(ifname: &str) -> Shape {
-        Shape::from_settings(
-            Shape::settings(),
-            auto_for_vendor(nic_vendor(ifname).as_deref()),
-        )
+        let auto = auto_for_vendor(nic_vendor(ifname).as_deref());
+        let auto = match auto {
+            OTHER_NIC => auto_for_speed(known_speed_mbps(ifname)),
+            vendor => vendor,
+        };
+        Shape::from_settings(Shape::settings(), auto)
     }
 
     /// (`NCCL_SOCKET_NTHREADS`, `NCCL_NSOCKS_PERTHREAD`), `AUTO` where unset.
@@ -123,6 +126,39 @@ fn auto_for_vendor(vendor: Option<&str>) -> (usize, usize) {
 /// 16 MiB, where 0 × 1 was at par (docs/bench.md). The helpers sleep while
 /// their sockets are idle.
 const OTHER_NIC: (usize, usize) = (2, 2);
+
+/// Links below this speed (Mbit/s) get one helper thread with one socket: one core keeps up
+/// with them, and more TCP flows per connection only contend for the link's queue (two
+/// shaped links of 4000 + 1000 Mbit/s: 2 × 2 moved 0.36 GB/s over the fast link where 1 × 1
+/// and NVIDIA's 0 × 1 moved 0.47; docs/bench.md).
+const HELPERS_MIN_MBPS: u32 = 25_000;
+
+/// The automatic shape of a NIC without a vendor rule, from its speed: `OTHER_NIC` where the
+/// speed is unknown (a virtual interface, loopback: memory-to-memory, which one core's copying
+/// bounds) or at least `HELPERS_MIN_MBPS`, else 1 × 1.
+fn auto_for_speed(speed_mbps: Option<u32>) -> (usize, usize) {
+    match speed_mbps {
+        Some(s) if s < HELPERS_MIN_MBPS => (1, 1),
+        _ => OTHER_NIC,
+    }
+}
+
+/// What is known of interface `ifname`'s speed: the `OXCCL_NET_SPEEDS` entry naming it, else
+/// the speed sysfs reports for a NIC with a PCI device (a virtual interface's, such as a
+/// veth's 10000, says nothing of what it carries).
+fn known_speed_mbps(ifname: &str) -> Option<u32> {
+    let (overrides, _) = super::parse_speed_overrides(&crate::env::registry::NET_SPEEDS.string());
+    if let Some(&(_, s)) = overrides.iter().find(|(n, _)| n == ifname) {
+        return Some(s);
+    }
+    nic_vendor(ifname)?;
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/speed"))
+        .ok()?
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|&s| s > 0)
+}
 
 /// The PCI vendor id of interface `ifname` (`/sys/class/net/<ifname>/device/vendor`, e.g.
 /// "0x1d0f"); None for an interface without a PCI device.
@@ -1126,6 +1162,13 @@ mod shape_tests {
         assert_eq!(auto_for_vendor(Some("0x1ae0")), (4, 1));
         assert_eq!(auto_for_vendor(Some("0x15b3")), (2, 2));
         assert_eq!(auto_for_vendor(None), (2, 2));
+        assert_eq!(auto_for_speed(None), (2, 2), "unknown speed: memory-to-memory");
+        assert_eq!(auto_for_speed(Some(100_000)), (2, 2));
+        assert_eq!(auto_for_speed(Some(25_000)), (2, 2));
+        assert_eq!(auto_for_speed(Some(10_000)), (1, 1));
+        assert_eq!(auto_for_speed(Some(1_000)), (1, 1));
+        // Loopback: no PCI device, so no speed unless OXCCL_NET_SPEEDS names it.
+        assert_eq!(known_speed_mbps("lo"), None);
         let aws = (2, 8);
         assert_eq!(Shape::from_settings((AUTO, AUTO), aws), Shape::new(2, 8));
         assert_eq!(Shape::from_settings((0, AUTO), aws), Shape::new(0, 8));
