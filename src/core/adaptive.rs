@@ -237,14 +237,16 @@ impl Rounds {
             *last = *now;
         }
         let highest = schedule.highest();
-        let pace = (highest - self.last_highest.min(highest)) as f64
-            / self.last_at.elapsed().as_secs_f64().max(1e-3);
+        let elapsed = self.last_at.elapsed();
+        let pace =
+            (highest - self.last_highest.min(highest)) as f64 / elapsed.as_secs_f64().max(1e-3);
         self.last_highest = highest;
         self.last_at = Instant::now();
         let fence = schedule.open_round(rule::fence_margin(pace, period.as_secs_f64()));
         let mine = Report {
             round: self.round,
             fence,
+            period_ns: elapsed.as_nanos().min(u64::MAX as u128) as u64,
             samples,
         };
         let reports = exchange(&mine.to_bytes())?
@@ -262,8 +264,15 @@ impl Rounds {
                     })
             })
             .collect::<Result<Vec<_>>>()?;
-        let rates = rule::agreed_rates(&reports, self.nominal.len());
-        let Some(speeds) = rule::next_speeds(&self.current, &self.nominal, &rates) else {
+        let agreed = rule::agree_devices(&reports, self.nominal.len());
+        crate::trace!(
+            NET,
+            "channel weights round {}: devices {:?}, speeds in use {:?}",
+            self.round,
+            agreed,
+            self.current
+        );
+        let Some(speeds) = rule::next_speeds(&self.current, &self.nominal, &agreed) else {
             return Ok(None);
         };
         let (last_from, epoch) = schedule.next_switch_basis();

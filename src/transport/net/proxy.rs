@@ -125,7 +125,7 @@ pub struct NetSide {
     pub gpu_slots: bool,
     /// A receiving side's steps to post receives for (unused on a sending side).
     pub announced: Announced,
-    /// Where a sending side counts its bytes and busy time (`meter`); None: not counted.
+    /// Where the side counts what its device does (`meter`); None: not counted.
     pub meter: Option<super::meter::DeviceMeter>,
 }
 
@@ -281,7 +281,7 @@ impl Driven {
                 None => break,
             }
             if let Some(m) = &s.meter {
-                m.posted();
+                m.posted(Dir::Send);
             }
             self.next += 1;
             posted = true;
@@ -304,6 +304,9 @@ impl Driven {
             match s.net.irecv(s.comm, ptr, s.slot_bytes as usize, 0, s.mh)? {
                 Some(r) => self.inflight.push_back((k, r)),
                 None => break,
+            }
+            if let Some(m) = &s.meter {
+                m.posted(Dir::Recv);
             }
             self.next += 1;
             posted = true;
@@ -334,8 +337,8 @@ impl Driven {
             };
             self.inflight.pop_front();
             done = true;
-            if let (Dir::Send, Some(m)) = (s.dir, &s.meter) {
-                m.done(n);
+            if let Some(m) = &s.meter {
+                m.done(s.dir, n);
             }
             match s.dir {
                 Dir::Send => store(s.block.head, k + 1),

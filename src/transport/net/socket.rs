@@ -1162,7 +1162,11 @@ mod shape_tests {
         assert_eq!(auto_for_vendor(Some("0x1ae0")), (4, 1));
         assert_eq!(auto_for_vendor(Some("0x15b3")), (2, 2));
         assert_eq!(auto_for_vendor(None), (2, 2));
-        assert_eq!(auto_for_speed(None), (2, 2), "unknown speed: memory-to-memory");
+        assert_eq!(
+            auto_for_speed(None),
+            (2, 2),
+            "unknown speed: memory-to-memory"
+        );
         assert_eq!(auto_for_speed(Some(100_000)), (2, 2));
         assert_eq!(auto_for_speed(Some(25_000)), (2, 2));
         assert_eq!(auto_for_speed(Some(10_000)), (1, 1));

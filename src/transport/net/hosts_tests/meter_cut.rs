@@ -1,8 +1,9 @@
 //! The adaptive channel weights between two "hosts" whose fast link is cut mid-run: two
 //! namespaces joined by two links shaped to 400 and 100 Mbit/s (`tc`), and one connection per
-//! link that the proxy keeps full, from stand-in kernels streaming Simple steps, with each
-//! sending side counting through the communicator's `NetMeter`. Both ranks run the weights'
-//! exchange (`core::adaptive::Agent`) over their bootstrap. Rank 0 prints the rates the
+//! link that the proxy keeps full, from stand-in kernels streaming Simple steps, with every
+//! side counting through the communicator's `NetMeter` (the receiver the rates, the sender
+//! the time its sends wait). Both ranks run the weights'
+//! exchange (`core::adaptive::Agent`) over their bootstrap. Rank 1 (the receiver) prints the rates the
 //! meter gives every period and every switch the exchange agrees on; the parent watches
 //! them, cuts the fast link to a quarter with `tc qdisc change`, and checks that the measured
 //! rates and the agreed speeds follow: the fast link's rate falls to about the slow one's,
@@ -28,6 +29,9 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The rank that receives, measures and reports.
+const REPORTER: i32 = 1;
+
 /// Set in the children of this test: the path of the file whose existence tells them to stop.
 pub(super) const METER_ENV: &str = "OXCCL_TWO_HOSTS_METER";
 
@@ -35,7 +39,7 @@ pub(super) const METER_ENV: &str = "OXCCL_TWO_HOSTS_METER";
 /// and a 100 Mbit/s one completes a few dozen steps per period.
 const SLOT: u32 = 128 << 10;
 const NSLOTS: u32 = 8;
-/// How often rank 0 reports the meter's rates, and the exchange's period.
+/// How often the reporter gives the meter's rates, and the exchange's period.
 const PERIOD: Duration = Duration::from_millis(200);
 /// The links' rates, Mbit/s, and the fast link's after the cut (a quarter).
 const FAST_MBPS: u32 = 400;
@@ -140,7 +144,7 @@ fn stream_recvs(b: &Block, stop: &AtomicBool) -> Option<String> {
 }
 
 /// One connection per device between the two ranks (rank 0 sends), as `NetSide`s for the
-/// proxy, with their blocks; rank 0's count through `meter`.
+/// proxy, with their blocks; every side counts through `meter`.
 fn connect_devices(
     b: &Bootstrap,
     net: &Arc<dyn Net>,
@@ -191,7 +195,7 @@ fn connect_devices(
             slot_bytes: SLOT,
             gpu_slots: false,
             announced,
-            meter: (dir == Dir::Send).then(|| meter.device(dev)),
+            meter: Some(meter.device(dev)),
         };
         sides.push((side, block));
     }
@@ -204,7 +208,7 @@ fn rate_text(rate: Option<u64>) -> String {
 }
 
 /// In a child (its namespace's one rank): stream over every device until `stop_file`
-/// exists, with the weights' exchange running. Rank 0 prints `DEVICES name...`, then
+/// exists, with the weights' exchange running. The reporter prints `DEVICES name...`, then
 /// `STREAMING`, then every period `RATES ms rate...` (the meter's, Mbit/s or `-`) and
 /// `SPEEDS epoch speed...` for each switch the exchange agreed on.
 pub(super) fn stream_and_measure(b: &Bootstrap, stop_file: &Path) {
@@ -258,7 +262,7 @@ pub(super) fn stream_and_measure(b: &Bootstrap, stop_file: &Path) {
                 })
             })
             .collect();
-        if rank == 0 {
+        if rank == REPORTER {
             println!("DEVICES {}", names.join(" "));
             println!("STREAMING");
         }
@@ -279,7 +283,7 @@ pub(super) fn stream_and_measure(b: &Bootstrap, stop_file: &Path) {
     println!("TWO_HOSTS_OK rank {rank}");
 }
 
-/// Every period until `stop_file` exists (at most `CHILD_LIMIT`): rank 0 prints the meter's
+/// Every period until `stop_file` exists (at most `CHILD_LIMIT`): the reporter prints the meter's
 /// rates over the period and the speeds of every new switch.
 fn report_until_stopped(rank: i32, meter: &NetMeter, schedule: &Schedule, stop_file: &Path) {
     let start = Instant::now();
@@ -287,7 +291,7 @@ fn report_until_stopped(rank: i32, meter: &NetMeter, schedule: &Schedule, stop_f
     let mut next_epoch = 1;
     while !stop_file.exists() && start.elapsed() < CHILD_LIMIT {
         std::thread::sleep(PERIOD);
-        if rank != 0 {
+        if rank != REPORTER {
             continue;
         }
         let now = meter.totals();
@@ -306,7 +310,7 @@ fn report_until_stopped(rank: i32, meter: &NetMeter, schedule: &Schedule, stop_f
     }
 }
 
-/// What rank 0 reported, in order.
+/// What the reporter said, in order.
 #[derive(Debug, Default)]
 struct Seen {
     /// Device index of the fast link's and the slow link's end.
@@ -326,8 +330,9 @@ impl Seen {
             Some("DEVICES") => {
                 let names: Vec<&str> = words.collect();
                 let at = |n: &str| names.iter().position(|&x| x == n);
-                self.fast = at(V4.ends[0]).expect("the fast link's end is a device");
-                self.slow = at(V4_SECOND.ends[0]).expect("the slow link's end is a device");
+                let end = REPORTER as usize;
+                self.fast = at(V4.ends[end]).expect("the fast link's end is a device");
+                self.slow = at(V4_SECOND.ends[end]).expect("the slow link's end is a device");
             }
             Some("RATES") => self
                 .rates
@@ -380,7 +385,7 @@ impl Seen {
     }
 }
 
-/// Rank 0's stdout lines, as they come; the rest of both ranks' output, kept.
+/// The reporter's stdout lines, as they come; the rest of both ranks' output, kept.
 struct Watch {
     lines: Receiver<String>,
     rest: Arc<Mutex<String>>,
@@ -395,7 +400,7 @@ impl Watch {
         for (rank, child) in children.iter_mut().enumerate() {
             let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
             let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
-            for (stream, to_channel) in [(out, rank == 0), (err, false)] {
+            for (stream, to_channel) in [(out, rank == REPORTER as usize), (err, false)] {
                 let (tx, rest) = (tx.clone(), rest.clone());
                 std::thread::spawn(move || {
                     for line in BufReader::new(stream).lines().map_while(|l| l.ok()) {
@@ -415,7 +420,7 @@ impl Watch {
         }
     }
 
-    /// Take rank 0's lines into `seen` until `enough` says so; fails after `limit`.
+    /// Take the reporter's lines into `seen` until `enough` says so; fails after `limit`.
     fn until(&self, seen: &mut Seen, limit: Duration, enough: impl Fn(&Seen) -> bool) {
         let deadline = Instant::now() + limit;
         while !enough(seen) {
@@ -423,7 +428,7 @@ impl Watch {
             match self.lines.recv_timeout(left) {
                 Ok(line) => seen.take(line),
                 Err(_) => panic!(
-                    "rank 0 did not report enough within {} s:\n{}\n{}",
+                    "rank {REPORTER} did not report enough within {} s:\n{}\n{}",
                     limit.as_secs(),
                     seen.lines.join("\n"),
                     self.rest.lock()
