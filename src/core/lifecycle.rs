@@ -260,7 +260,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         host_hash: topo::host_hash(),
         pid: std::process::id(),
         cuda_dev: comm.cuda_dev,
-        nvlinks: topo::nvml::nvlink_count(&bus_id),
+        nvlinks: topo::file::nvlinks(&bus_id, || topo::nvml::nvlink_count(&bus_id))?,
         bus_id,
         host: crate::debug::hostname(),
         gpu_uuid: cuda::device_uuid(comm.cuda_dev)?,
