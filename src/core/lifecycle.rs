@@ -274,6 +274,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         cuda::can_access_peer(a, b).unwrap_or(false)
     })?;
     topo.log();
+    crate::transport::net::dump_topology(comm.config.net_name.as_deref(), &topo);
     comm.local_rank.store(topo.local_rank(), Ordering::Release);
     comm.local_nranks
         .store(topo.local_ranks.len() as i32, Ordering::Release);

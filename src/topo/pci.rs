@@ -182,6 +182,16 @@ impl Sysfs {
             .unwrap_or_default()
     }
 
+    /// The trimmed content of file `name` of the device at sysfs path `path` (`class`,
+    /// `current_link_speed`, ...), None where it cannot be read or is empty.
+    pub fn read(&self, path: &str, name: &str) -> Option<String> {
+        if path.is_empty() || name.contains('/') {
+            return None;
+        }
+        let text = std::fs::read_to_string(self.under(path).join(name)).ok()?;
+        Some(text.trim().to_string()).filter(|t| !t.is_empty())
+    }
+
     /// The NUMA node of the device at sysfs path `path` (-1 where unknown).
     pub fn numa_node(&self, path: &str) -> i32 {
         if path.is_empty() {

@@ -33,6 +33,7 @@ use crate::sched::weights::{RouteClaim, Routes, Verdict};
 use crate::sched::{Dir, NetLink};
 use crate::topo::file::{Locator, NodeFile};
 use crate::topo::nics::{self, NetDevsPolicy};
+use crate::topo::pci::Sysfs;
 use crate::topo::Topology;
 use api::{Comm, Handle, MemHandle, MemType, Net, PTR_CUDA, PTR_DMABUF};
 use once_cell::sync::OnceCell;
@@ -230,6 +231,42 @@ pub fn resolve_speed(
         }
         None => reported,
     }
+}
+
+/// `NCCL_TOPO_DUMP_FILE` on the rank that writes it (`topo::dump`): the loaded topology
+/// file, else the detected node with the devices of the network named `name` (none when it
+/// cannot be loaded).
+pub fn dump_topology(name: Option<&str>, topo: &Topology) {
+    let Some(path) = crate::topo::dump::target(topo) else {
+        return;
+    };
+    let file = crate::topo::file::from_env().ok().flatten();
+    let nets = network(name)
+        .and_then(|net| dump_nets(net.as_ref()))
+        .unwrap_or_default();
+    let text = crate::topo::dump::text(file.as_deref(), topo, &Sysfs::system(), &nets);
+    crate::topo::dump::write(&path, &text);
+}
+
+/// Every device of `net` as the topology dump describes it.
+fn dump_nets(net: &dyn Net) -> Result<Vec<crate::topo::dump::DumpNet>> {
+    let speeds = device_speeds(net)?;
+    (0..net.devices()?)
+        .map(|d| {
+            let p = net.properties(d)?;
+            Ok(crate::topo::dump::DumpNet {
+                name: p.name,
+                dev: d,
+                pci_path: p.pci_path,
+                speed_mbps: speeds[d as usize].1,
+                port: p.port,
+                latency_us: p.latency_us,
+                guid: p.guid,
+                max_comms: p.max_comms,
+                gdr: p.ptr_support & PTR_CUDA != 0,
+            })
+        })
+        .collect()
 }
 
 /// `OXCCL_NET_SPEEDS` (`name=Mbit/s,...`, e.g. `eth0=4000,eth1=1000`): the speeds of the
