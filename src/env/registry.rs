@@ -236,7 +236,7 @@ registry! {
     TOPO_DUMP_FILE = Param::text("NCCL_TOPO_DUMP_FILE", None,
         "File to write the node's topology to, in NCCL_TOPO_FILE's format");
     TOPO_DUMP_FILE_RANK = Param::integer("NCCL_TOPO_DUMP_FILE_RANK", 0,
-        "Rank that writes NCCL_TOPO_DUMP_FILE");
+        "Rank that writes NCCL_TOPO_DUMP_FILE").undocumented();
 }
 
 /// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).

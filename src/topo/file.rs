@@ -369,7 +369,13 @@ impl NodeFile {
     pub fn load(path: &str) -> Result<NodeFile> {
         let unreadable =
             |e: std::io::Error| Error::invalid_usage(format!("NCCL_TOPO_FILE {path}: {e}"));
-        let len = std::fs::metadata(path).map_err(unreadable)?.len();
+        let meta = std::fs::metadata(path).map_err(unreadable)?;
+        if !meta.is_file() {
+            return Err(Error::invalid_usage(format!(
+                "NCCL_TOPO_FILE {path}: not a regular file"
+            )));
+        }
+        let len = meta.len();
         if len > MAX_FILE_BYTES {
             return Err(Error::invalid_usage(format!(
                 "NCCL_TOPO_FILE {path}: {len} bytes, more than a topology file's {MAX_FILE_BYTES}"
@@ -529,9 +535,27 @@ fn last_bus_id(pci_path: &str) -> Option<String> {
         .and_then(normalize_bus_id)
 }
 
+/// The INFO line of a place the file gives `what`, once.
+fn say_placed(what: &str, place: &Place) {
+    let switches = match place.switches.is_empty() {
+        true => "no PCI switch".to_string(),
+        false => format!("PCI switches {}", place.switches.join(" < ")),
+    };
+    say_once(
+        format!(
+            "Topology file : {what} below {switches} on CPU {}",
+            place.numa
+        ),
+        false,
+    );
+}
+
 impl Locate for Locator {
     fn gpu_place(&self, bus_id: &str) -> Option<Place> {
         let file = self.file.as_ref().and_then(|f| f.pci_place(bus_id));
+        if let Some(place) = &file {
+            say_placed(&format!("GPU {bus_id}"), place);
+        }
         file.or_else(|| self.sysfs.gpu_place(bus_id))
     }
 
@@ -541,6 +565,9 @@ impl Locate for Locator {
                 .map(|(_, place)| place)
                 .or_else(|| last_bus_id(pci_path).and_then(|b| f.pci_place(&b)))
         });
+        if let Some(place) = &file {
+            say_placed(&format!("network device {name}"), place);
+        }
         file.or_else(|| self.sysfs.net_place(name, pci_path))
     }
 

@@ -403,5 +403,8 @@ fn files_load_from_disk_with_their_path_in_errors() {
     let missing = dir.join("missing.xml");
     let e = NodeFile::load(missing.to_str().unwrap()).unwrap_err();
     assert_eq!(e.code, ncclResult_t::ncclInvalidUsage);
+    // A folder (or a pipe) is no file: an error, not a read that waits.
+    let e = NodeFile::load(dir.to_str().unwrap()).unwrap_err();
+    assert!(e.msg.contains("not a regular file"), "{}", e.msg);
     std::fs::remove_dir_all(&dir).unwrap();
 }
