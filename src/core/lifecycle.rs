@@ -260,7 +260,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         host_hash: topo::host_hash(),
         pid: std::process::id(),
         cuda_dev: comm.cuda_dev,
-        nvlinks: topo::nvml::nvlink_count(&bus_id),
+        nvlinks: topo::file::nvlinks(&bus_id, || topo::nvml::nvlink_count(&bus_id))?,
         bus_id,
         host: crate::debug::hostname(),
         gpu_uuid: cuda::device_uuid(comm.cuda_dev)?,
@@ -274,6 +274,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         cuda::can_access_peer(a, b).unwrap_or(false)
     })?;
     topo.log();
+    crate::transport::net::dump_topology(comm.config.net_name.as_deref(), &topo);
     comm.local_rank.store(topo.local_rank(), Ordering::Release);
     comm.local_nranks
         .store(topo.local_ranks.len() as i32, Ordering::Release);

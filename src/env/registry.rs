@@ -229,6 +229,14 @@ registry! {
         "Re-agree the network devices' channel weights from measured throughput while a communicator runs (needs it on every rank)").undocumented();
     ADAPTIVE_PERIOD_MS = Param::integer("OXCCL_ADAPTIVE_PERIOD_MS", 200,
         "Milliseconds between two exchanges of measured network rates for adaptive channel weights").undocumented();
+
+    // ---- topology files (`topo::file`) ----
+    TOPO_FILE = Param::text("NCCL_TOPO_FILE", None,
+        "XML topology file describing the node; what it says replaces detection (NVLink counts, PCI places, network speeds)");
+    TOPO_DUMP_FILE = Param::text("NCCL_TOPO_DUMP_FILE", None,
+        "File to write the node's topology to, in NCCL_TOPO_FILE's format");
+    TOPO_DUMP_FILE_RANK = Param::integer("NCCL_TOPO_DUMP_FILE_RANK", 0,
+        "Rank that writes NCCL_TOPO_DUMP_FILE").undocumented();
 }
 
 /// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).

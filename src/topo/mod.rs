@@ -10,9 +10,12 @@
 //! `NCCL_MULTI_RANK_GPU_ENABLE=1` (NVIDIA's variable since 2.30); otherwise `ncclInvalidUsage`
 //! with NVIDIA 2.32's words ("Multiple Ranks are using the same GPU/Partition ...").
 
+pub mod dump;
+pub mod file;
 pub mod nics;
 pub mod nvml;
 pub mod pci;
+pub mod xml;
 
 use crate::error::{Error, Result};
 

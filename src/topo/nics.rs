@@ -6,10 +6,11 @@
 //! GPUs, bit-mirrored when the device count is a power of two) so neighbours start apart.
 //! Channel c uses the c-th device of the GPU's list, round robin.
 //!
-//! The decision is pure (`local_nets`, over path types); `choose` reads sysfs for them. A GPU
-//! that sysfs does not list (no GPU, a stand-in) cannot be placed: it uses every device.
+//! The decision is pure (`local_nets`, over path types); `choose` asks a `Locate` for the
+//! places (sysfs, or a topology file over it: `topo::file::Locator`). A GPU that cannot be
+//! placed (no GPU, a stand-in) uses every device.
 
-use super::pci::{path_type, PathType, Place, Sysfs};
+use super::pci::{path_type, Locate, PathType, Place};
 use super::Topology;
 
 /// `NCCL_NETDEVS_POLICY`: how many of its closest devices a GPU uses.
@@ -126,17 +127,24 @@ pub struct Choice {
     pub types: Vec<PathType>,
 }
 
-/// The devices of this rank's GPU among the network devices whose PCI paths are `nic_paths`
-/// (`ncclNetProperties_t.pciPath`, empty where a device has none), reading `sysfs` for the
-/// places of the host's GPUs (those of `topo`'s ranks on this host) and devices.
+/// A network device as `choose` places it: its name and PCI path
+/// (`ncclNetProperties_t.name` and `.pciPath`, empty where it has none).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetDevice {
+    pub name: String,
+    pub pci_path: String,
+}
+
+/// The devices of this rank's GPU among the network devices `nics`, with the places `locate`
+/// gives the host's GPUs (those of `topo`'s ranks on this host) and the devices.
 pub fn choose(
-    sysfs: &Sysfs,
+    locate: &dyn Locate,
     topo: &Topology,
-    nic_paths: &[String],
+    nics: &[NetDevice],
     policy: NetDevsPolicy,
 ) -> Choice {
     let every = || Choice {
-        devices: (0..nic_paths.len()).collect(),
+        devices: (0..nics.len()).collect(),
         types: Vec::new(),
     };
     let my_bus = &topo.peers[topo.my_rank as usize].bus_id;
@@ -147,21 +155,23 @@ pub fn choose(
             gpus.push(bus);
         }
     }
-    let places: Vec<Option<Place>> = gpus
-        .iter()
-        .map(|b| sysfs.pci_device_path(b).and_then(|p| sysfs.place(&p)))
-        .collect();
+    let places: Vec<Option<Place>> = gpus.iter().map(|b| locate.gpu_place(b)).collect();
     let Some(me) = gpus.iter().position(|b| *b == my_bus) else {
         return every();
     };
-    if places[me].is_none() || nic_paths.is_empty() {
+    if places[me].is_none() || nics.is_empty() {
         return every();
     }
     // A device that is no PCI device hangs on the CPU of the host's first GPU.
     let first_numa = places.iter().flatten().next().map_or(-1, |p| p.numa);
-    let nics: Vec<Place> = nic_paths
+    let nics: Vec<Place> = nics
         .iter()
-        .map(|p| sysfs.nic_place(p, first_numa))
+        .map(|n| {
+            locate.net_place(&n.name, &n.pci_path).unwrap_or(Place {
+                switches: Vec::new(),
+                numa: first_numa,
+            })
+        })
         .collect();
     let row = |gpu: &Place| -> Vec<PathType> { nics.iter().map(|n| path_type(gpu, n)).collect() };
     let mut types = Vec::new();
@@ -174,7 +184,7 @@ pub fn choose(
             types.push(row(p));
         }
     }
-    let ordinal = sysfs.gpu_ordinal(my_bus).unwrap_or_else(|| {
+    let ordinal = locate.gpu_ordinal(my_bus).unwrap_or_else(|| {
         let mut sorted = gpus.clone();
         sorted.sort();
         sorted.iter().position(|b| *b == my_bus).unwrap_or(0)
@@ -299,8 +309,13 @@ mod tests {
         Topology::with_policy(peers, me, |_| None, |_, _| false, policy).unwrap()
     }
 
-    fn paths(p: &[&str]) -> Vec<String> {
-        p.iter().map(|s| s.to_string()).collect()
+    fn paths(p: &[&str]) -> Vec<NetDevice> {
+        p.iter()
+            .map(|s| NetDevice {
+                name: String::new(),
+                pci_path: s.to_string(),
+            })
+            .collect()
     }
 
     /// Two sockets: GPU 0 and two NICs on NUMA node 0, GPU 1 and one NIC on node 1.
@@ -356,7 +371,7 @@ mod tests {
         fake.interface("veth9", None);
         let eth = sys.net_interface_device("eth9");
         let veth = sys.net_interface_device("veth9");
-        let c = choose(&sys, &t, &[veth, eth], NetDevsPolicy::Auto);
+        let c = choose(&sys, &t, &paths(&[&veth, &eth]), NetDevsPolicy::Auto);
         assert_eq!(c.devices, vec![1]);
     }
 

@@ -53,7 +53,7 @@ pub struct Place {
 }
 
 /// Whether `s` is a PCI bus id `DDDD:BB:DD.F` (hex digits).
-fn is_bus_id(s: &str) -> bool {
+pub fn is_bus_id(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 12
         && b.iter().enumerate().all(|(i, &c)| match i {
@@ -102,6 +102,32 @@ pub fn path_type(a: &Place, b: &Place) -> PathType {
         PathType::Phb
     } else {
         PathType::Sys
+    }
+}
+
+/// Where the devices of a node hang: what `topo::nics` asks to place a GPU and the network
+/// devices. `Sysfs` answers from the machine; `topo::file::Locator` from a topology file first.
+pub trait Locate {
+    /// The place of the GPU at PCI bus id `bus_id`, None where it cannot be placed.
+    fn gpu_place(&self, bus_id: &str) -> Option<Place>;
+    /// The place of the network device `name` whose PCI path is `pci_path`
+    /// (`ncclNetProperties_t`), None when it is not a PCI device.
+    fn net_place(&self, name: &str, pci_path: &str) -> Option<Place>;
+    /// The position of the GPU `bus_id` among the node's GPUs in bus id order (NVML's order).
+    fn gpu_ordinal(&self, bus_id: &str) -> Option<usize>;
+}
+
+impl Locate for Sysfs {
+    fn gpu_place(&self, bus_id: &str) -> Option<Place> {
+        self.pci_device_path(bus_id).and_then(|p| self.place(&p))
+    }
+
+    fn net_place(&self, _name: &str, pci_path: &str) -> Option<Place> {
+        self.place(pci_path)
+    }
+
+    fn gpu_ordinal(&self, bus_id: &str) -> Option<usize> {
+        Sysfs::gpu_ordinal(self, bus_id)
     }
 }
 
@@ -154,6 +180,16 @@ impl Sysfs {
         }
         self.resolve(&format!("/sys/class/net/{ifname}/device"))
             .unwrap_or_default()
+    }
+
+    /// The trimmed content of file `name` of the device at sysfs path `path` (`class`,
+    /// `current_link_speed`, ...), None where it cannot be read or is empty.
+    pub fn read(&self, path: &str, name: &str) -> Option<String> {
+        if path.is_empty() || name.contains('/') {
+            return None;
+        }
+        let text = std::fs::read_to_string(self.under(path).join(name)).ok()?;
+        Some(text.trim().to_string()).filter(|t| !t.is_empty())
     }
 
     /// The NUMA node of the device at sysfs path `path` (-1 where unknown).

@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::sched::device::{LL_REGION_DIV, MAX_NSLOTS, SEND_LL_OFFSET, STEP_WORDS_OFFSET};
 use crate::sched::weights::{RouteClaim, Routes, Verdict};
 use crate::sched::{Dir, NetLink};
+use crate::topo::file::{Locator, NodeFile};
 use crate::topo::nics::{self, NetDevsPolicy};
 use crate::topo::pci::Sysfs;
 use crate::topo::Topology;
@@ -101,10 +102,17 @@ impl CommNet {
 /// mod length), by NVIDIA's affinity rule (`topo::nics`: the closest ones by PCI path type,
 /// shared among the GPUs as close, `NCCL_NETDEVS_POLICY`), and every device's path type.
 pub fn local_choice(net: &dyn Net, topo: &Topology) -> Result<nics::Choice> {
-    let paths = (0..net.devices()?)
-        .map(|d| Ok(net.properties(d)?.pci_path))
+    let devices = (0..net.devices()?)
+        .map(|d| {
+            let p = net.properties(d)?;
+            Ok(nics::NetDevice {
+                name: p.name,
+                pci_path: p.pci_path,
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
-    let choice = nics::choose(&Sysfs::system(), topo, &paths, NetDevsPolicy::from_env());
+    let locator = Locator::system()?;
+    let choice = nics::choose(&locator, topo, &devices, NetDevsPolicy::from_env());
     if choice.devices.is_empty() {
         return Err(Error::system(format!(
             "NET/{} : no network device for rank {}",
@@ -180,23 +188,83 @@ pub fn link(name: Option<&str>, topo: &Topology, channels: u32) -> Result<NetLin
     Ok(link.expect("at least one device"))
 }
 
-/// (name, speed in Mbit/s) of every device of `net`: the speed its properties report
-/// (`NET_DEFAULT_MBPS` when they report none), unless `OXCCL_NET_SPEEDS` names the device.
+/// (name, speed in Mbit/s) of every device of `net` (`resolve_speed`).
 pub fn device_speeds(net: &dyn Net) -> Result<Vec<(String, u32)>> {
     let overrides = speed_overrides();
+    let file = crate::topo::file::from_env()?;
     (0..net.devices()?)
         .map(|dev| {
             let p = net.properties(dev)?;
-            let reported = if p.speed_mbps > 0 {
-                p.speed_mbps as u32
-            } else {
-                crate::sched::cost::NET_DEFAULT_MBPS as u32
-            };
-            let speed = overrides
-                .iter()
-                .find(|(n, _)| *n == p.name)
-                .map_or(reported, |&(_, s)| s);
+            let speed = resolve_speed(&p.name, p.speed_mbps, &overrides, file.as_deref());
             Ok((p.name, speed))
+        })
+        .collect()
+}
+
+/// The speed in Mbit/s of the device `name` whose properties report `reported_mbps`:
+/// `OXCCL_NET_SPEEDS`'s (`overrides`) if it names the device, else the topology file's if it
+/// gives one, else the reported one (`NET_DEFAULT_MBPS` when it reports none).
+pub fn resolve_speed(
+    name: &str,
+    reported_mbps: i32,
+    overrides: &[(String, u32)],
+    file: Option<&NodeFile>,
+) -> u32 {
+    let reported = match reported_mbps {
+        s if s > 0 => s as u32,
+        _ => crate::sched::cost::NET_DEFAULT_MBPS as u32,
+    };
+    if let Some(&(_, s)) = overrides.iter().find(|(n, _)| n == name) {
+        return s;
+    }
+    match file.and_then(|f| f.net_speed(name)) {
+        Some(s) => {
+            if s != reported {
+                crate::topo::file::say_once(
+                    format!(
+                        "Topology file : network device {name} at {s} Mbit/s (reported {reported})"
+                    ),
+                    false,
+                );
+            }
+            s
+        }
+        None => reported,
+    }
+}
+
+/// `NCCL_TOPO_DUMP_FILE` on the rank that writes it (`topo::dump`): the loaded topology
+/// file, else the detected node with the devices of the network named `name` (none when it
+/// cannot be loaded).
+pub fn dump_topology(name: Option<&str>, topo: &Topology) {
+    let Some(path) = crate::topo::dump::target(topo) else {
+        return;
+    };
+    let file = crate::topo::file::from_env().ok().flatten();
+    let nets = network(name)
+        .and_then(|net| dump_nets(net.as_ref()))
+        .unwrap_or_default();
+    let text = crate::topo::dump::text(file.as_deref(), topo, &Sysfs::system(), &nets);
+    crate::topo::dump::write(&path, &text);
+}
+
+/// Every device of `net` as the topology dump describes it.
+fn dump_nets(net: &dyn Net) -> Result<Vec<crate::topo::dump::DumpNet>> {
+    let speeds = device_speeds(net)?;
+    (0..net.devices()?)
+        .map(|d| {
+            let p = net.properties(d)?;
+            Ok(crate::topo::dump::DumpNet {
+                name: p.name,
+                dev: d,
+                pci_path: p.pci_path,
+                speed_mbps: speeds[d as usize].1,
+                port: p.port,
+                latency_us: p.latency_us,
+                guid: p.guid,
+                max_comms: p.max_comms,
+                gdr: p.ptr_support & PTR_CUDA != 0,
+            })
         })
         .collect()
 }
