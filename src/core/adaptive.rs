@@ -237,16 +237,14 @@ impl Rounds {
             *last = *now;
         }
         let highest = schedule.highest();
-        let elapsed = self.last_at.elapsed();
-        let pace =
-            (highest - self.last_highest.min(highest)) as f64 / elapsed.as_secs_f64().max(1e-3);
+        let pace = (highest - self.last_highest.min(highest)) as f64
+            / self.last_at.elapsed().as_secs_f64().max(1e-3);
         self.last_highest = highest;
         self.last_at = Instant::now();
         let fence = schedule.open_round(rule::fence_margin(pace, period.as_secs_f64()));
         let mine = Report {
             round: self.round,
             fence,
-            period_ns: elapsed.as_nanos().min(u64::MAX as u128) as u64,
             samples,
         };
         let reports = exchange(&mine.to_bytes())?
@@ -264,15 +262,15 @@ impl Rounds {
                     })
             })
             .collect::<Result<Vec<_>>>()?;
-        let agreed = rule::agree_devices(&reports, self.nominal.len());
+        let rates = rule::agreed_rates(&reports, self.nominal.len());
         crate::trace!(
             NET,
-            "channel weights round {}: devices {:?}, speeds in use {:?}",
+            "channel weights round {}: agreed rates {:?} Mbit/s, speeds in use {:?}",
             self.round,
-            agreed,
+            rates,
             self.current
         );
-        let Some(speeds) = rule::next_speeds(&self.current, &self.nominal, &agreed) else {
+        let Some(speeds) = rule::next_speeds(&self.current, &self.nominal, &rates) else {
             return Ok(None);
         };
         let (last_from, epoch) = schedule.next_switch_basis();

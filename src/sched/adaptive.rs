@@ -1,16 +1,8 @@
 //! Self-correcting channel weights, the pure part: what a rank reports of its network devices
-//! (per device, the rate its receives arrived at while data kept coming, and how long its
-//! sends waited on the device), how every rank turns all reports into the same next device
-//! speeds (bounded steps, a floor per device, hysteresis), and from which collective the new
-//! speeds apply.
-//!
-//! A device whose sends waited on it for most of a period is *saturated*: the link is what
-//! holds its bytes back, so the rate they arrived at is what it carries, and its speed moves
-//! to that rate. A device that is not saturated while another is had room to spare: its
-//! speed steps up (never beyond the speed agreed at init), so the bytes move to it. Its own
-//! rate says little (its receives also wait for the peer's kernel and for collectives
-//! queued behind the saturated device) and is not used. With no device saturated the network
-//! does not set the pace, and the weights stay. `core::adaptive` runs the exchange; the
+//! (per device, the bytes its receives brought and the time they took while data kept
+//! arriving within a launch: `transport::net::meter`), how every rank turns all
+//! reports into the same next device speeds (bounded steps, a floor per device, hysteresis),
+//! and from which collective the new speeds apply. `core::adaptive` runs the exchange; the
 //! speeds replace the agreed ones in `weights::Routes` (same channel→device routes, new
 //! shares of the bytes).
 //!
@@ -19,9 +11,6 @@
 
 /// Most a device's speed moves in one update, in percent of its current speed.
 pub const MAX_STEP_PCT: u64 = 25;
-/// A device is saturated when some rank's sends waited on it for at least this share of a
-/// period, in percent.
-pub const SATURATED_PCT: u64 = 50;
 /// Least share of the bytes a device keeps, in percent (so a device that recovers carries
 /// traffic and is measured again); lower when there are more than 10 devices.
 pub const FLOOR_PCT: u64 = 5;
@@ -33,15 +22,13 @@ pub const HYSTERESIS_PERMILLE: u64 = 20;
 pub const MIN_SAMPLE_BYTES: u64 = 256 << 10;
 pub const MIN_SAMPLE_NS: u64 = 1_000_000;
 
-/// What one rank's network device did over one period (`transport::net::meter`).
+/// What one rank's network device delivered over one period (`transport::net::meter`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sample {
-    /// Bytes its receives brought while data kept arriving.
+    /// Bytes its receives brought while data kept arriving within a launch.
     pub bytes: u64,
     /// The time they took, in ns.
     pub busy_ns: u64,
-    /// Time with at least one send on the device posted and not done, in ns.
-    pub send_busy_ns: u64,
 }
 
 impl Sample {
@@ -60,14 +47,9 @@ impl Sample {
         Sample {
             bytes: self.bytes.saturating_sub(earlier.bytes),
             busy_ns: self.busy_ns.saturating_sub(earlier.busy_ns),
-            send_busy_ns: self.send_busy_ns.saturating_sub(earlier.send_busy_ns),
         }
     }
 }
-
-/// A serialised report: round, fence, period, device count; then each device's sample.
-const HEADER_BYTES: usize = 28;
-const SAMPLE_BYTES: usize = 24;
 
 /// One rank's contribution to an exchange round.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -77,23 +59,19 @@ pub struct Report {
     /// The highest collective number this rank plans with the current weights without
     /// waiting for the round's outcome.
     pub fence: u64,
-    /// How long the period the samples cover lasted, ns.
-    pub period_ns: u64,
-    /// Per device, this rank's sends over the last period.
+    /// Per device, what it delivered to this rank over the last period.
     pub samples: Vec<Sample>,
 }
 
 impl Report {
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(HEADER_BYTES + SAMPLE_BYTES * self.samples.len());
+        let mut b = Vec::with_capacity(20 + 16 * self.samples.len());
         b.extend_from_slice(&self.round.to_le_bytes());
         b.extend_from_slice(&self.fence.to_le_bytes());
-        b.extend_from_slice(&self.period_ns.to_le_bytes());
         b.extend_from_slice(&(self.samples.len() as u32).to_le_bytes());
         for s in &self.samples {
             b.extend_from_slice(&s.bytes.to_le_bytes());
             b.extend_from_slice(&s.busy_ns.to_le_bytes());
-            b.extend_from_slice(&s.send_busy_ns.to_le_bytes());
         }
         b
     }
@@ -101,54 +79,36 @@ impl Report {
     /// The report in `b` (`to_bytes`), or None when it is not one.
     pub fn from_bytes(b: &[u8]) -> Option<Report> {
         let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
-        let n = u32::from_le_bytes(b.get(24..HEADER_BYTES)?.try_into().ok()?) as usize;
-        if n > super::weights::MAX_DEVICES || b.len() != HEADER_BYTES + SAMPLE_BYTES * n {
+        let n = u32::from_le_bytes(b.get(16..20)?.try_into().ok()?) as usize;
+        if n > super::weights::MAX_DEVICES || b.len() != 20 + 16 * n {
             return None;
         }
         let samples = (0..n)
             .map(|d| {
-                let at = HEADER_BYTES + SAMPLE_BYTES * d;
                 Some(Sample {
-                    bytes: u64_at(at)?,
-                    busy_ns: u64_at(at + 8)?,
-                    send_busy_ns: u64_at(at + 16)?,
+                    bytes: u64_at(20 + 16 * d)?,
+                    busy_ns: u64_at(28 + 16 * d)?,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
         Some(Report {
             round: u64_at(0)?,
             fence: u64_at(8)?,
-            period_ns: u64_at(16)?,
             samples,
         })
     }
 }
 
-/// What all ranks' reports say of one device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Agreed {
-    /// The rate data arrived at, the least any rank measured (the slowest end sets the pace of
-    /// the channels on the device); None where no rank received enough to say.
-    pub rate: Option<u64>,
-    /// Some rank's sends waited on the device for at least `SATURATED_PCT` of its period.
-    pub saturated: bool,
-}
-
-/// Per device, what every rank's reports agree on.
-pub fn agree_devices(reports: &[Report], ndev: usize) -> Vec<Agreed> {
+/// Per device, the rate every rank's ring can count on: the least any rank measured (the
+/// slowest end of a device's channels sets their pace); None where no rank received enough
+/// to say.
+pub fn agreed_rates(reports: &[Report], ndev: usize) -> Vec<Option<u64>> {
     (0..ndev)
-        .map(|d| Agreed {
-            rate: reports
+        .map(|d| {
+            reports
                 .iter()
                 .filter_map(|r| r.samples.get(d)?.rate_mbps())
-                .min(),
-            saturated: reports.iter().any(|r| {
-                r.samples.get(d).is_some_and(|s| {
-                    r.period_ns > 0
-                        && s.send_busy_ns as u128 * 100
-                            >= SATURATED_PCT as u128 * r.period_ns as u128
-                })
-            }),
+                .min()
         })
         .collect()
 }
@@ -162,38 +122,23 @@ pub fn switch_from(previous: u64, reports: &[Report]) -> u64 {
 }
 
 /// The next speeds (Mbit/s) of the devices, or None when the weights stay as they are.
-/// `current`: the speeds in use; `nominal`: those agreed at init, which no speed exceeds;
-/// `agreed`: what the reports say of each device (`agree_devices`). A saturated device's
-/// target is its rate; a device that is not saturated, while another is, targets more than
-/// it has (the bytes move to it); with none saturated nothing changes. Each speed moves
-/// towards its target by at most `MAX_STEP_PCT`, every device keeps at least its floor
-/// share, and a change of less than `HYSTERESIS_PERMILLE` in every share is no change.
-pub fn next_speeds(current: &[u32], nominal: &[u32], agreed: &[Agreed]) -> Option<Vec<u32>> {
+/// `current`: the speeds in use; `nominal`: those agreed at init, which a measured rate
+/// never exceeds (the settings or the device's report are what it may carry at most); `rates`: the
+/// agreed measured rates (`agreed_rates`). Each speed moves towards its target by at most
+/// `MAX_STEP_PCT`, every device keeps at least its floor share, and a change of less than
+/// `HYSTERESIS_PERMILLE` in every share is no change.
+pub fn next_speeds(current: &[u32], nominal: &[u32], rates: &[Option<u64>]) -> Option<Vec<u32>> {
     let n = current.len();
-    if n < 2 || nominal.len() != n || agreed.len() != n || !agreed.iter().any(|a| a.saturated) {
+    if n < 2 || nominal.len() != n || rates.len() != n {
         return None;
     }
     let stepped: Vec<u64> = (0..n)
         .map(|d| {
             let cur = current[d].max(1) as u64;
-            let top = nominal[d].max(1) as u64;
+            let target = rates[d].map_or(cur, |r| r.min(nominal[d].max(1) as u64).max(1));
             let lo = (cur * (100 - MAX_STEP_PCT) / 100).max(1);
             let hi = (cur * (100 + MAX_STEP_PCT)).div_ceil(100);
-            let target = match agreed[d] {
-                Agreed {
-                    saturated: true,
-                    rate: Some(r),
-                } => r,
-                Agreed {
-                    saturated: true,
-                    rate: None,
-                } => cur,
-                Agreed {
-                    saturated: false, ..
-                } => hi,
-            };
-            // lo <= cur <= top: the step never leaves the nominal speed behind.
-            target.min(top).max(1).clamp(lo, hi)
+            target.clamp(lo, hi)
         })
         .collect();
     let next = with_floor(stepped);
@@ -257,30 +202,11 @@ pub fn fence_margin(collectives_per_s: f64, period_s: f64) -> u64 {
 mod tests {
     use super::*;
 
-    /// 100 ms of data arriving at `mbps`; sends never waiting.
     fn sample(mbps: u64) -> Sample {
+        // 100 ms busy at `mbps`.
         Sample {
-            bytes: mbps * 100_000 / 8,
+            bytes: mbps * 100_000 / 8 * 1000 / 1000,
             busy_ns: 100_000_000,
-            send_busy_ns: 0,
-        }
-    }
-
-    const SAT: fn(u64) -> Agreed = |r| Agreed {
-        rate: Some(r),
-        saturated: true,
-    };
-    const FREE: Agreed = Agreed {
-        rate: None,
-        saturated: false,
-    };
-
-    fn report(samples: Vec<Sample>) -> Report {
-        Report {
-            round: 1,
-            fence: 0,
-            period_ns: 200_000_000,
-            samples,
         }
     }
 
@@ -289,7 +215,6 @@ mod tests {
         let r = Report {
             round: 7,
             fence: 1234,
-            period_ns: 5,
             samples: vec![sample(4000), Sample::default()],
         };
         assert_eq!(Report::from_bytes(&r.to_bytes()), Some(r.clone()));
@@ -299,114 +224,69 @@ mod tests {
     }
 
     #[test]
-    fn the_slowest_rank_sets_the_rate_and_any_waiting_sender_saturates() {
+    fn rates_need_enough_traffic_and_the_slowest_rank_counts() {
         assert_eq!(sample(4000).rate_mbps(), Some(4000));
         assert_eq!(Sample::default().rate_mbps(), None);
-        let waited = |mbps, pct: u64| Sample {
-            send_busy_ns: 2_000_000 * pct,
-            ..sample(mbps)
+        let r = |s: Vec<Sample>| Report {
+            round: 1,
+            fence: 0,
+            samples: s,
         };
-        let agreed = agree_devices(
+        let rates = agreed_rates(
             &[
-                report(vec![waited(4000, 10), waited(1000, 60), Sample::default()]),
-                report(vec![waited(3000, 49), sample(1200), Sample::default()]),
+                r(vec![sample(4000), sample(1000), Sample::default()]),
+                r(vec![sample(3000), sample(1200), Sample::default()]),
             ],
             3,
         );
-        assert_eq!(
-            agreed,
-            vec![
-                Agreed {
-                    rate: Some(3000),
-                    saturated: false
-                },
-                SAT(1000),
-                FREE
-            ]
-        );
+        assert_eq!(rates, vec![Some(3000), Some(1000), None]);
     }
 
-    /// Apply `next_speeds` with what `say` gives for the speeds in use until nothing changes;
-    /// every step bounded. Returns the speeds and the number of updates.
-    fn settle(
-        mut cur: Vec<u32>,
-        nominal: &[u32],
-        say: impl Fn(&[u32]) -> Vec<Agreed>,
-    ) -> (Vec<u32>, usize) {
+    #[test]
+    fn steps_are_bounded_and_reach_the_target() {
+        // The fast link cut to a quarter: 4000/1000 measured as 1000/1000.
+        let nominal = [4000, 1000];
+        let mut cur = vec![4000u32, 1000];
         let mut updates = 0;
-        while let Some(next) = next_speeds(&cur, nominal, &say(&cur)) {
-            for d in 0..cur.len() {
+        while let Some(next) = next_speeds(&cur, &nominal, &[Some(1000), Some(1000)]) {
+            for d in 0..2 {
                 let (a, b) = (cur[d] as f64, next[d] as f64);
                 assert!(
                     b >= a * 0.75 - 1.0 && b <= a * 1.25 + 1.0,
                     "{cur:?} -> {next:?}"
                 );
-                assert!(next[d] <= nominal[d], "{next:?} above {nominal:?}");
             }
             cur = next;
             updates += 1;
-            assert!(updates < 20, "no convergence: {cur:?}");
+            assert!(updates < 10, "no convergence: {cur:?}");
         }
-        (cur, updates)
-    }
-
-    /// Two links of capacity `caps` under speeds `cur`: the one whose share takes longer is
-    /// saturated and measures its capacity; the other is free.
-    fn two_links(caps: [u64; 2]) -> impl Fn(&[u32]) -> Vec<Agreed> {
-        move |cur: &[u32]| {
-            let total = (cur[0] + cur[1]) as f64;
-            let t: Vec<f64> = (0..2)
-                .map(|d| cur[d] as f64 / total / caps[d] as f64)
-                .collect();
-            let slow = if t[0] >= t[1] { 0 } else { 1 };
-            let near = (t[0] - t[1]).abs() < 0.05 * t[0].max(t[1]);
-            (0..2)
-                .map(|d| {
-                    if d == slow || near {
-                        SAT(caps[d])
-                    } else {
-                        FREE
-                    }
-                })
-                .collect()
-        }
-    }
-
-    #[test]
-    fn a_cut_link_loses_its_bytes_and_wins_them_back_when_it_recovers() {
-        let nominal = [4000, 1000];
-        // The fast link cut to a quarter.
-        let (cur, updates) = settle(vec![4000, 1000], &nominal, two_links([1000, 1000]));
         let shares = shares_permille(&[cur[0] as u64, cur[1] as u64]);
-        assert!(shares[0].abs_diff(500) <= 60, "{cur:?}");
+        assert!(shares[0].abs_diff(500) < HYSTERESIS_PERMILLE, "{cur:?}");
         assert!(
-            (3..=8).contains(&updates),
-            "bounded steps: {updates} updates"
+            updates >= 4,
+            "bounded steps take several updates: {updates}"
         );
-        // Restored: the free fast link steps up until it is saturated again.
-        let (cur, back) = settle(cur, &nominal, two_links([4000, 1000]));
+        // It recovers: measured back at (above) nominal, the speeds climb back.
+        let mut back = 0;
+        while let Some(next) = next_speeds(&cur, &nominal, &[Some(9000), Some(1000)]) {
+            cur = next;
+            back += 1;
+            assert!(back < 10);
+        }
         let shares = shares_permille(&[cur[0] as u64, cur[1] as u64]);
-        assert!(shares[0].abs_diff(800) <= 30, "{cur:?}");
-        assert!(back <= 8, "{back} updates to recover");
+        assert!(shares[0].abs_diff(800) < HYSTERESIS_PERMILLE, "{cur:?}");
     }
 
     #[test]
-    fn noise_or_no_saturated_device_changes_nothing() {
+    fn noise_below_the_hysteresis_changes_nothing() {
         let nominal = [4000, 1000];
         let cur = [4000u32, 1000];
-        assert_eq!(next_speeds(&cur, &nominal, &[SAT(3900), SAT(1000)]), None);
-        assert_eq!(next_speeds(&cur, &nominal, &[SAT(4000), SAT(980)]), None);
-        // Free devices at their nominal speed have nowhere to go.
-        assert_eq!(next_speeds(&cur, &nominal, &[SAT(4000), FREE]), None);
-        // Nothing saturated: the network does not set the pace, whatever the rates say.
-        let slow_rates = Agreed {
-            rate: Some(10),
-            saturated: false,
-        };
-        assert_eq!(next_speeds(&cur, &nominal, &[slow_rates, slow_rates]), None);
-        assert_eq!(next_speeds(&cur, &nominal, &[FREE, FREE]), None);
+        assert_eq!(next_speeds(&cur, &nominal, &[Some(3900), Some(1000)]), None);
+        assert_eq!(next_speeds(&cur, &nominal, &[Some(4000), Some(980)]), None);
+        // No traffic on any device: nothing to go by.
+        assert_eq!(next_speeds(&cur, &nominal, &[None, None]), None);
         // One device: nothing to weigh.
-        assert_eq!(next_speeds(&[1000], &[1000], &[SAT(10)]), None);
+        assert_eq!(next_speeds(&[1000], &[1000], &[Some(10)]), None);
     }
 
     #[test]
@@ -414,7 +294,7 @@ mod tests {
         let nominal = [10_000, 10_000, 10_000];
         let mut cur = vec![10_000u32, 10_000, 10_000];
         for _ in 0..40 {
-            match next_speeds(&cur, &nominal, &[SAT(10_000), SAT(1), SAT(10_000)]) {
+            match next_speeds(&cur, &nominal, &[Some(10_000), Some(1), Some(10_000)]) {
                 Some(n) => cur = n,
                 None => break,
             }
@@ -437,11 +317,12 @@ mod tests {
 
     #[test]
     fn the_same_inputs_give_the_same_outputs() {
-        let say = [SAT(1003), FREE];
-        let a = next_speeds(&[3000, 1250], &[4000, 1250], &say);
-        assert!(a.is_some());
+        let a = next_speeds(&[3000, 1250], &[4000, 1000], &[Some(1003), Some(1900)]);
         for _ in 0..100 {
-            assert_eq!(next_speeds(&[3000, 1250], &[4000, 1250], &say), a);
+            assert_eq!(
+                next_speeds(&[3000, 1250], &[4000, 1000], &[Some(1003), Some(1900)]),
+                a
+            );
         }
     }
 
@@ -450,7 +331,6 @@ mod tests {
         let r = |fence| Report {
             round: 3,
             fence,
-            period_ns: 1,
             samples: vec![],
         };
         assert_eq!(switch_from(0, &[r(10), r(40), r(25)]), 41);

@@ -32,11 +32,9 @@ fn totals(per_round: &[Vec<u64>], round: usize) -> Vec<Sample> {
     (0..ndev)
         .map(|d| {
             let bytes: u64 = per_round[..round].iter().map(|r| r[d] * 12_500).sum();
-            // Sends always waiting: every device saturated, its rate what it carries.
             Sample {
                 bytes,
                 busy_ns: round as u64 * 100_000_000,
-                send_busy_ns: round as u64 * 100_000_000,
             }
         })
         .collect()
@@ -177,7 +175,6 @@ fn a_report_of_another_round_is_an_error_and_stops_the_schedule() {
         Ok(vec![Report {
             round: 9,
             fence: 0,
-            period_ns: 1,
             samples: vec![Sample::default(); 2],
         }
         .to_bytes()])

@@ -731,7 +731,11 @@ fn attach(setup: &Setup<'_>, p: Pending, comm: Comm, proxy: &Proxy) -> Result<(C
         )?,
         Dir::Recv => mh,
     };
-    let announced = proxy::Announced::default();
+    // A metered side needs to know where each launch's steps end (`meter`).
+    let announced = match setup.meter {
+        Some(_) => proxy::Announced::tracking_launches(),
+        None => proxy::Announced::default(),
+    };
     proxy.add(NetSide {
         net,
         comm,

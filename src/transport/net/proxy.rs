@@ -64,17 +64,61 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// CUDA graph at every replay of the graph (a host node). The proxy posts a receive for step
 /// k only while k is below it, so once the kernels are done no receive is left posted.
 #[derive(Clone, Debug, Default)]
-pub struct Announced(Arc<AtomicU64>);
+pub struct Announced(Arc<AnnouncedSteps>);
+
+#[derive(Debug, Default)]
+struct AnnouncedSteps {
+    total: AtomicU64,
+    /// Kept by `Announced::tracking_launches`: where each launch's steps end (a step count),
+    /// oldest first, until the proxy has received that far.
+    ends: Option<Mutex<VecDeque<u64>>>,
+}
 
 impl Announced {
-    /// `steps` more will be consumed.
+    /// Steps that also remember where each launch's end (`ends_launch`).
+    pub fn tracking_launches() -> Announced {
+        Announced(Arc::new(AnnouncedSteps {
+            total: AtomicU64::new(0),
+            ends: Some(Mutex::new(VecDeque::new())),
+        }))
+    }
+
+    /// A launch's `steps` more will be consumed.
     pub fn add(&self, steps: u64) {
-        self.0.fetch_add(steps, Ordering::AcqRel);
+        match &self.0.ends {
+            Some(ends) => {
+                // Under the lock, so the ends are in the order of the totals.
+                let mut ends = ends.lock();
+                let end = self.0.total.fetch_add(steps, Ordering::AcqRel) + steps;
+                ends.push_back(end);
+            }
+            None => {
+                self.0.total.fetch_add(steps, Ordering::AcqRel);
+            }
+        }
     }
 
     /// The steps announced so far.
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
+        self.0.total.load(Ordering::Acquire)
+    }
+
+    /// Whether `received` steps in all end a launch (always false unless tracking launches);
+    /// the ends up to it are forgotten.
+    pub fn ends_launch(&self, received: u64) -> bool {
+        let Some(ends) = &self.0.ends else {
+            return false;
+        };
+        let mut ends = ends.lock();
+        let mut hit = false;
+        while let Some(&end) = ends.front() {
+            if end > received {
+                break;
+            }
+            hit |= end == received;
+            ends.pop_front();
+        }
+        hit
     }
 }
 
@@ -145,6 +189,9 @@ struct Driven {
     flushing: Option<(u64, Request)>,
     /// Its connection failed: it moves nothing more (the other sides go on).
     failed: bool,
+    /// A receiving side has posted a step of a launch whose last step it has not received
+    /// (what its meter counts as the device being in a launch).
+    in_launch: bool,
 }
 
 fn load(p: *const u64) -> u64 {
@@ -280,9 +327,6 @@ impl Driven {
                 Some(r) => self.inflight.push_back((k, r)),
                 None => break,
             }
-            if let Some(m) = &s.meter {
-                m.posted(Dir::Send);
-            }
             self.next += 1;
             posted = true;
         }
@@ -305,8 +349,9 @@ impl Driven {
                 Some(r) => self.inflight.push_back((k, r)),
                 None => break,
             }
-            if let Some(m) = &s.meter {
-                m.posted(Dir::Recv);
+            if let (Some(m), false) = (&s.meter, self.in_launch) {
+                m.launch_started();
+                self.in_launch = true;
             }
             self.next += 1;
             posted = true;
@@ -337,8 +382,12 @@ impl Driven {
             };
             self.inflight.pop_front();
             done = true;
-            if let Some(m) = &s.meter {
-                m.done(s.dir, n);
+            if let (Dir::Recv, Some(m)) = (s.dir, &s.meter) {
+                m.received(n);
+                if s.announced.ends_launch(k + 1) {
+                    m.launch_done();
+                    self.in_launch = false;
+                }
             }
             match s.dir {
                 Dir::Send => store(s.block.head, k + 1),
@@ -858,6 +907,7 @@ fn take_incoming(shared: &Shared, sides: &mut Vec<Driven>) {
             inflight: VecDeque::new(),
             flushing: None,
             failed: false,
+            in_launch: false,
         }));
     }
 }
@@ -993,5 +1043,34 @@ mod monitor {
             }
             None => s.stuck_reported.store(false, Ordering::Release),
         }
+    }
+}
+
+#[cfg(test)]
+mod announced_tests {
+    use super::*;
+
+    #[test]
+    fn a_tracking_side_knows_where_each_launch_ends() {
+        let a = Announced::tracking_launches();
+        a.add(3);
+        a.add(0);
+        a.add(2);
+        assert_eq!(a.get(), 5);
+        assert!(!a.ends_launch(2));
+        assert!(a.ends_launch(3), "the first launch's last step");
+        assert!(!a.ends_launch(4));
+        assert!(a.ends_launch(5));
+        assert!(!a.ends_launch(5), "each end once");
+        // Received past an end without stopping on it (not the proxy's way): forgotten.
+        a.add(1);
+        a.add(1);
+        assert!(!a.ends_launch(5));
+        assert!(a.ends_launch(7));
+        // Without tracking nothing is kept.
+        let plain = Announced::default();
+        plain.add(4);
+        assert_eq!(plain.get(), 4);
+        assert!(!plain.ends_launch(4));
     }
 }

@@ -1,8 +1,8 @@
 //! The adaptive channel weights between two "hosts" whose fast link is cut mid-run: two
 //! namespaces joined by two links shaped to 400 and 100 Mbit/s (`tc`), and one connection per
-//! link that the proxy keeps full, from stand-in kernels streaming Simple steps, with every
-//! side counting through the communicator's `NetMeter` (the receiver the rates, the sender
-//! the time its sends wait). Both ranks run the weights'
+//! link that the proxy keeps full, from stand-in kernels streaming Simple steps, with each
+//! receiving side counting through the communicator's `NetMeter` (one launch that never
+//! ends: the stand-in kernels stream for as long as the test runs). Both ranks run the weights'
 //! exchange (`core::adaptive::Agent`) over their bootstrap. Rank 1 (the receiver) prints the rates the
 //! meter gives every period and every switch the exchange agrees on; the parent watches
 //! them, cuts the fast link to a quarter with `tc qdisc change`, and checks that the measured
@@ -34,6 +34,12 @@ const REPORTER: i32 = 1;
 
 /// Set in the children of this test: the path of the file whose existence tells them to stop.
 pub(super) const METER_ENV: &str = "OXCCL_TWO_HOSTS_METER";
+/// Set in the children of the launches variant: each device's steps per launch ("8,2").
+const QUOTAS_ENV: &str = "OXCCL_TWO_HOSTS_METER_QUOTAS";
+/// The launches variant's steps per launch on the fast and the slow link: 4:1 as the nominal
+/// speeds, 4 MiB and 1 MiB (well above the links' 256 KiB tbf burst, which an idle link
+/// would otherwise pass at the speed of memory).
+const QUOTAS: [u64; 2] = [32, 8];
 
 /// Slots of a connection and their size: 8 × 128 KiB in flight keep a 400 Mbit/s link busy,
 /// and a 100 Mbit/s one completes a few dozen steps per period.
@@ -112,18 +118,71 @@ fn wait_until(stop: &AtomicBool, mut ready: impl FnMut() -> bool) -> bool {
 /// at the slot's start), until `stop`.
 fn stream_sends(b: &Block, stop: &AtomicBool) {
     for k in 0.. {
-        if !wait_until(stop, || Block::load(b.host.head) + NSLOTS as u64 > k) {
+        if !send_step(b, k, stop) {
             return;
         }
-        // SAFETY: the slot is free (head) and holds at least 8 bytes.
-        unsafe { std::ptr::write_volatile(b.slot(k), k) };
-        let words = b.host.words as *mut u64;
-        Block::store(
-            words.wrapping_add((k % NSLOTS as u64) as usize),
-            step_word(k),
-        );
-        Block::store(b.host.tail, k + 1);
     }
+}
+
+/// Send step k once its slot is free; false when `stop` rose first.
+fn send_step(b: &Block, k: u64, stop: &AtomicBool) -> bool {
+    if !wait_until(stop, || Block::load(b.host.head) + NSLOTS as u64 > k) {
+        return false;
+    }
+    // SAFETY: the slot is free (head) and holds at least 8 bytes.
+    unsafe { std::ptr::write_volatile(b.slot(k), k) };
+    let words = b.host.words as *mut u64;
+    Block::store(
+        words.wrapping_add((k % NSLOTS as u64) as usize),
+        step_word(k),
+    );
+    Block::store(b.host.tail, k + 1);
+    true
+}
+
+/// The sending kernel of device `dev` in launches, as a collective's channels: each launch
+/// sends `quotas[dev]` steps, and the next starts only when the receiver has consumed the
+/// whole launch on every device (`blocks`), until `stop`. So a device that carries less
+/// than its share waits for the others between launches.
+fn launch_sends(blocks: &[Arc<Block>], dev: usize, quotas: &[u64], stop: &AtomicBool) {
+    for launch in 1u64.. {
+        for k in (launch - 1) * quotas[dev]..launch * quotas[dev] {
+            if !send_step(&blocks[dev], k, stop) {
+                return;
+            }
+        }
+        let consumed = || {
+            blocks
+                .iter()
+                .zip(quotas)
+                .all(|(b, &q)| Block::load(b.host.head) >= launch * q)
+        };
+        if !wait_until(stop, consumed) {
+            return;
+        }
+    }
+}
+
+/// The receiving kernel of a side in launches of `quota` steps: announces each launch one
+/// launch ahead (kernels are launched before the previous ones end), then consumes it; the
+/// first wrong step, if any.
+fn launch_recvs(b: &Block, announced: &Announced, quota: u64, stop: &AtomicBool) -> Option<String> {
+    announced.add(quota);
+    for launch in 1u64.. {
+        announced.add(quota);
+        for k in (launch - 1) * quota..launch * quota {
+            if !wait_until(stop, || Block::load(b.host.tail) > k) {
+                return None;
+            }
+            // SAFETY: the proxy landed step k in its slot (tail).
+            let got = unsafe { std::ptr::read_volatile(b.slot(k)) };
+            if got != k {
+                return Some(format!("step {k} carried step {got}'s data"));
+            }
+            Block::store(b.host.head, k + 1);
+        }
+    }
+    None
 }
 
 /// The receiving kernel: consumes every step the proxy lands, checking its number, until
@@ -144,11 +203,12 @@ fn stream_recvs(b: &Block, stop: &AtomicBool) -> Option<String> {
 }
 
 /// One connection per device between the two ranks (rank 0 sends), as `NetSide`s for the
-/// proxy, with their blocks; every side counts through `meter`.
+/// proxy, with their blocks; the receiving sides count through `meter`.
 fn connect_devices(
     b: &Bootstrap,
     net: &Arc<dyn Net>,
     meter: &Arc<NetMeter>,
+    launches: bool,
 ) -> Vec<(NetSide, Arc<Block>)> {
     let rank = b.rank();
     let dir = if rank == 0 { Dir::Send } else { Dir::Recv };
@@ -177,9 +237,16 @@ fn connect_devices(
             }
             Dir::Recv => mh,
         };
-        let announced = Announced::default();
-        // The stand-in receiver consumes for as long as the test runs.
-        announced.add(1 << 48);
+        // Streaming: the stand-in receiver consumes for as long as the test runs, one launch
+        // that never ends. In launches it announces each as it goes (`launch_recvs`).
+        let announced = match launches {
+            true => Announced::tracking_launches(),
+            false => {
+                let a = Announced::default();
+                a.add(1 << 48);
+                a
+            }
+        };
         let side = NetSide {
             net: net.clone(),
             comm,
@@ -195,7 +262,7 @@ fn connect_devices(
             slot_bytes: SLOT,
             gpu_slots: false,
             announced,
-            meter: Some(meter.device(dev)),
+            meter: (dir == Dir::Recv).then(|| meter.device(dev)),
         };
         sides.push((side, block));
     }
@@ -219,7 +286,15 @@ pub(super) fn stream_and_measure(b: &Bootstrap, stop_file: &Path) {
     let nominal: Vec<u32> = speeds.iter().map(|s| s.1).collect();
     assert_eq!(nominal.len(), 2, "rank {rank}: devices {speeds:?}");
     let meter = NetMeter::new(nominal.len());
-    let sides = connect_devices(b, &net, &meter);
+    // In launches, the fast link's device carries the larger quota.
+    let quotas: Option<Vec<u64>> = std::env::var(QUOTAS_ENV).ok().map(|_| {
+        let fast = names.iter().position(|n| V4.ends.contains(&n.as_str()));
+        let mut q = vec![QUOTAS[1]; names.len()];
+        q[fast.expect("the fast link's end is a device")] = QUOTAS[0];
+        q
+    });
+    let sides = connect_devices(b, &net, &meter, quotas.is_some());
+    let announced: Vec<Announced> = sides.iter().map(|(s, _)| s.announced.clone()).collect();
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink_errors = errors.clone();
     let proxy_abort = Arc::new(AtomicBool::new(false));
@@ -251,14 +326,20 @@ pub(super) fn stream_and_measure(b: &Bootstrap, stop_file: &Path) {
     let wrong = std::thread::scope(|s| {
         let kernels: Vec<_> = blocks
             .iter()
-            .map(|block| {
-                let stop = &stop;
-                s.spawn(move || match rank {
-                    0 => {
+            .enumerate()
+            .map(|(dev, block)| {
+                let (stop, blocks, quotas, announced) = (&stop, &blocks, &quotas, &announced);
+                s.spawn(move || match (rank, quotas) {
+                    (0, None) => {
                         stream_sends(block, stop);
                         None
                     }
-                    _ => stream_recvs(block, stop),
+                    (0, Some(q)) => {
+                        launch_sends(blocks, dev, q, stop);
+                        None
+                    }
+                    (_, None) => stream_recvs(block, stop),
+                    (_, Some(q)) => launch_recvs(block, &announced[dev], q[dev], stop),
                 })
             })
             .collect();
@@ -484,7 +565,19 @@ const MOVED_SHARE: u64 = 600;
 
 #[test]
 fn measured_rates_and_agreed_weights_follow_a_link_cut_mid_run() {
-    let Some(hosts) = hosts_or_skip("mc", &[&V4, &V4_SECOND]) else {
+    follow_a_cut("mc", false);
+}
+
+/// The same with the sender in launches of 4:1 (`launch_sends`): after the cut the slow link
+/// carries its quota and then waits for the fast one in every launch, with the next launch's
+/// receives posted; its rate must still be what it carries while data arrives.
+#[test]
+fn measured_rates_and_agreed_weights_follow_a_link_cut_in_launches() {
+    follow_a_cut("ml", true);
+}
+
+fn follow_a_cut(tag: &str, launches: bool) {
+    let Some(hosts) = hosts_or_skip(tag, &[&V4, &V4_SECOND]) else {
         return;
     };
     for (link, rate) in [(&V4, FAST_MBPS), (&V4_SECOND, SLOW_MBPS)] {
@@ -498,12 +591,15 @@ fn measured_rates_and_agreed_weights_follow_a_link_cut_mid_run() {
     let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
     let speeds = format!("oxv0={FAST_MBPS},oxv1={FAST_MBPS},oxw0={SLOW_MBPS},oxw1={SLOW_MBPS}");
     let stop_path = stop.0.to_string_lossy().into_owned();
-    let env = [
+    let mut env = vec![
         ("NCCL_COMM_ID", comm_id.as_str()),
         ("NCCL_SOCKET_IFNAME", "ox"),
         ("OXCCL_NET_SPEEDS", speeds.as_str()),
         (METER_ENV, stop_path.as_str()),
     ];
+    if launches {
+        env.push((QUOTAS_ENV, "1"));
+    }
     let watch = Watch::start(&hosts, &env);
     let mut seen = Seen::default();
     let before_end = RAMP_PERIODS + MEDIAN_PERIODS;
