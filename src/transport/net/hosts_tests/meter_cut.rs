@@ -586,7 +586,9 @@ fn follow_a_cut(tag: &str, launches: bool) {
             return;
         }
     }
-    let stop = StopFile(std::env::temp_dir().join(format!("oxccl-meter-{}", std::process::id())));
+    // One per test: the variants run at once in one process.
+    let stop =
+        StopFile(std::env::temp_dir().join(format!("oxccl-meter-{}-{tag}", std::process::id())));
     let _ = std::fs::remove_file(&stop.0);
     let comm_id = format!("{}:{}", address(V4.addrs[0]), port());
     let speeds = format!("oxv0={FAST_MBPS},oxv1={FAST_MBPS},oxw0={SLOW_MBPS},oxw1={SLOW_MBPS}");
