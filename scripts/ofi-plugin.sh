@@ -38,6 +38,16 @@
 # the plugin was used ("Loaded net plugin Libfabric" and "Using network Libfabric"), then for
 # each of OFI_RANKS (default "2 4") processes a WARN run (NCCL_DEBUG=WARN) of
 #   all_reduce, all_gather, sendrecv; float sum; out of place; checked; 8 B .. 16 MiB+4
+# Environment of every run (OFI_ENV): FI_PROVIDER=tcp FI_TCP_IFACE=lo NCCL_SOCKET_IFNAME=lo
+# OFI_NCCL_EXCLUDE_TCP_IF=docker0. The last one matters: aws-ofi-nccl drops every tcp
+# provider whose domain (interface) is in OFI_NCCL_EXCLUDE_TCP_IF, "lo,docker0" by default, so
+# on lo alone both its protocols find no provider ("No eligible providers were found",
+# "Unable to find a protocol that worked"). With lo allowed it selects "tcp;ofi_rxm" on lo
+# (IPv4; the plain tcp RDM entry has address format FI_SOCKADDR_IP, which it drops) with its
+# sendrecv protocol and host buffers: its FI_HMEM hints find nothing in a libfabric built
+# without CUDA, so it reports no GPU Direct and sets NCCL_PROTO=simple itself. Its rdma
+# protocol needs FI_HMEM and is not available here (an INFO line, not a WARN). It reports 3
+# devices, all lo: libfabric lists tcp;ofi_rxm on lo (IPv4) three times.
 # Every run is under `timeout` (OFI_TIMEOUT s, default 45; oxccl-bench --timeout
 # OFI_STEP_TIMEOUT, default 30). Output: the table on stdout and in $OUT/ofi-table.txt, every
 # log in $OUT/ofi-logs.tgz (OUT default /tmp/ofi-run). Exit status: 0 when every run exited 0
@@ -51,6 +61,8 @@ root=$(cd "$here/.." && pwd)
 DEST=${DEST:-$root/.device/ofi}
 NV_LIB=${NV_LIB:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2}
 OFI_NET=${OFI_NET:-Libfabric}
+# The libfabric and aws-ofi-nccl environment of run mode (see the header).
+OFI_ENV=(FI_PROVIDER=tcp FI_TCP_IFACE=lo NCCL_SOCKET_IFNAME=lo OFI_NCCL_EXCLUDE_TCP_IF=docker0)
 
 die() {
   echo "ofi-plugin: $*" >&2
@@ -263,6 +275,17 @@ check() {
     echo "FAIL: the plugin did not load (dlopen)"
     fail=1
   fi
+  # The provider the plugin selects in run mode (no GPU needed): tagged RDM over tcp;ofi_rxm
+  # on lo, IPv4. fi_info has the same static libfabric as the plugin.
+  local offered
+  offered=$(env "${OFI_ENV[@]}" timeout 20 "$DEST/fi_info" -t FI_EP_RDM -c 'FI_TAGGED|FI_MSG' \
+    -a FI_SOCKADDR_IN -d lo 2>&1)
+  if grep -q "^provider: tcp;ofi_rxm" <<<"$offered"; then
+    echo "libfabric offers: tcp;ofi_rxm, FI_EP_RDM, FI_TAGGED, domain lo, FI_SOCKADDR_IN (${OFI_ENV[*]})"
+  else
+    echo "FAIL: libfabric offers no tcp;ofi_rxm RDM endpoint on lo: $(head -c 200 <<<"$offered")"
+    fail=1
+  fi
   echo "exported: $(nm -D --defined-only "$so" | awk '{print $3}' | tr '\n' ' ')"
   if [ $fail = 0 ]; then echo "check: OK"; else echo "check: FAILED"; fi
   return $fail
@@ -298,11 +321,10 @@ bench_run() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
   {
-    echo "# $(date -u +%H:%M:%S) env: NCCL_NET_PLUGIN=$DEST/libnccl-net-ofi.so NCCL_NET=$OFI_NET FI_PROVIDER=tcp NCCL_SOCKET_IFNAME=lo FI_TCP_IFACE=lo ${envs[*]}"
+    echo "# $(date -u +%H:%M:%S) env: NCCL_NET_PLUGIN=$DEST/libnccl-net-ofi.so NCCL_NET=$OFI_NET ${OFI_ENV[*]} ${envs[*]}"
     echo "# command: $BENCH $*"
   } >"$log"
-  env NCCL_NET_PLUGIN="$DEST/libnccl-net-ofi.so" NCCL_NET="$OFI_NET" FI_PROVIDER=tcp \
-    NCCL_SOCKET_IFNAME=lo FI_TCP_IFACE=lo "${envs[@]}" \
+  env NCCL_NET_PLUGIN="$DEST/libnccl-net-ofi.so" NCCL_NET="$OFI_NET" "${OFI_ENV[@]}" "${envs[@]}" \
     timeout -k 10 "$TIMEOUT" "$BENCH" "$@" >>"$log" 2>&1 </dev/null
   rc=$?
   echo "# exit status $rc$( [ $rc = 124 ] || [ $rc = 137 ] && echo " (killed by timeout after ${TIMEOUT}s)")" >>"$log"
@@ -338,13 +360,13 @@ run() {
       plugin_ok=0
     fi
     if [ "${OFI_SKIP_GPU_CHECK:-0}" != 1 ]; then
-      FI_PROVIDER=tcp FI_TCP_IFACE=lo timeout -k 5 60 "$dlcheck" "$so" init >"$logs/dlcheck-init.txt" 2>&1 ||
+      env "${OFI_ENV[@]}" timeout -k 5 60 "$dlcheck" "$so" init >"$logs/dlcheck-init.txt" 2>&1 ||
         echo "ofi-plugin: the plugin's own init/devices failed outside NCCL: $(grep -E 'init|devices|WARN|\[2\]' "$logs/dlcheck-init.txt" | tail -3 | tr '\n' ' ')"
     fi
   else
     echo "ofi-plugin: no $dlcheck; dlopen check skipped"
   fi
-  [ -x "$DEST/fi_info" ] && FI_TCP_IFACE=lo timeout 20 "$DEST/fi_info" -p tcp -t FI_EP_RDM >"$logs/fi_info.txt" 2>&1
+  [ -x "$DEST/fi_info" ] && env "${OFI_ENV[@]}" timeout 20 "$DEST/fi_info" -t FI_EP_RDM >"$logs/fi_info.txt" 2>&1
 
   # The libraries.
   local libs=${OFI_LIBS:-}
@@ -433,7 +455,8 @@ selftest() {
   fake=$dir/bench
   cat >"$fake" <<'EOF'
 #!/usr/bin/env bash
-# Stand-in oxccl-bench: library "good" loads the plugin and logs 2 WARN lines per run; "bad"
+# Stand-in oxccl-bench: library "good" loads the plugin and logs 2 WARN lines per run (its
+# network is used only when OFI_NCCL_EXCLUDE_TCP_IF allows lo, as aws-ofi-nccl's is); "bad"
 # does not use the plugin, and its 4-process run gets 3 wrong elements and exit status 1;
 # "slow" hangs (with a child process, which the timeout must end too).
 lib="" json="" p=0 info=0
@@ -451,7 +474,11 @@ if [ $info = 1 ]; then
   echo "h:1:1 [0] NCCL INFO NCCL version 9.9.9+fake"
   if [ "$name" = good ]; then
     echo "h:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v11)"
-    echo "h:1:1 [0] NCCL INFO Using network Libfabric"
+    if [[ ,${OFI_NCCL_EXCLUDE_TCP_IF-lo,docker0}, == *,lo,* ]]; then
+      echo "h:1:1 [0] NCCL INFO NET/OFI No eligible providers were found"
+    else
+      echo "h:1:1 [0] NCCL INFO Using network Libfabric"
+    fi
   fi
   exit 0
 fi
