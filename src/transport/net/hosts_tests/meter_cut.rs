@@ -615,6 +615,10 @@ fn follow_a_cut(tag: &str, launches: bool) {
         watch.finish(&mut seen);
         panic!("tc qdisc change: {why}");
     }
+    // The periods reported while `tc` ran (slow on a busy machine) came before the cut.
+    while let Ok(line) = watch.lines.try_recv() {
+        seen.take(line);
+    }
     let cut_at = seen.rates.len();
     let after_from = cut_at + SETTLE_PERIODS;
     let after_end = after_from + MEDIAN_PERIODS;
