@@ -20,7 +20,7 @@
 #           cases print SKIP); rma2p (put/signal/wait between two processes on GPU 0, ours);
 #           scripts/api232.sh (the 2.31-2.32 entry points, ours and NVIDIA's 2.32.3 side by
 #           side, report only, under $OUT/api232)
-#   faults  faults -n 2, then -n 4 if time is left (ffi-tests/gpu/faults.c, ours; issue 13):
+#   faults  faults -n 2, then -n 4 if time is left (ffi-tests/gpu/faults.c, ours):
 #           a rank that skips collective #4 (report only, then as an error), calls another
 #           collective, another count, is SIGKILLed mid-collective, or skips a CUDA graph's
 #           replay (graph-skip: the GPU's own report); the reports and errors

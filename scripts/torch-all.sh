@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PyTorch on oxccl (issue #6): the one driver. Run from anywhere on the GPU machine, with the
+# PyTorch on oxccl: the one driver. Run from anywhere on the GPU machine, with the
 # python3 of a torch venv first on PATH (or PYTHON=/path/python3). See docs/torch.md.
 #
 # usage: scripts/torch-all.sh --ours PATH/libnccl.so.2 [--gpus N] [--out DIR] [--steps S]

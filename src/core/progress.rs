@@ -8,7 +8,7 @@
 //! launch path), `completed` that of the last one known finished (set by the watchdog,
 //! `core::watchdog`, which sees the launches' completion). The last [`RECENT`] operations are
 //! kept with what they were, for reports that name the operation a rank waits in and the
-//! ranks behind it (issue #13).
+//! ranks behind it.
 
 use crate::abi::ncclDataType_t;
 use crate::sched::redop::RedOp;

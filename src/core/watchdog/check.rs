@@ -1,4 +1,4 @@
-//! The optional collective check (`OXCCL_CHECK_COLLECTIVES=1`, off by default; issue #13):
+//! The optional collective check (`OXCCL_CHECK_COLLECTIVES=1`, off by default):
 //! before a group's work for a communicator is launched, its ranks compare the signatures of
 //! the operations they are about to run, over the bootstrap (never through the GPU).
 //!

@@ -1,6 +1,6 @@
 //! The watchdog: one thread per communicator of more than one rank, from the end of its init
 //! to its destroy or abort, watching what the user's thread cannot see while it waits in a
-//! collective, over the bootstrap's connections (never through the GPU) (issue #13):
+//! collective, over the bootstrap's connections (never through the GPU):
 //! - dead ranks: a peer's bootstrap connection that closes without a farewell (its process was
 //!   killed or crashed, or its host answered nothing for `OXCCL_DEAD_PEER_S`,
 //!   `bootstrap::socket::detect_dead_peer`), a lost-rank notice from another rank, or a
