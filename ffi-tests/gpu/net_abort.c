@@ -1,4 +1,4 @@
-/* ncclCommAbort of a rank that waits on the network (issue 12), on GPU 0, for any
+/* ncclCommAbort of a rank that waits on the network, on GPU 0, for any
  * libnccl.so.2 (ours or NVIDIA's, chosen by LD_LIBRARY_PATH). Two ranks; rank 0 enters an
  * all-reduce that rank 1 never joins, and is aborted; the abort must return
  * within 10 s, rank 0's stream must be idle within 10 s of it (its kernel released), rank 0's
