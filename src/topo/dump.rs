@@ -190,7 +190,6 @@ mod tests {
     use crate::topo::file::{Locator, NodeFile};
     use crate::topo::nics::{choose, NetDevice, NetDevsPolicy};
     use crate::topo::pci::tests::FakeSysfs;
-    use crate::topo::{Allowed, PeerInfo, Policy};
     use std::sync::Arc;
 
     const GPU0: &str =
@@ -203,29 +202,7 @@ mod tests {
         "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:04.0/0000:84:00.0";
 
     fn topo(buses: &[&str], nvlinks: u32) -> Topology {
-        let peers = buses
-            .iter()
-            .enumerate()
-            .map(|(r, b)| PeerInfo {
-                rank: r as i32,
-                host_hash: 1,
-                pid: 7,
-                cuda_dev: r as i32,
-                bus_id: b.to_string(),
-                nvlinks,
-                host: "h".into(),
-                gpu_uuid: [0; 16],
-            })
-            .collect();
-        let policy = Policy {
-            multi_rank_gpu: false,
-            allowed: Allowed {
-                p2p: false,
-                p2p_level: None,
-                shm: false,
-            },
-        };
-        Topology::with_policy(peers, 0, |_| None, |_, _| false, policy).unwrap()
+        crate::topo::one_host_for_tests(buses, 0, nvlinks)
     }
 
     fn net(name: &str, dev: i32, path: &str, speed: u32) -> DumpNet {

@@ -7,7 +7,7 @@ use crate::sched::weights::{RouteClaim, Routes, Verdict};
 use crate::topo::nics::{choose, Choice, NetDevice, NetDevsPolicy};
 use crate::topo::pci::tests::FakeSysfs;
 use crate::topo::pci::PathType::{Phb, Pix, Sys};
-use crate::topo::{Allowed, PeerInfo, Policy, Topology};
+use crate::topo::Topology;
 use crate::transport::net::resolve_speed;
 
 const DGX: &str = include_str!("testdata/dgx-h100.xml");
@@ -34,29 +34,7 @@ fn asym() -> NodeFile {
 
 /// One rank per GPU of `buses` on one host, seen from rank `me`.
 fn topo(buses: &[&str], me: i32) -> Topology {
-    let peers = buses
-        .iter()
-        .enumerate()
-        .map(|(r, b)| PeerInfo {
-            rank: r as i32,
-            host_hash: 1,
-            pid: 7,
-            cuda_dev: r as i32,
-            bus_id: b.to_string(),
-            nvlinks: 0,
-            host: "h".into(),
-            gpu_uuid: [0; 16],
-        })
-        .collect();
-    let policy = Policy {
-        multi_rank_gpu: false,
-        allowed: Allowed {
-            p2p: false,
-            p2p_level: None,
-            shm: false,
-        },
-    };
-    Topology::with_policy(peers, me, |_| None, |_, _| false, policy).unwrap()
+    crate::topo::one_host_for_tests(buses, me, 0)
 }
 
 fn named(names: &[&str]) -> Vec<NetDevice> {

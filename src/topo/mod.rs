@@ -435,6 +435,35 @@ impl Topology {
     }
 }
 
+/// For tests: one host, one rank per GPU of `buses` (PCI bus ids), seen from rank `me`, each
+/// GPU with `nvlinks` NVLinks; no peer access and no shared memory between the ranks.
+#[cfg(test)]
+pub(crate) fn one_host_for_tests(buses: &[&str], me: i32, nvlinks: u32) -> Topology {
+    let peers = buses
+        .iter()
+        .enumerate()
+        .map(|(r, b)| PeerInfo {
+            rank: r as i32,
+            host_hash: 1,
+            pid: 7,
+            cuda_dev: r as i32,
+            bus_id: b.to_string(),
+            nvlinks,
+            host: "h".into(),
+            gpu_uuid: [0; 16],
+        })
+        .collect();
+    let policy = Policy {
+        multi_rank_gpu: true,
+        allowed: Allowed {
+            p2p: false,
+            p2p_level: None,
+            shm: false,
+        },
+    };
+    Topology::with_policy(peers, me, |_| None, |_, _| false, policy).expect("a test topology")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

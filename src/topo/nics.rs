@@ -198,7 +198,7 @@ pub fn choose(
 #[cfg(test)]
 mod tests {
     use super::super::pci::tests::FakeSysfs;
-    use super::super::{PeerInfo, Policy as TopoPolicy, Topology};
+    use super::super::Topology;
     use super::PathType::{Phb, Pix, Pxb, Sys};
     use super::*;
 
@@ -279,34 +279,8 @@ mod tests {
     const NIC_NEAR1: &str =
         "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:04.0/0000:84:00.0";
 
-    fn peer(rank: i32, bus: &str) -> PeerInfo {
-        PeerInfo {
-            rank,
-            host_hash: 1,
-            pid: 7,
-            cuda_dev: rank,
-            bus_id: bus.into(),
-            nvlinks: 0,
-            host: "h".into(),
-            gpu_uuid: [0; 16],
-        }
-    }
-
     fn topo(buses: &[&str], me: i32) -> Topology {
-        let peers = buses
-            .iter()
-            .enumerate()
-            .map(|(r, b)| peer(r as i32, b))
-            .collect();
-        let policy = TopoPolicy {
-            multi_rank_gpu: true,
-            allowed: crate::topo::Allowed {
-                p2p: false,
-                p2p_level: None,
-                shm: false,
-            },
-        };
-        Topology::with_policy(peers, me, |_| None, |_, _| false, policy).unwrap()
+        crate::topo::one_host_for_tests(buses, me, 0)
     }
 
     fn paths(p: &[&str]) -> Vec<NetDevice> {

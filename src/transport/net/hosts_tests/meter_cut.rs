@@ -171,15 +171,11 @@ fn launch_recvs(b: &Block, announced: &Announced, quota: u64, stop: &AtomicBool)
     for launch in 1u64.. {
         announced.add(quota);
         for k in (launch - 1) * quota..launch * quota {
-            if !wait_until(stop, || Block::load(b.host.tail) > k) {
-                return None;
+            match consume_step(b, k, stop) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(wrong) => return Some(wrong),
             }
-            // SAFETY: the proxy landed step k in its slot (tail).
-            let got = unsafe { std::ptr::read_volatile(b.slot(k)) };
-            if got != k {
-                return Some(format!("step {k} carried step {got}'s data"));
-            }
-            Block::store(b.host.head, k + 1);
         }
     }
     None
@@ -189,17 +185,28 @@ fn launch_recvs(b: &Block, announced: &Announced, quota: u64, stop: &AtomicBool)
 /// `stop`. The first wrong step, if any.
 fn stream_recvs(b: &Block, stop: &AtomicBool) -> Option<String> {
     for k in 0.. {
-        if !wait_until(stop, || Block::load(b.host.tail) > k) {
-            return None;
+        match consume_step(b, k, stop) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(wrong) => return Some(wrong),
         }
-        // SAFETY: the proxy landed step k in its slot (tail).
-        let got = unsafe { std::ptr::read_volatile(b.slot(k)) };
-        if got != k {
-            return Some(format!("step {k} carried step {got}'s data"));
-        }
-        Block::store(b.host.head, k + 1);
     }
     None
+}
+
+/// Consume step k once the proxy has landed it: false when `stop` rose first, an error when
+/// the step carried another's data.
+fn consume_step(b: &Block, k: u64, stop: &AtomicBool) -> Result<bool, String> {
+    if !wait_until(stop, || Block::load(b.host.tail) > k) {
+        return Ok(false);
+    }
+    // SAFETY: the proxy landed step k in its slot (tail).
+    let got = unsafe { std::ptr::read_volatile(b.slot(k)) };
+    if got != k {
+        return Err(format!("step {k} carried step {got}'s data"));
+    }
+    Block::store(b.host.head, k + 1);
+    Ok(true)
 }
 
 /// One connection per device between the two ranks (rank 0 sends), as `NetSide`s for the
