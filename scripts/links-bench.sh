@@ -190,6 +190,11 @@ run() {
   if [ -n "${TRACE_MS:-}" ] && [ -s "$cutfile" ]; then
     recover "$OUTDIR/$label-0.log" "$(cat "$cutfile")"
   fi
+  # A run that succeeded may still have warned (a false hang report, a failed exchange).
+  local warns
+  warns=$(cat "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log" | grep -c 'NCCL WARN')
+  [ "$warns" = 0 ] || echo "warn: $warns WARN lines, first: $(grep -h -m1 'NCCL WARN' "$OUTDIR/$label-0.log" \
+    "$OUTDIR/$label-1.log" | head -1 | sed 's/.*NCCL WARN //' | cut -c1-140)"
 }
 
 libs=()
@@ -206,7 +211,7 @@ row() { # LABEL LIB ENV...
     if out=$(run "$label-$mode" "$lib" "$ifname" "$@"); then
       printf '%-22s %-5s %12s %12s\n' "$label" "$mode" \
         "$(echo "$out" | awk '$1 == 16777216 {print $2}')" "$(echo "$out" | awk '$1 == 67108864 {print $2}')"
-      echo "$out" | sed -n 's/^recover: /    recover: /p'
+      echo "$out" | sed -n 's/^recover: /    recover: /p; s/^warn: /    warn: /p'
     else
       printf '%-22s %-5s %12s %12s\n' "$label" "$mode" FAIL FAIL
       failed=$((failed + 1))
