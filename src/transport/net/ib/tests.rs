@@ -248,7 +248,7 @@ fn a_bad_remote_key_fails_both_sides_naming_the_peer_and_the_status() {
         let idx = unsafe { std::ptr::read_volatile(&c.fifo[0].idx) };
         Ok((idx == 1).then_some(()))
     });
-    conn.lock().fifo[0].rkey ^= 0x5a5a;
+    conn.lock().fifo[0].rkeys[0] ^= 0x5a5a;
     let sr = net.isend(s, p, 4096, 0, smh).unwrap().unwrap();
     let e = until("the send's failure", || match net.test(sr) {
         Ok(None) => Ok(None),
