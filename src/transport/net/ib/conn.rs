@@ -5,6 +5,13 @@
 //! its own; the sender brings its QPs to RTS and says it is ready. Both sides are
 //! non-blocking state machines (connect and accept answer None until done); the TCP socket
 //! stays open as the connection's side channel (`fifo::Conn::check_peer`).
+//!
+//! A merged device describes each member port (LID, GID, MTU, its key of the FIFO). As
+//! NVIDIA's, ends of different shapes connect: the listen handle says how many member ports
+//! the receiver has, the sender makes `NCCL_IB_QPS_PER_CONNECTION` QPs for each member port
+//! of the larger end, and QP q joins local member q mod (local members) to remote member
+//! q mod (remote members) on both sides (`fifo::qp_routes`). Member ports of different link
+//! layers at the two ends are an error naming the peer.
 
 use super::devices::{Port, MAX_MEMBERS};
 use super::fifo::{qp_routes, Conn, Cts, DataPath, QpRoute, RemoteFifo, MAX_QPS, SLOTS};

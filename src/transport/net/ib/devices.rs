@@ -269,15 +269,6 @@ impl Device {
             speed_mbps,
         }
     }
-
-    /// "soft_0:1" or, merged, "soft_0:1+soft_1:1": the ports, as errors name them.
-    pub fn label(&self, ports: &[Port]) -> String {
-        self.members
-            .iter()
-            .map(|&m| format!("{}:{}", ports[m].dev_name, ports[m].port))
-            .collect::<Vec<_>>()
-            .join("+")
-    }
 }
 
 /// The network devices of `ports`: merged per NIC with `merge` (`NCCL_IB_MERGE_NICS`).
