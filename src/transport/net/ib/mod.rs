@@ -1,6 +1,6 @@
 //! The built-in InfiniBand / RoCE network, "IB", as NVIDIA's `NET/IB`: libibverbs opened at
 //! run time (`verbs`), every ACTIVE port `NCCL_IB_HCA` selects a device, or with
-//! `NCCL_IB_MERGE_NICS` the ports of one physical NIC together one device (`devices`), RC
+//! `NCCL_IB_MERGE_NICS` the ports of one physical NIC together as one device (`devices`), RC
 //! queue pairs set up over a TCP side channel on every member port of the device (`conn`),
 //! data moved by RDMA writes into the receiver's buffers announced through a clear-to-send
 //! FIFO (`fifo`). Without libibverbs, or without a usable port, the network is absent and says
@@ -293,8 +293,8 @@ impl IbNet {
         }
     }
 
-    /// Register `size` bytes at `data` on every member port of device `dev`, with `reg` (a
-    /// port's registration).
+    /// A memory handle for a buffer registered with `reg` (one port's registration) on every
+    /// member port of device `dev`.
     fn register(
         &self,
         dev: usize,
