@@ -4,9 +4,14 @@
  * processes of one machine.
  *
  * Emulated:
- *   - one device "soft_0" (node type CA, transport IB) with SOFT_VERBS_PORTS (1 or 2) ports,
- *     each ACTIVE, link layer InfiniBand, MTU 4096, a rate of SOFT_VERBS_RATE_GBPS (default
- *     100) expressed as active_width x active_speed; GID index 0 = fe80::<guid>; pkey 0xffff.
+ *   - SOFT_VERBS_DEVICES (1 to 4, default SV_DEFAULT_DEVICES: 1 unless built with
+ *     -DSV_DEFAULT_DEVICES=n) devices "soft_0", "soft_1", ... (node type CA, transport IB), the
+ *     functions of one adapter: each its own node GUID, one system image GUID. Each has
+ *     SOFT_VERBS_PORTS (1 or 2) ports, each ACTIVE, link layer InfiniBand, MTU 4096, a rate of
+ *     SOFT_VERBS_RATE_GBPS (default 100) expressed as active_width x active_speed; GID index 0
+ *     = fe80::<guid>; pkey 0xffff. A device's MRs serve only its own QPs (its PDs), as on
+ *     hardware. soft_verbs_rx_bytes(name) (version SOFT_VERBS_TEST) tells how many payload
+ *     bytes RDMA writes and sends delivered to a device's memory, for tests.
  *   - PDs; MRs with lkey/rkey, iova (ibv_reg_mr_iova/_iova2), bounds and access-flag checks;
  *     registering memory the process cannot read (GPU memory: no peer-memory driver) fails
  *     with EFAULT, on-demand paging with EOPNOTSUPP; remote atomic access is granted.
@@ -24,6 +29,7 @@
  *   - what NVIDIA's NCCL IB transport needs to run over it (host memory): NVIDIA_IB.md.
  *   - fault injection: SOFT_VERBS_FAIL_AFTER=N (read when a QP is created): the N+1-th and
  *     later work requests posted on that QP complete with IBV_WC_RETRY_EXC_ERR (then flush);
+ *     with SOFT_VERBS_FAIL_DEVICE=name only the QPs of that device fail;
  *     SOFT_VERBS_PORT_DOWN_AFTER_MS=T: T ms after ibv_open_device the ports go DOWN and each
  *     open context gets IBV_EVENT_PORT_ERR (ibv_get_async_event / ibv_ack_async_event).
  *
@@ -75,6 +81,10 @@
 #define SV_LID_MAX 0x3fff
 #define SV_HELLO_MAGIC 0x736f6676u /* "sofv" */
 #define SV_BOUNCE (256 * 1024) /* payload staging of one reader thread */
+#define SV_MAX_DEVICES 4
+#ifndef SV_DEFAULT_DEVICES
+#define SV_DEFAULT_DEVICES 1
+#endif
 
 /* ---------------------------------------------------------------- process-wide state */
 
@@ -99,9 +109,14 @@ static struct {
 
 struct sv_device {
   struct ibv_device dev;
-  uint64_t guid;
+  uint64_t guid; /* the node GUID */
+  int index;
+  uint64_t rx_bytes; /* payload delivered to this device's memory */
 };
-static struct sv_device g_device;
+static struct sv_device g_devices[SV_MAX_DEVICES];
+static int g_ndevices;
+/* The adapter's system image GUID: device 0's node GUID. Host order; returned big-endian. */
+#define SV_SYS_IMAGE_GUID 0x0002c90300a1b2c0ull
 
 struct sv_context {
   struct verbs_context vctx; /* ibv_context is its last member */
@@ -524,6 +539,8 @@ static int qp_allows(struct sv_qp *q, int need) {
   return ok;
 }
 
+static void count_rx(struct sv_qp *q, uint64_t n);
+
 static void *in_reader(void *arg) {
   struct sv_qp *q = arg;
   int fd = q->in_fd;
@@ -559,6 +576,7 @@ static void *in_reader(void *arg) {
         continue;
       }
       if (rq.len && read_ordered(fd, dst, rq.len, bounce)) break;
+      count_rx(q, rq.len);
       if (rq.op == SV_OP_WRITE_IMM)
         recv_cqe(q, rcv.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, (uint32_t)rq.len, 1,
                  rq.imm);
@@ -591,6 +609,7 @@ static void *in_reader(void *arg) {
         left -= k;
       }
       if (io_err) break;
+      count_rx(q, rq.len);
       recv_cqe(q, rcv.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, (uint32_t)rq.len,
                rq.op == SV_OP_SEND_IMM, rq.imm);
       if (respond(q, IBV_WC_SUCCESS, 0)) break;
@@ -705,30 +724,39 @@ static int engine_init_locked(void) {
 
 /* ---------------------------------------------------------------- devices */
 
-static struct ibv_device *g_list[2];
+/* The device a context or a device pointer is, or NULL. */
+static struct sv_device *sv_dev(struct ibv_device *device) {
+  for (int d = 0; d < g_ndevices; d++)
+    if (device == &g_devices[d].dev) return &g_devices[d];
+  return NULL;
+}
 
 SV_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices) {
   pthread_mutex_lock(&G.mu);
-  if (!g_device.guid) {
-    g_device.dev.node_type = IBV_NODE_CA;
-    g_device.dev.transport_type = IBV_TRANSPORT_IB;
-    snprintf(g_device.dev.name, sizeof g_device.dev.name, "soft_0");
-    snprintf(g_device.dev.dev_name, sizeof g_device.dev.dev_name, "uverbs0");
-    snprintf(g_device.dev.dev_path, sizeof g_device.dev.dev_path,
-             "/sys/class/infiniband_verbs/uverbs0");
-    snprintf(g_device.dev.ibdev_path, sizeof g_device.dev.ibdev_path,
-             "/sys/class/infiniband/soft_0");
-    g_device.guid = 0x0002c90300a1b2c0ull; /* host order; returned big-endian */
+  if (!g_ndevices) {
+    int n = env_int("SOFT_VERBS_DEVICES", SV_DEFAULT_DEVICES);
+    g_ndevices = n < 1 ? 1 : n > SV_MAX_DEVICES ? SV_MAX_DEVICES : n;
+    for (int d = 0; d < g_ndevices; d++) {
+      struct sv_device *v = &g_devices[d];
+      v->dev.node_type = IBV_NODE_CA;
+      v->dev.transport_type = IBV_TRANSPORT_IB;
+      snprintf(v->dev.name, sizeof v->dev.name, "soft_%d", d);
+      snprintf(v->dev.dev_name, sizeof v->dev.dev_name, "uverbs%d", d);
+      snprintf(v->dev.dev_path, sizeof v->dev.dev_path, "/sys/class/infiniband_verbs/uverbs%d", d);
+      snprintf(v->dev.ibdev_path, sizeof v->dev.ibdev_path, "/sys/class/infiniband/soft_%d", d);
+      v->guid = SV_SYS_IMAGE_GUID + ((uint64_t)d << 8);
+      v->index = d;
+    }
   }
+  int n = g_ndevices;
   pthread_mutex_unlock(&G.mu);
-  struct ibv_device **l = calloc(2, sizeof *l);
+  struct ibv_device **l = calloc((size_t)n + 1, sizeof *l);
   if (!l) {
     errno = ENOMEM;
     return NULL;
   }
-  l[0] = &g_device.dev;
-  g_list[0] = l[0];
-  if (num_devices) *num_devices = 1;
+  for (int d = 0; d < n; d++) l[d] = &g_devices[d].dev;
+  if (num_devices) *num_devices = n;
   return l;
 }
 
@@ -739,12 +767,27 @@ SV_EXPORT const char *ibv_get_device_name(struct ibv_device *device) {
 }
 
 SV_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device) {
-  (void)device;
-  return (__be64)htobe64(g_device.guid);
+  struct sv_device *v = sv_dev(device);
+  return (__be64)htobe64(v ? v->guid : SV_SYS_IMAGE_GUID);
 }
 
 SV_EXPORT int ibv_get_device_index(struct ibv_device *device) {
-  return device == &g_device.dev ? 0 : -1;
+  struct sv_device *v = sv_dev(device);
+  return v ? v->index : -1;
+}
+
+/* Payload bytes RDMA writes and sends delivered to the memory of device `name` (a test
+ * counter, not a verbs function); 0 for an unknown name. */
+SV_EXPORT uint64_t soft_verbs_rx_bytes(const char *name) {
+  for (int d = 0; d < g_ndevices; d++)
+    if (name && !strcmp(name, g_devices[d].dev.name))
+      return __atomic_load_n(&g_devices[d].rx_bytes, __ATOMIC_RELAXED);
+  return 0;
+}
+
+static void count_rx(struct sv_qp *q, uint64_t n) {
+  struct sv_device *v = sv_dev(q->qp.context->device);
+  if (v) __atomic_fetch_add(&v->rx_bytes, n, __ATOMIC_RELAXED);
 }
 
 static int sv_query_port_ex(struct ibv_context *, uint8_t, struct ibv_port_attr *, size_t);
@@ -752,7 +795,7 @@ static int sv_post_send(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_w
 static int sv_post_recv(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
 
 SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
-  if (device != &g_device.dev) {
+  if (!sv_dev(device)) {
     errno = ENODEV;
     return NULL;
   }
@@ -807,8 +850,8 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
   (void)context;
   memset(a, 0, sizeof *a);
   snprintf(a->fw_ver, sizeof a->fw_ver, "1.0.0");
-  a->node_guid = ibv_get_device_guid(&g_device.dev);
-  a->sys_image_guid = a->node_guid;
+  a->node_guid = ibv_get_device_guid(context->device);
+  a->sys_image_guid = (__be64)htobe64(SV_SYS_IMAGE_GUID);
   a->max_mr_size = UINT64_MAX;
   a->page_size_cap = 0xfffff000;
   a->vendor_id = 0x02c9;
@@ -855,7 +898,11 @@ static void rate_to_width_speed(int gbps, uint8_t *width, uint8_t *speed) {
     }
 }
 
-static int fill_port(uint8_t port, struct ibv_port_attr *a) {
+/* Port `port` of the device of `context`. The LID's upper bits tell the device's ports apart
+ * (the stand-in routes by the low 14 bits: the process). */
+static int fill_port(struct ibv_context *context, uint8_t port, struct ibv_port_attr *a) {
+  struct sv_device *v = context ? sv_dev(context->device) : NULL;
+  int dev = v ? v->index : 0;
   int ports = G.ports ? G.ports : 1;
   if (port < 1 || port > ports) return EINVAL;
   memset(a, 0, sizeof *a);
@@ -866,7 +913,7 @@ static int fill_port(uint8_t port, struct ibv_port_attr *a) {
   a->port_cap_flags = 0;
   a->max_msg_sz = 0x80000000u;
   a->pkey_tbl_len = 1;
-  a->lid = (uint16_t)(G.lid + (port == 2 ? 0x4000 : 0));
+  a->lid = (uint16_t)(G.lid + (port == 2 ? 0x4000 : 0) + ((dev & 1) ? 0x8000 : 0));
   a->sm_lid = 1;
   a->lmc = 0;
   a->max_vl_num = 1;
@@ -880,9 +927,8 @@ static int fill_port(uint8_t port, struct ibv_port_attr *a) {
 
 static int sv_query_port_ex(struct ibv_context *context, uint8_t port, struct ibv_port_attr *attr,
                             size_t len) {
-  (void)context;
   struct ibv_port_attr a;
-  int rc = fill_port(port, &a);
+  int rc = fill_port(context, port, &a);
   if (rc) return rc;
   memcpy(attr, &a, len < sizeof a ? len : sizeof a);
   return 0;
@@ -893,9 +939,8 @@ static int sv_query_port_ex(struct ibv_context *context, uint8_t port, struct ib
 #undef ibv_query_port
 SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
                              struct _compat_ibv_port_attr *attr) {
-  (void)context;
   struct ibv_port_attr a;
-  int rc = fill_port(port, &a);
+  int rc = fill_port(context, port, &a);
   if (rc) return rc;
   memcpy(attr, &a, offsetof(struct ibv_port_attr, port_cap_flags2));
   return 0;
@@ -903,12 +948,13 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
 
 SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index,
                             union ibv_gid *gid) {
-  (void)context;
   if (port < 1 || port > (G.ports ? G.ports : 1) || index != 0) return -1;
   memset(gid, 0, sizeof *gid);
   gid->raw[0] = 0xfe;
   gid->raw[1] = 0x80;
-  uint64_t g = g_device.guid + (uint64_t)G.lid * 4 + port; /* per process and port */
+  struct sv_device *v = sv_dev(context->device);
+  uint64_t g = (v ? v->guid : SV_SYS_IMAGE_GUID) + (uint64_t)G.lid * 4 + port; /* per process,
+                                                                                device, port */
   for (int i = 0; i < 8; i++) gid->raw[8 + i] = (uint8_t)(g >> (56 - 8 * i));
   return 0;
 }
@@ -1182,6 +1228,8 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
   q->cap = init->cap;
   q->sq_sig_all = init->sq_sig_all;
   int fa = env_int("SOFT_VERBS_FAIL_AFTER", -1);
+  const char *fail_dev = getenv("SOFT_VERBS_FAIL_DEVICE");
+  if (fail_dev && *fail_dev && strcmp(fail_dev, pd->context->device->name)) fa = -1;
   q->fail_after = fa >= 0 ? (uint64_t)fa + 1 : 0;
   q->qp.context = pd->context;
   q->qp.qp_context = init->qp_context;

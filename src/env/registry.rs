@@ -237,6 +237,10 @@ registry! {
         "File to write the node's topology to, in NCCL_TOPO_FILE's format");
     TOPO_DUMP_FILE_RANK = Param::integer("NCCL_TOPO_DUMP_FILE_RANK", 0,
         "Rank that writes NCCL_TOPO_DUMP_FILE").undocumented();
+
+    // ---- IB: the ports of one NIC as one device ----
+    IB_MERGE_NICS = Param::boolean("NCCL_IB_MERGE_NICS", true,
+        "Use the ports of one physical NIC (one PCI device, any function) as one network device whose connections stripe over all of them");
 }
 
 /// The registered setting named `name` (the full `NCCL_`/`OXCCL_` name).

@@ -5,9 +5,16 @@
 //! its own; the sender brings its QPs to RTS and says it is ready. Both sides are
 //! non-blocking state machines (connect and accept answer None until done); the TCP socket
 //! stays open as the connection's side channel (`fifo::Conn::check_peer`).
+//!
+//! A merged device describes each member port (LID, GID, MTU, its key of the FIFO). As
+//! NVIDIA's, ends of different shapes connect: the listen handle says how many member ports
+//! the receiver has, the sender makes `NCCL_IB_QPS_PER_CONNECTION` QPs for each member port
+//! of the larger end, and QP q joins local member q mod (local members) to remote member
+//! q mod (remote members) on both sides (`fifo::qp_routes`). Member ports of different link
+//! layers at the two ends are an error naming the peer.
 
-use super::devices::Port;
-use super::fifo::{Conn, Cts, DataPath, MAX_QPS, SLOTS};
+use super::devices::{Port, MAX_MEMBERS};
+use super::fifo::{qp_routes, Conn, Cts, DataPath, QpRoute, RemoteFifo, MAX_QPS, SLOTS};
 use super::verbs::{self, Cq, Gid, Mr, Qp, QpAttr, QpCap};
 use crate::error::{Error, Result};
 use crate::transport::net::api::Handle;
@@ -19,8 +26,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HANDLE_MAGIC: u64 = 0x3154_454e_4249_584f; // "OXIBNET1"
-const INFO_MAGIC: u64 = 0x314f_464e_4942_584f; // "OXBINFO1"
-const INFO_BYTES: usize = 8 + 4 + 4 + 16 + 8 + 4 + 4 * MAX_QPS;
+const INFO_MAGIC: u64 = 0x324f_464e_4942_584f; // "OXBINFO2"
+/// Bytes of the device name a description carries.
+const NAME_BYTES: usize = 128;
+const MEMBERS_AT: usize = 24 + NAME_BYTES;
+const MEMBER_BYTES: usize = 24;
+const QPNS_AT: usize = MEMBERS_AT + MEMBER_BYTES * MAX_MEMBERS;
+const INFO_BYTES: usize = QPNS_AT + 4 * MAX_QPS;
 /// How long either side of a setup waits for the other.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 const READY: u8 = 0x5a;
@@ -36,11 +48,13 @@ pub struct QpSettings {
     pub pkey_index: u16,
 }
 
-/// The listener's address in a handle.
-pub fn encode_handle(addr: SocketAddr) -> Handle {
+/// The listener's address in a handle, with how many member ports its device has (the
+/// sender makes QPs for the larger of both ends).
+pub fn encode_handle(addr: SocketAddr, members: usize) -> Handle {
     let mut h = Handle::default();
     h.0[..8].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
     h.0[8] = if addr.is_ipv4() { 4 } else { 6 };
+    h.0[9] = members as u8;
     h.0[12..14].copy_from_slice(&addr.port().to_be_bytes());
     match addr {
         SocketAddr::V4(a) => h.0[16..20].copy_from_slice(&a.ip().octets()),
@@ -52,59 +66,83 @@ pub fn encode_handle(addr: SocketAddr) -> Handle {
     h
 }
 
-pub fn decode_handle(h: &Handle) -> Result<SocketAddr> {
+/// The listener's address and its device's member port count.
+pub fn decode_handle(h: &Handle) -> Result<(SocketAddr, usize)> {
     if h.0[..8] != HANDLE_MAGIC.to_le_bytes() {
         return Err(Error::internal(
             "NET/IB : malformed connection handle: not an IB handle",
         ));
     }
+    let members = h.0[9] as usize;
+    if members == 0 || members > MAX_MEMBERS {
+        return Err(Error::internal(format!(
+            "NET/IB : malformed connection handle: {members} member ports (1..{MAX_MEMBERS})"
+        )));
+    }
     let port = u16::from_be_bytes([h.0[12], h.0[13]]);
-    match h.0[8] {
+    let addr = match h.0[8] {
         4 => {
             let ip = Ipv4Addr::from(<[u8; 4]>::try_from(&h.0[16..20]).unwrap());
-            Ok(SocketAddr::new(IpAddr::V4(ip), port))
+            SocketAddr::new(IpAddr::V4(ip), port)
         }
         6 => {
             let ip = Ipv6Addr::from(<[u8; 16]>::try_from(&h.0[16..32]).unwrap());
             let scope = u32::from_le_bytes(h.0[32..36].try_into().unwrap());
-            Ok(SocketAddr::V6(std::net::SocketAddrV6::new(
-                ip, port, 0, scope,
-            )))
+            SocketAddr::V6(std::net::SocketAddrV6::new(ip, port, 0, scope))
         }
-        _ => Err(Error::internal(
-            "NET/IB : malformed connection handle: unknown address family",
-        )),
-    }
+        _ => {
+            return Err(Error::internal(
+                "NET/IB : malformed connection handle: unknown address family",
+            ))
+        }
+    };
+    Ok((addr, members))
+}
+
+/// How one member port of a side is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    pub lid: u16,
+    pub link_layer: u8,
+    pub mtu: u8,
+    pub gid: Gid,
+    /// The side's FIFO registered on this port.
+    pub fifo_rkey: u32,
 }
 
 /// One side's description of its end of a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Info {
-    pub lid: u16,
-    pub link_layer: u8,
-    pub mtu: u8,
-    pub gid: Gid,
+    /// The device's name ("mlx5_0+mlx5_1"), for messages.
+    pub name: String,
     pub fifo_addr: u64,
-    pub fifo_rkey: u32,
     /// The sender stripes each message over the QPs (the receiver follows it).
     pub split: bool,
+    /// The device's member ports (one unless merged).
+    pub members: Vec<MemberInfo>,
     pub qpns: Vec<u32>,
 }
 
 impl Info {
-    pub fn encode(&self) -> [u8; INFO_BYTES] {
-        let mut b = [0u8; INFO_BYTES];
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; INFO_BYTES];
         b[..8].copy_from_slice(&INFO_MAGIC.to_le_bytes());
         b[8..10].copy_from_slice(&(self.qpns.len() as u16).to_le_bytes());
-        b[10..12].copy_from_slice(&self.lid.to_le_bytes());
-        b[12] = self.link_layer;
-        b[13] = self.mtu;
-        b[14] = self.split as u8;
-        b[16..32].copy_from_slice(&self.gid);
-        b[32..40].copy_from_slice(&self.fifo_addr.to_le_bytes());
-        b[40..44].copy_from_slice(&self.fifo_rkey.to_le_bytes());
+        b[10] = self.members.len() as u8;
+        b[11] = self.split as u8;
+        b[16..24].copy_from_slice(&self.fifo_addr.to_le_bytes());
+        let name = &self.name.as_bytes()[..self.name.len().min(NAME_BYTES - 1)];
+        b[24..24 + name.len()].copy_from_slice(name);
+        for (i, m) in self.members.iter().enumerate() {
+            let at = MEMBERS_AT + MEMBER_BYTES * i;
+            b[at..at + 2].copy_from_slice(&m.lid.to_le_bytes());
+            b[at + 2] = m.link_layer;
+            b[at + 3] = m.mtu;
+            b[at + 4..at + 20].copy_from_slice(&m.gid);
+            b[at + 20..at + 24].copy_from_slice(&m.fifo_rkey.to_le_bytes());
+        }
         for (i, q) in self.qpns.iter().enumerate() {
-            b[44 + 4 * i..48 + 4 * i].copy_from_slice(&q.to_le_bytes());
+            b[QPNS_AT + 4 * i..QPNS_AT + 4 * i + 4].copy_from_slice(&q.to_le_bytes());
         }
         b
     }
@@ -118,17 +156,30 @@ impl Info {
         if n == 0 || n > MAX_QPS {
             return Err(bad(&format!("{n} queue pairs (1..{MAX_QPS})")));
         }
+        let members = b[10] as usize;
+        if members == 0 || members > MAX_MEMBERS {
+            return Err(bad(&format!("{members} member ports (1..{MAX_MEMBERS})")));
+        }
+        let name = &b[24..24 + NAME_BYTES];
+        let name_len = name.iter().position(|&c| c == 0).unwrap_or(NAME_BYTES);
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
         Ok(Info {
-            lid: u16::from_le_bytes([b[10], b[11]]),
-            link_layer: b[12],
-            mtu: b[13],
-            gid: b[16..32].try_into().unwrap(),
-            fifo_addr: u64::from_le_bytes(b[32..40].try_into().unwrap()),
-            fifo_rkey: u32::from_le_bytes(b[40..44].try_into().unwrap()),
-            split: b[14] != 0,
-            qpns: (0..n)
-                .map(|i| u32::from_le_bytes(b[44 + 4 * i..48 + 4 * i].try_into().unwrap()))
+            name: String::from_utf8_lossy(&name[..name_len]).into_owned(),
+            fifo_addr: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            split: b[11] != 0,
+            members: (0..members)
+                .map(|i| {
+                    let at = MEMBERS_AT + MEMBER_BYTES * i;
+                    MemberInfo {
+                        lid: u16::from_le_bytes([b[at], b[at + 1]]),
+                        link_layer: b[at + 2],
+                        mtu: b[at + 3],
+                        gid: b[at + 4..at + 20].try_into().unwrap(),
+                        fifo_rkey: u32_at(at + 20),
+                    }
+                })
                 .collect(),
+            qpns: (0..n).map(|i| u32_at(QPNS_AT + 4 * i)).collect(),
         })
     }
 }
@@ -186,18 +237,23 @@ fn qp_cap() -> QpCap {
     }
 }
 
-/// A CQ and `nqps` QPs on `port`, in INIT.
-fn make_qps(port: &Port, nqps: usize, qs: &QpSettings) -> Result<(Cq, Vec<Qp>)> {
+/// One CQ per member port of `site` and a QP per route on its local member, in INIT.
+fn make_qps(site: &Site<'_>, routes: &[QpRoute]) -> Result<(Vec<Cq>, Vec<Qp>)> {
     let cap = qp_cap();
-    let cqe = (cap.max_send_wr + cap.max_recv_wr) as i32 * (nqps as i32 + 1);
-    let cq = port.ctx.create_cq(cqe)?;
-    let mut qps = Vec::with_capacity(nqps);
-    for _ in 0..nqps {
-        let qp = port.ctx.create_qp(&cq, cap)?;
-        to_init(&qp, port, qs)?;
+    let mut cqs = Vec::with_capacity(site.ports.len());
+    for (m, port) in site.ports.iter().enumerate() {
+        let on_member = routes.iter().filter(|r| r.local == m).count();
+        let cqe = (cap.max_send_wr + cap.max_recv_wr) as i32 * (on_member as i32 + 1);
+        cqs.push(port.ctx.create_cq(cqe)?);
+    }
+    let mut qps = Vec::with_capacity(routes.len());
+    for r in routes {
+        let port = site.ports[r.local];
+        let qp = port.ctx.create_qp(&cqs[r.local], cap)?;
+        to_init(&qp, port, &site.qp)?;
         qps.push(qp);
     }
-    Ok((cq, qps))
+    Ok((cqs, qps))
 }
 
 fn to_init(qp: &Qp, port: &Port, qs: &QpSettings) -> Result<()> {
@@ -214,8 +270,14 @@ fn to_init(qp: &Qp, port: &Port, qs: &QpSettings) -> Result<()> {
     )
 }
 
-/// Bring `qp` to RTR then RTS against the remote QP `remote_qpn` described by `remote`.
-fn to_rts(qp: &Qp, port: &Port, remote: &Info, remote_qpn: u32, qs: &QpSettings) -> Result<()> {
+/// Bring `qp` to RTR then RTS against the remote QP `remote_qpn` on the port `remote`.
+fn to_rts(
+    qp: &Qp,
+    port: &Port,
+    remote: &MemberInfo,
+    remote_qpn: u32,
+    qs: &QpSettings,
+) -> Result<()> {
     let mut a = QpAttr {
         qp_state: verbs::QPS_RTR,
         path_mtu: (port.attr.active_mtu as u8).min(remote.mtu) as u32,
@@ -266,62 +328,155 @@ fn to_rts(qp: &Qp, port: &Port, remote: &Info, remote_qpn: u32, qs: &QpSettings)
     )
 }
 
-fn local_info(port: &Port, qps: &[Qp], fifo: Option<(u64, u32)>, split: bool) -> Info {
-    let (fifo_addr, fifo_rkey) = fifo.unwrap_or((0, 0));
-    Info {
+/// How `port` is reached, with the FIFO's key on it.
+fn member_info(port: &Port, fifo_rkey: u32) -> MemberInfo {
+    MemberInfo {
         lid: port.attr.lid,
         link_layer: port.attr.link_layer,
         mtu: port.attr.active_mtu as u8,
         gid: port.gid,
-        fifo_addr,
         fifo_rkey,
-        split,
-        qpns: qps.iter().map(Qp::num).collect(),
     }
 }
 
-/// A FIFO of CTS entries and its registration.
-fn new_fifo(port: &Port) -> Result<(Box<[Cts; SLOTS]>, Mr)> {
+/// This side's description: its member ports, QPs and FIFO (`fifo_addr` 0: not for the peer).
+fn local_info(site: &Site<'_>, parts: &Parts, fifo_addr: u64, split: bool) -> Info {
+    Info {
+        name: site.name.clone(),
+        fifo_addr,
+        split,
+        members: site
+            .ports
+            .iter()
+            .zip(&parts.fifo_mrs)
+            .map(|(p, mr)| member_info(p, mr.rkey()))
+            .collect(),
+        qpns: parts.qps.iter().map(Qp::num).collect(),
+    }
+}
+
+/// A FIFO of CTS entries, registered on each member port of `site`.
+fn new_fifo(site: &Site<'_>) -> Result<(Box<[Cts; SLOTS]>, Vec<Mr>)> {
     let mut fifo = Box::new([Cts::default(); SLOTS]);
-    let mr = port.ctx.reg_mr(
-        fifo.as_mut_ptr() as *mut u8,
-        std::mem::size_of::<[Cts; SLOTS]>(),
-    )?;
-    Ok((fifo, mr))
+    let ptr = fifo.as_mut_ptr() as *mut u8;
+    let mrs = site
+        .ports
+        .iter()
+        .map(|p| p.ctx.reg_mr(ptr, std::mem::size_of::<[Cts; SLOTS]>()))
+        .collect::<Result<Vec<Mr>>>()?;
+    Ok((fifo, mrs))
+}
+
+/// The link layer names NVIDIA's messages use.
+fn link_layer_name(ll: u8) -> &'static str {
+    if ll == verbs::LINK_LAYER_ETHERNET {
+        "RoCE"
+    } else {
+        "IB"
+    }
+}
+
+/// An error unless every member port of the peer has the link layer of ours.
+fn check_link_layers(site: &Site<'_>, remote: &Info, peer: &str) -> Result<()> {
+    let local = site.ports[0];
+    match remote
+        .members
+        .iter()
+        .find(|m| m.link_layer != local.attr.link_layer)
+    {
+        Some(m) => Err(Error::remote(format!(
+            "NET/IB : Remote {} device {} of peer {peer} is incompatible with the local {}. \
+             Try selecting NICs of only one link type using NCCL_IB_HCA",
+            link_layer_name(m.link_layer),
+            remote.name,
+            local.label()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Bring every QP of `parts` to RTS against the peer's QPs `remote` describes.
+fn connect_qps(site: &Site<'_>, parts: &Parts, remote: &Info) -> Result<()> {
+    for ((qp, r), &rq) in parts.qps.iter().zip(&parts.routes).zip(&remote.qpns) {
+        to_rts(
+            qp,
+            site.ports[r.local],
+            &remote.members[r.remote],
+            rq,
+            &site.qp,
+        )?;
+    }
+    Ok(())
 }
 
 /// What a connection is made of before its last step.
 struct Parts {
-    cq: Cq,
+    cqs: Vec<Cq>,
     qps: Vec<Qp>,
+    routes: Vec<QpRoute>,
     fifo: Box<[Cts; SLOTS]>,
-    fifo_mr: Mr,
+    fifo_mrs: Vec<Mr>,
+}
+
+impl Parts {
+    /// The CQs, QPs (`routes`) and FIFO of a connection on `site`.
+    fn new(site: &Site<'_>, routes: Vec<QpRoute>) -> Result<Parts> {
+        let (cqs, qps) = make_qps(site, &routes)?;
+        let (fifo, fifo_mrs) = new_fifo(site)?;
+        Ok(Parts {
+            cqs,
+            qps,
+            routes,
+            fifo,
+            fifo_mrs,
+        })
+    }
 }
 
 /// Everything a new connection takes from its network.
 pub struct Site<'a> {
-    pub port: &'a Port,
-    pub port_down: Arc<AtomicBool>,
+    /// The device's member ports (one unless merged).
+    pub ports: Vec<&'a Port>,
+    /// The device's name ("soft_0", merged "soft_0+soft_1").
+    pub name: String,
+    /// Per member port: it went down.
+    pub port_down: Vec<Arc<AtomicBool>>,
     pub qp: QpSettings,
     pub path: DataPath,
+}
+
+impl Site<'_> {
+    /// "soft_0:1", merged "soft_0:1+soft_1:1".
+    fn label(&self) -> String {
+        self.member_labels().join("+")
+    }
+
+    fn member_labels(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("{}:{}", p.dev_name, p.port))
+            .collect()
+    }
 }
 
 fn finish(site: &Site<'_>, parts: Parts, stream: TcpStream, peer: String) -> Conn {
     Conn {
         qps: parts.qps,
+        routes: parts.routes,
         flush_qp: None,
-        cq: parts.cq,
+        cqs: parts.cqs,
         fifo: parts.fifo,
-        fifo_mr: parts.fifo_mr,
+        fifo_mrs: parts.fifo_mrs,
         flush_buf: Box::new([0; 64]),
         flush_mr: None,
-        remote_fifo: (0, 0),
+        remote_fifo: RemoteFifo::default(),
         seq: 0,
         reqs: HashMap::new(),
         slots: [None; SLOTS],
         side_channel: stream,
         peer,
-        device: format!("{}:{}", site.port.dev_name, site.port.port),
+        device: site.label(),
+        members: site.member_labels(),
         port_down: site.port_down.clone(),
         path: site.path,
         error: None,
@@ -333,28 +488,34 @@ fn finish(site: &Site<'_>, parts: Parts, stream: TcpStream, peer: String) -> Con
 pub struct Connecting {
     stream: TcpStream,
     peer: String,
+    /// The receiver's member port count, from its handle.
+    remote_members: usize,
     parts: Parts,
     inbox: Inbox,
     since: Instant,
 }
 
 impl Connecting {
-    /// Connect to the listener at `addr`, make `nqps` QPs and the FIFO, and describe them.
-    pub fn start(site: &Site<'_>, addr: SocketAddr, nqps: usize) -> Result<Connecting> {
+    /// Connect to the listener at `addr` (whose device has `remote_members` member ports),
+    /// make `qps_per_member` QPs for each member port of the larger end and the FIFO, and
+    /// describe them.
+    pub fn start(
+        site: &Site<'_>,
+        addr: SocketAddr,
+        remote_members: usize,
+        qps_per_member: usize,
+    ) -> Result<Connecting> {
         let peer = addr.to_string();
         let mut stream =
             TcpStream::connect_timeout(&addr, SETUP_TIMEOUT).map_err(sys(&peer, "connect"))?;
         stream
             .set_nodelay(true)
             .map_err(sys(&peer, "set_nodelay"))?;
-        let (cq, qps) = make_qps(site.port, nqps, &site.qp)?;
-        let (mut fifo, fifo_mr) = new_fifo(site.port)?;
-        let info = local_info(
-            site.port,
-            &qps,
-            Some((fifo.as_mut_ptr() as u64, fifo_mr.rkey())),
-            site.path.split,
-        );
+        let local = site.ports.len();
+        let nqps = (qps_per_member * local.max(remote_members)).min(MAX_QPS);
+        let mut parts = Parts::new(site, qp_routes(nqps, local, remote_members))?;
+        let fifo_addr = parts.fifo.as_mut_ptr() as u64;
+        let info = local_info(site, &parts, fifo_addr, site.path.split);
         stream
             .write_all(&info.encode())
             .map_err(sys(&peer, "sending the connection description"))?;
@@ -364,12 +525,8 @@ impl Connecting {
         Ok(Connecting {
             stream,
             peer,
-            parts: Parts {
-                cq,
-                qps,
-                fifo,
-                fifo_mr,
-            },
+            remote_members,
+            parts,
             inbox: Inbox::new(INFO_BYTES),
             since: Instant::now(),
         })
@@ -388,17 +545,21 @@ impl Connecting {
             return Ok(Err(self));
         }
         let remote = Info::decode(&self.inbox.buf, &self.peer)?;
-        if remote.qpns.len() != self.parts.qps.len() {
+        if remote.qpns.len() != self.parts.qps.len() || remote.members.len() != self.remote_members
+        {
             return Err(Error::remote(format!(
-                "NET/IB : peer {} answered with {} queue pairs for {}",
+                "NET/IB : peer {} answered with {} queue pairs on {} member ports ({}) for {} \
+                 on {}",
                 self.peer,
                 remote.qpns.len(),
-                self.parts.qps.len()
+                remote.members.len(),
+                remote.name,
+                self.parts.qps.len(),
+                self.remote_members
             )));
         }
-        for (qp, &rq) in self.parts.qps.iter().zip(&remote.qpns) {
-            to_rts(qp, site.port, &remote, rq, &site.qp)?;
-        }
+        check_link_layers(site, &remote, &self.peer)?;
+        connect_qps(site, &self.parts, &remote)?;
         self.stream
             .set_nonblocking(false)
             .map_err(sys(&self.peer, "set_nonblocking"))?;
@@ -432,11 +593,47 @@ enum AcceptStage {
         stream: TcpStream,
         peer: String,
         parts: Parts,
-        remote_fifo: (u64, u32),
+        remote_fifo: RemoteFifo,
         split: bool,
         inbox: Inbox,
         since: Instant,
     },
+}
+
+/// The receiver's QPs for the sender's description `remote`: as many as the sender's, on
+/// the member ports of both ends in turn; every local member port needs one.
+fn receiver_routes(site: &Site<'_>, remote: &Info, peer: &str) -> Result<Vec<QpRoute>> {
+    let local = site.ports.len();
+    if remote.members.len() != local {
+        crate::info!(
+            NET,
+            "NET/IB : Local mergedDev {} has a different number of devices={} as remote {} {}",
+            site.name,
+            local,
+            remote.name,
+            remote.members.len()
+        );
+    }
+    if remote.qpns.len() < local {
+        return Err(Error::remote(format!(
+            "NET/IB : peer {peer} made {} queue pairs for the {local} member ports of {}",
+            remote.qpns.len(),
+            site.label()
+        )));
+    }
+    Ok(qp_routes(remote.qpns.len(), local, remote.members.len()))
+}
+
+/// The peer's FIFO as `remote` describes it.
+fn remote_fifo_of(remote: &Info) -> RemoteFifo {
+    let mut f = RemoteFifo {
+        addr: remote.fifo_addr,
+        ..RemoteFifo::default()
+    };
+    for (k, m) in f.rkeys.iter_mut().zip(&remote.members) {
+        *k = m.fifo_rkey;
+    }
+    f
 }
 
 impl Listening {
@@ -498,12 +695,10 @@ impl Listening {
                     return Ok((Some(s), None));
                 }
                 let remote = Info::decode(&inbox.buf, &peer)?;
-                let (cq, qps) = make_qps(site.port, remote.qpns.len(), &site.qp)?;
-                for (qp, &rq) in qps.iter().zip(&remote.qpns) {
-                    to_rts(qp, site.port, &remote, rq, &site.qp)?;
-                }
-                let (fifo, fifo_mr) = new_fifo(site.port)?;
-                let info = local_info(site.port, &qps, None, remote.split);
+                check_link_layers(site, &remote, &peer)?;
+                let parts = Parts::new(site, receiver_routes(site, &remote, &peer)?)?;
+                connect_qps(site, &parts, &remote)?;
+                let info = local_info(site, &parts, 0, remote.split);
                 stream
                     .set_nonblocking(false)
                     .map_err(sys(&peer, "set_nonblocking"))?;
@@ -516,13 +711,8 @@ impl Listening {
                 let s = AcceptStage::Answered {
                     stream,
                     peer,
-                    parts: Parts {
-                        cq,
-                        qps,
-                        fifo,
-                        fifo_mr,
-                    },
-                    remote_fifo: (remote.fifo_addr, remote.fifo_rkey),
+                    parts,
+                    remote_fifo: remote_fifo_of(&remote),
                     split: remote.split,
                     inbox: Inbox::new(1),
                     since: Instant::now(),
@@ -576,13 +766,12 @@ fn timed_out(since: Instant, peer: &str) -> Result<()> {
     Ok(())
 }
 
-/// A QP connected to itself on `port`, for flushes (RDMA reads of received data), with the
-/// buffer its reads land in registered.
+/// A QP connected to itself on `port` (the first member port), for flushes (RDMA reads of
+/// received data), with the buffer its reads land in registered.
 pub fn add_flush_qp(conn: &mut Conn, port: &Port, qs: &QpSettings) -> Result<()> {
-    let qp = port.ctx.create_qp(&conn.cq, qp_cap())?;
+    let qp = port.ctx.create_qp(&conn.cqs[0], qp_cap())?;
     to_init(&qp, port, qs)?;
-    let me = local_info(port, std::slice::from_ref(&qp), None, false);
-    to_rts(&qp, port, &me, qp.num(), qs)?;
+    to_rts(&qp, port, &member_info(port, 0), qp.num(), qs)?;
     let mr = port
         .ctx
         .reg_mr(conn.flush_buf.as_mut_ptr(), conn.flush_buf.len())?;
@@ -598,20 +787,26 @@ mod tests {
     #[test]
     fn handles_and_descriptions_round_trip() {
         let a: SocketAddr = "127.0.0.1:4567".parse().unwrap();
-        assert_eq!(decode_handle(&encode_handle(a)).unwrap(), a);
+        assert_eq!(decode_handle(&encode_handle(a, 1)).unwrap(), (a, 1));
         let b: SocketAddr = "[fe80::1%3]:99".parse().unwrap();
-        assert_eq!(decode_handle(&encode_handle(b)).unwrap(), b);
+        assert_eq!(decode_handle(&encode_handle(b, 2)).unwrap(), (b, 2));
         let e = decode_handle(&Handle::default()).unwrap_err();
         assert!(e.msg.contains("not an IB handle"), "{}", e.msg);
-        let info = Info {
-            lid: 0x1234,
+        let e = decode_handle(&encode_handle(a, MAX_MEMBERS + 1)).unwrap_err();
+        assert!(e.msg.contains("member ports"), "{}", e.msg);
+        let member = |lid, rkey| MemberInfo {
+            lid,
             link_layer: verbs::LINK_LAYER_ETHERNET,
             mtu: 5,
             gid: [7; 16],
+            fifo_rkey: rkey,
+        };
+        let info = Info {
+            name: "mlx5_0+mlx5_1".into(),
             fifo_addr: 0xdead_beef_0000,
-            fifo_rkey: 0x55,
             split: true,
-            qpns: vec![0x401, 0x402, 0x403],
+            members: vec![member(0x1234, 0x55), member(0x1235, 0x66)],
+            qpns: vec![0x401, 0x402, 0x403, 0x404],
         };
         assert_eq!(Info::decode(&info.encode(), "p").unwrap(), info);
         let mut bad = info.encode();
@@ -622,5 +817,9 @@ mod tests {
             "{}",
             e.msg
         );
+        let mut bad = info.encode();
+        bad[10] = 0;
+        let e = Info::decode(&bad, "10.0.0.2:5").unwrap_err();
+        assert!(e.msg.contains("0 member ports"), "{}", e.msg);
     }
 }

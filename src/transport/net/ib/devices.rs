@@ -2,11 +2,22 @@
 //! (NVIDIA's syntax), the ACTIVE ports of the devices the verbs library finds, their speed
 //! (width × lane speed), PCI path, link layer, and for RoCE the GID index chosen as NVIDIA's
 //! (`NCCL_IB_GID_INDEX`, else the first GID of `NCCL_IB_ROCE_VERSION_NUM` in
-//! `NCCL_IB_ADDR_FAMILY`). The parsing and choosing here is pure and unit-tested.
+//! `NCCL_IB_ADDR_FAMILY`), and which ports make one network device: with
+//! `NCCL_IB_MERGE_NICS` the ports of one physical NIC (devices whose PCI paths differ only in
+//! the function, or ports of one device) with one link layer are merged into one device, as
+//! NVIDIA's topology merges NICs at path type PORT. The parsing and choosing here is pure and
+//! unit-tested.
 
 use super::verbs::{self, Context, Gid, Lib, PortAttr};
 use crate::error::Result;
+use std::path::Path;
 use std::sync::Arc;
+
+/// Most ports one merged device has (NVIDIA's `NCCL_NET_MAX_DEVS_PER_NIC`).
+pub const MAX_MEMBERS: usize = 8;
+
+/// Where sysfs lists the verbs devices (`<dir>/<dev>/device` links to the PCI function).
+pub const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
 
 /// One `NCCL_IB_HCA` entry: a device name (or its prefix) and a port (None: any).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -185,18 +196,101 @@ impl Port {
     }
 }
 
-/// `/sys/class/infiniband/<dev>/device` resolved, empty where it does not exist.
-pub fn pci_path(dev: &str) -> String {
+/// `<sysfs>/<dev>/device` resolved (`sysfs`: `SYSFS_INFINIBAND`), empty where it does not
+/// exist.
+pub fn pci_path(sysfs: &Path, dev: &str) -> String {
     if dev.contains('/') {
         return String::new();
     }
-    std::fs::canonicalize(format!("/sys/class/infiniband/{dev}/device"))
+    std::fs::canonicalize(sysfs.join(dev).join("device"))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
 
-/// Every ACTIVE port `filter` selects, of every device `lib` finds, with its GID.
-pub fn find_ports(lib: &Arc<Lib>, filter: &HcaFilter, gid: GidChoice) -> Result<Vec<Port>> {
+/// The physical NIC of a PCI path: the path without the function of its last component
+/// (`.../0000:17:00.1` and `.../0000:17:00.0` are one NIC); None without a path.
+pub fn nic_of(pci_path: &str) -> Option<&str> {
+    if pci_path.is_empty() {
+        return None;
+    }
+    let last = pci_path.rsplit('/').next().unwrap_or(pci_path);
+    match last.rfind('.') {
+        Some(dot) => Some(&pci_path[..pci_path.len() - last.len() + dot]),
+        None => Some(pci_path),
+    }
+}
+
+/// The ports (indices into `keys`: each port's NIC and link layer) that make each network
+/// device, in the order of each device's first port. With `merge`, a port joins the first
+/// device before it of the same NIC and link layer that has fewer than `MAX_MEMBERS` ports;
+/// a port without a NIC (no PCI path) stays alone. Without `merge`, one device per port.
+pub fn merge_groups(keys: &[(Option<&str>, u8)], merge: bool) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, &(nic, link)) in keys.iter().enumerate() {
+        let joins = |g: &&mut Vec<usize>| {
+            let (first_nic, first_link) = keys[g[0]];
+            merge
+                && nic.is_some()
+                && first_nic == nic
+                && first_link == link
+                && g.len() < MAX_MEMBERS
+        };
+        match groups.iter_mut().find(|g| joins(g)) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+}
+
+/// One network device of the IB network: a port, or the merged ports of one NIC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    /// Its ports, indices into the network's port list (at least one).
+    pub members: Vec<usize>,
+    /// The member device names joined with `+` (`mlx5_0+mlx5_1`), as NVIDIA names it.
+    pub name: String,
+    /// The members' speeds summed.
+    pub speed_mbps: i32,
+}
+
+impl Device {
+    /// The device of the ports `members` of `ports`.
+    pub fn of(ports: &[Port], members: Vec<usize>) -> Device {
+        let name = members
+            .iter()
+            .map(|&m| ports[m].dev_name.as_str())
+            .collect::<Vec<_>>()
+            .join("+");
+        let speed_mbps = members.iter().map(|&m| ports[m].speed_mbps).sum();
+        Device {
+            members,
+            name,
+            speed_mbps,
+        }
+    }
+}
+
+/// The network devices of `ports`: merged per NIC with `merge` (`NCCL_IB_MERGE_NICS`).
+pub fn make_devices(ports: &[Port], merge: bool) -> Vec<Device> {
+    let keys: Vec<(Option<&str>, u8)> = ports
+        .iter()
+        .map(|p| (nic_of(&p.pci_path), p.attr.link_layer))
+        .collect();
+    merge_groups(&keys, merge)
+        .into_iter()
+        .map(|g| Device::of(ports, g))
+        .collect()
+}
+
+/// Every ACTIVE port `filter` selects, of every device `lib` finds, with its GID and its PCI
+/// path under `sysfs`.
+pub fn find_ports(
+    lib: &Arc<Lib>,
+    filter: &HcaFilter,
+    gid: GidChoice,
+    sysfs: &Path,
+) -> Result<Vec<Port>> {
     let mut ports = Vec::new();
     // A library without kernel support finds no device list at all: no device either.
     let names = lib.device_names().unwrap_or_else(|e| {
@@ -238,7 +332,7 @@ pub fn find_ports(lib: &Arc<Lib>, filter: &HcaFilter, gid: GidChoice) -> Result<
                 attr,
                 gid_index,
                 gid: gid_bytes,
-                pci_path: pci_path(&name),
+                pci_path: pci_path(sysfs, &name),
                 speed_mbps: port_speed_mbps(&attr),
                 guid: ctx.sys_image_guid(),
             });
@@ -294,6 +388,48 @@ mod tests {
         assert!(HcaFilter::parse(Some("^=mlx5_1")).selects("mlx5_10", 1));
         let not_port = HcaFilter::parse(Some("^soft_0:2"));
         assert!(not_port.selects("soft_0", 1) && !not_port.selects("soft_0", 2));
+    }
+
+    #[test]
+    fn a_nic_is_its_pci_path_without_the_function() {
+        let a = "/sys/devices/pci0000:16/0000:16:02.0/0000:17:00.0";
+        let b = "/sys/devices/pci0000:16/0000:16:02.0/0000:17:00.1";
+        assert_eq!(
+            nic_of(a),
+            Some("/sys/devices/pci0000:16/0000:16:02.0/0000:17:00")
+        );
+        assert_eq!(nic_of(a), nic_of(b));
+        assert_ne!(
+            nic_of(a),
+            nic_of("/sys/devices/pci0000:16/0000:16:02.0/0000:18:00.1")
+        );
+        assert_eq!(nic_of(""), None);
+    }
+
+    #[test]
+    fn ports_of_one_nic_and_link_layer_merge_and_others_do_not() {
+        let (ib, eth) = (verbs::LINK_LAYER_INFINIBAND, verbs::LINK_LAYER_ETHERNET);
+        let keys = [
+            (Some("nicA"), ib),
+            (Some("nicB"), ib),
+            (Some("nicA"), ib),
+            (None, ib),
+            (None, ib),
+            (Some("nicB"), eth),
+            (Some("nicB"), ib),
+        ];
+        assert_eq!(
+            merge_groups(&keys, true),
+            vec![vec![0, 2], vec![1, 6], vec![3], vec![4], vec![5]]
+        );
+        let apart: Vec<Vec<usize>> = (0..keys.len()).map(|i| vec![i]).collect();
+        assert_eq!(merge_groups(&keys, false), apart);
+        // At most MAX_MEMBERS ports in one device; the rest start another.
+        let many = vec![(Some("nic"), ib); MAX_MEMBERS + 2];
+        let g = merge_groups(&many, true);
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].len(), MAX_MEMBERS);
+        assert_eq!(g[1], vec![MAX_MEMBERS, MAX_MEMBERS + 1]);
     }
 
     #[test]

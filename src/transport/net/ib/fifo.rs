@@ -10,12 +10,20 @@
 //! per QP it expects an immediate on; its request is done once all of them and its own CTS
 //! write completed, with the immediates' sum as the size.
 //!
-//! Every completion of a connection lands on its one CQ and is matched to its request by the
-//! work request id; a failed one becomes the connection's error, naming the peer, the device
-//! and the status in words. A dead peer is also seen on the TCP side channel kept from the
+//! On a merged device (several ports of one NIC) the QP list spans the member ports: QP q is
+//! on local member q mod (local members) and talks to remote member q mod (remote members),
+//! so round-robin and striping spread messages over every member the same way they spread
+//! them over QPs. Each member has its own registration of every buffer and of the FIFO: a
+//! CTS entry carries the receive buffer's key of each member, and a piece posted on QP q
+//! uses the keys of q's members.
+//!
+//! Every completion of a connection lands on its member's CQ and is matched to its request by
+//! the work request id; a failed one becomes the connection's error, naming the peer, the
+//! member port and the status in words. A dead peer is also seen on the TCP side channel kept from the
 //! setup (end of stream without a goodbye), so a request whose peer is gone fails instead of
 //! waiting forever; so does every request of a port that went down.
 
+use super::devices::MAX_MEMBERS;
 use super::verbs::{self, Cq, Mr, Qp, RecvWr, SendWr, Sge, Wc};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -27,8 +35,10 @@ use std::sync::Arc;
 /// Entries of a connection's FIFO: the most receives in flight (NVIDIA's
 /// `NET_IB_MAX_REQUESTS`).
 pub const SLOTS: usize = 32;
+/// Most QPs per member port of one connection (`NCCL_IB_QPS_PER_CONNECTION`).
+pub const MAX_QPS_PER_MEMBER: usize = 16;
 /// Most QPs one connection uses.
-pub const MAX_QPS: usize = 16;
+pub const MAX_QPS: usize = MAX_QPS_PER_MEMBER * MAX_MEMBERS;
 /// The byte a side writes on the side channel when it closes in order.
 pub const GOODBYE: u8 = 0x6b;
 /// Striped messages are cut at multiples of this.
@@ -43,8 +53,10 @@ const WC_WR_FLUSH_ERR: u32 = 5;
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Cts {
     pub addr: u64,
-    pub rkey: u32,
+    /// The receive buffer's key on each member port of the receiver.
+    pub rkeys: [u32; MAX_MEMBERS],
     pub tag: i32,
+    pub _pad: u32,
     pub size: u64,
     /// The message's sequence number + 1; written last, so a reader seeing it sees the rest.
     pub idx: u64,
@@ -74,34 +86,69 @@ pub struct Req {
     pub slot: Option<usize>,
 }
 
-/// A registered buffer as the data path uses it.
+/// A registered buffer as the data path uses it: its keys on each member port.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct MemKeys {
-    pub lkey: u32,
-    pub rkey: u32,
+    pub lkeys: [u32; MAX_MEMBERS],
+    pub rkeys: [u32; MAX_MEMBERS],
+}
+
+/// Where the peer's FIFO is, with its key on each of the peer's member ports.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RemoteFifo {
+    pub addr: u64,
+    pub rkeys: [u32; MAX_MEMBERS],
+}
+
+/// A QP's place on a merged device: its local member port and the peer's member it talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpRoute {
+    pub local: usize,
+    pub remote: usize,
+}
+
+/// The routes of `nqps` QPs between `local` and `remote` member ports: QP q on local member
+/// q mod `local`, to remote member q mod `remote`.
+pub fn qp_routes(nqps: usize, local: usize, remote: usize) -> Vec<QpRoute> {
+    (0..nqps)
+        .map(|q| QpRoute {
+            local: q % local.max(1),
+            remote: q % remote.max(1),
+        })
+        .collect()
 }
 
 /// One side of a connection (a sender or a receiver).
 pub struct Conn {
-    // Field order is drop order: the QPs go before their CQ.
+    // Field order is drop order: the QPs go before their CQs.
     pub qps: Vec<Qp>,
+    /// Per QP: its member ports, here and at the peer.
+    pub routes: Vec<QpRoute>,
+    /// On the first member port.
     pub flush_qp: Option<Qp>,
-    pub cq: Cq,
+    /// One CQ per local member port.
+    pub cqs: Vec<Cq>,
     /// The sender's FIFO (written by the peer), or the receiver's CTS entries it writes from.
     pub fifo: Box<[Cts; SLOTS]>,
-    pub fifo_mr: Mr,
+    /// The FIFO registered on each member port.
+    pub fifo_mrs: Vec<Mr>,
     /// One byte the flush reads land in (receivers with a flush QP).
     pub flush_buf: Box<[u8; 64]>,
     pub flush_mr: Option<Mr>,
-    /// A receiver's view of its sender's FIFO: address and key.
-    pub remote_fifo: (u64, u32),
+    /// A receiver's view of its sender's FIFO.
+    pub remote_fifo: RemoteFifo,
     pub seq: u64,
     pub reqs: HashMap<u64, Req>,
     /// A receiver's FIFO slots in use, by request.
     pub slots: [Option<u64>; SLOTS],
     pub side_channel: TcpStream,
     pub peer: String,
+    /// The device as errors name it ("soft_0:1", merged "soft_0:1+soft_1:1").
     pub device: String,
-    pub port_down: Arc<AtomicBool>,
+    /// Each member port, as errors name it ("soft_1:1").
+    pub members: Vec<String>,
+    /// Per member port: it went down.
+    pub port_down: Vec<Arc<AtomicBool>>,
     pub path: DataPath,
     pub error: Option<Error>,
     /// The peer said goodbye on the side channel.
@@ -151,11 +198,15 @@ fn receiving_qps(seq: u64, nqps: usize, split: bool) -> Vec<usize> {
 impl Conn {
     /// The connection's error, if it failed: a completion, the port, or the peer.
     fn check(&mut self) -> Result<()> {
-        if self.error.is_none() && self.port_down.load(Ordering::Acquire) {
+        let down = self
+            .port_down
+            .iter()
+            .position(|d| d.load(Ordering::Acquire));
+        if let (None, Some(m)) = (&self.error, down) {
             self.error = Some(Error::remote(format!(
                 "NET/IB : port {} is down (async event: port error); connection with peer {} \
                  failed",
-                self.device, self.peer
+                self.members[m], self.peer
             )));
         }
         match &self.error {
@@ -201,15 +252,28 @@ impl Conn {
     /// Take what completed from the CQ and account it to its requests.
     pub fn poll(&mut self) -> Result<()> {
         let mut wcs = [Wc::default(); 16];
-        loop {
-            let n = self.cq.poll(&mut wcs)?;
-            for wc in &wcs[..n] {
-                self.complete(wc);
-            }
-            if n < wcs.len() {
-                return Ok(());
+        for c in 0..self.cqs.len() {
+            loop {
+                let n = self.cqs[c].poll(&mut wcs)?;
+                for wc in &wcs[..n] {
+                    self.complete(wc);
+                }
+                if n < wcs.len() {
+                    break;
+                }
             }
         }
+        Ok(())
+    }
+
+    /// The member port of the QP numbered `qp_num` (the flush QP's is the first).
+    fn member_of(&self, qp_num: u32) -> &str {
+        let m = self
+            .qps
+            .iter()
+            .position(|q| q.num() == qp_num)
+            .map_or(0, |q| self.routes[q].local);
+        &self.members[m]
     }
 
     fn complete(&mut self, wc: &Wc) {
@@ -222,7 +286,8 @@ impl Conn {
                 Some(e) => e.msg.contains("Flushed") && wc.status != WC_WR_FLUSH_ERR,
             };
             if replace {
-                self.error = Some(completion_error(&self.peer, &self.device, wc, kind));
+                let member = self.member_of(wc.qp_num).to_string();
+                self.error = Some(completion_error(&self.peer, &member, wc, kind));
             }
             return;
         }
@@ -272,14 +337,15 @@ impl Conn {
         }
         let pieces = pieces(self.seq, size, self.qps.len(), self.path.split);
         for &(q, off, len) in &pieces {
+            let route = self.routes[q];
             self.post_piece(
                 q,
                 id,
                 data as u64 + off as u64,
                 len,
                 cts.addr + off as u64,
-                cts.rkey,
-                mem.lkey,
+                cts.rkeys[route.remote],
+                mem.lkeys[route.local],
             )?;
         }
         self.reqs.insert(
@@ -370,17 +436,19 @@ impl Conn {
         }
         self.fifo[slot] = Cts {
             addr: data as u64,
-            rkey: mem.rkey,
+            rkeys: mem.rkeys,
             tag,
+            _pad: 0,
             size: size as u64,
             idx: self.seq + 1,
         };
+        let route = self.routes[expected[0]];
         let mut sge = Sge {
             addr: &self.fifo[slot] as *const Cts as u64,
             length: std::mem::size_of::<Cts>() as u32,
-            lkey: self.fifo_mr.lkey(),
+            lkey: self.fifo_mrs[route.local].lkey(),
         };
-        let (fifo_addr, fifo_rkey) = self.remote_fifo;
+        let (fifo_addr, fifo_rkey) = (self.remote_fifo.addr, self.remote_fifo.rkeys[route.remote]);
         let mut wr = SendWr {
             wr_id: id,
             opcode: verbs::WR_RDMA_WRITE,
@@ -495,6 +563,22 @@ mod tests {
         assert_eq!(receiving_qps(6, 4, true), vec![0, 1, 2, 3]);
         let total: usize = pieces(3, 64 << 20, 4, true).iter().map(|p| p.2).sum();
         assert_eq!(total, 64 << 20);
+    }
+
+    #[test]
+    fn qps_span_the_member_ports_of_both_ends() {
+        let r = |l, m| QpRoute {
+            local: l,
+            remote: m,
+        };
+        assert_eq!(qp_routes(2, 1, 1), vec![r(0, 0), r(0, 0)]);
+        assert_eq!(qp_routes(4, 2, 2), vec![r(0, 0), r(1, 1), r(0, 0), r(1, 1)]);
+        // Two members talking to one: both local members reach the peer's only port.
+        assert_eq!(qp_routes(2, 2, 1), vec![r(0, 0), r(1, 0)]);
+        assert_eq!(qp_routes(2, 1, 2), vec![r(0, 0), r(0, 1)]);
+        // The CTS entry (with a key per member) keeps its index last and is 64 bytes.
+        assert_eq!(std::mem::size_of::<Cts>(), 64);
+        assert_eq!(std::mem::offset_of!(Cts, idx), 56);
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The built-in InfiniBand / RoCE network, "IB", as NVIDIA's `NET/IB`: libibverbs opened at
-//! run time (`verbs`), every ACTIVE port `NCCL_IB_HCA` selects a device (`devices`), RC queue
-//! pairs set up over a TCP side channel (`conn`), data moved by RDMA writes into the
-//! receiver's buffers announced through a clear-to-send FIFO (`fifo`). Without libibverbs, or
-//! without a usable port, the network is absent and says why in an INFO line.
+//! run time (`verbs`), every ACTIVE port `NCCL_IB_HCA` selects a device, or with
+//! `NCCL_IB_MERGE_NICS` the ports of one physical NIC together as one device (`devices`), RC
+//! queue pairs set up over a TCP side channel on every member port of the device (`conn`),
+//! data moved by RDMA writes into the receiver's buffers announced through a clear-to-send
+//! FIFO (`fifo`). Without libibverbs, or without a usable port, the network is absent and says
+//! why in an INFO line.
 //!
 //! Each device context has a thread reading its async events: they are logged as WARN, and a
 //! port that goes down fails every request of its connections.
@@ -22,10 +24,11 @@ use crate::bootstrap::socket::{self as bsock, NetIf};
 use crate::env::registry as reg;
 use crate::error::{Error, Result};
 use conn::{Connecting, Listening, QpSettings, Site};
-use devices::{GidChoice, HcaFilter, Port};
+use devices::{Device, GidChoice, HcaFilter, Port};
 use fifo::{Conn, DataPath, MemKeys};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use verbs::{Lib, Mr};
@@ -51,6 +54,10 @@ pub struct Settings {
     /// `NCCL_IB_PCI_RELAXED_ORDERING`: 0 off; 1 or 2 (default) on where the verbs library
     /// registers with relaxed ordering (`ibv_reg_mr_iova2`).
     pub relaxed_ordering: i64,
+    /// `NCCL_IB_MERGE_NICS`: the ports of one physical NIC make one device.
+    pub merge_nics: bool,
+    /// Where sysfs lists the verbs devices and their PCI functions.
+    pub sysfs: PathBuf,
 }
 
 impl Settings {
@@ -72,13 +79,15 @@ impl Settings {
             },
             qps_per_connection: reg::IB_QPS_PER_CONNECTION
                 .int()
-                .clamp(1, fifo::MAX_QPS as i64) as usize,
+                .clamp(1, fifo::MAX_QPS_PER_MEMBER as i64) as usize,
             split_data: reg::IB_SPLIT_DATA_ON_QPS.int() != 0,
             adaptive_routing: reg::IB_ADAPTIVE_ROUTING.int(),
             ar_threshold: reg::IB_AR_THRESHOLD.int().max(0) as usize,
             gdr_flush: !reg::GDR_FLUSH_DISABLE.flag(),
             peer_memory: peer_memory_loaded(),
             relaxed_ordering: reg::IB_PCI_RELAXED_ORDERING.int(),
+            merge_nics: reg::IB_MERGE_NICS.flag(),
+            sysfs: PathBuf::from(devices::SYSFS_INFINIBAND),
         }
     }
 
@@ -88,12 +97,13 @@ impl Settings {
         matches!(self.relaxed_ordering, 1 | 2) && lib.has_relaxed_ordering()
     }
 
-    /// How a connection on `port` moves data.
-    fn data_path(&self, port: &Port) -> DataPath {
+    /// How a connection on the member ports `ports` moves data: with adaptive routing only
+    /// where every member has it (NVIDIA's rule for merged devices).
+    fn data_path(&self, ports: &[&Port]) -> DataPath {
         let ar = match self.adaptive_routing {
             0 => false,
             1 => true,
-            _ => !port.is_roce(),
+            _ => ports.iter().all(|p| !p.is_roce()),
         };
         DataPath {
             split: self.split_data,
@@ -114,9 +124,9 @@ fn peer_memory_loaded() -> bool {
     .any(|p| std::path::Path::new(p).exists())
 }
 
-/// A registered memory region and what it holds.
+/// A registered memory region (one registration per member port) and what it holds.
 struct Region {
-    mr: Mr,
+    mrs: Vec<Mr>,
     mem: MemType,
 }
 
@@ -131,11 +141,14 @@ struct Objects {
     requests: HashMap<usize, usize>,
 }
 
-/// The IB network: its ports, each a device.
+/// The IB network: its ports, and the devices they make (a port each, or the merged ports
+/// of one NIC).
 pub struct IbNet {
     ports: Vec<Port>,
+    devices: Vec<Device>,
     /// Per port: it went down (an async event said so).
     down: Vec<Arc<AtomicBool>>,
+    /// Per port: it registers dma-bufs.
     dmabuf: Vec<bool>,
     /// Buffers register with PCI relaxed ordering.
     relaxed: bool,
@@ -172,7 +185,7 @@ impl IbNet {
     }
 
     fn with_lib(lib: Arc<Lib>, settings: Settings, oob: NetIf) -> Result<Option<IbNet>> {
-        let ports = devices::find_ports(&lib, &settings.hca, settings.gid)?;
+        let ports = devices::find_ports(&lib, &settings.hca, settings.gid, &settings.sysfs)?;
         if ports.is_empty() {
             crate::info!(INIT | NET, "NET/IB : No device found.");
             return Ok(None);
@@ -198,6 +211,7 @@ impl IbNet {
             oob.name,
             oob.ip
         );
+        let devices = merged_devices(&ports, settings.merge_nics);
         let down = ports
             .iter()
             .map(|_| Arc::new(AtomicBool::new(false)))
@@ -205,6 +219,7 @@ impl IbNet {
         let dmabuf = ports.iter().map(|p| p.ctx.dmabuf_supported()).collect();
         let net = IbNet {
             ports,
+            devices,
             down,
             dmabuf,
             relaxed,
@@ -250,21 +265,50 @@ impl IbNet {
         Ok(())
     }
 
-    fn port(&self, dev: i32) -> Result<(usize, &Port)> {
+    fn device(&self, dev: i32) -> Result<(usize, &Device)> {
         usize::try_from(dev)
             .ok()
-            .and_then(|d| self.ports.get(d).map(|p| (d, p)))
+            .and_then(|d| self.devices.get(d).map(|v| (d, v)))
             .ok_or_else(|| Error::invalid_argument(format!("NET/IB : no device {dev}")))
     }
 
+    /// The first member port of device `dev`.
+    fn first_port(&self, dev: usize) -> &Port {
+        &self.ports[self.devices[dev].members[0]]
+    }
+
     fn site(&self, dev: usize) -> Site<'_> {
-        let port = &self.ports[dev];
+        let device = &self.devices[dev];
+        let ports: Vec<&Port> = device.members.iter().map(|&m| &self.ports[m]).collect();
         Site {
-            port,
-            port_down: self.down[dev].clone(),
+            path: self.settings.data_path(&ports),
+            ports,
+            name: device.name.clone(),
+            port_down: device
+                .members
+                .iter()
+                .map(|&m| self.down[m].clone())
+                .collect(),
             qp: self.settings.qp,
-            path: self.settings.data_path(port),
         }
+    }
+
+    /// A memory handle for a buffer registered with `reg` (one port's registration) on every
+    /// member port of device `dev`.
+    fn register(
+        &self,
+        dev: usize,
+        mem: MemType,
+        reg: impl Fn(&Port) -> Result<Mr>,
+    ) -> Result<MemHandle> {
+        let mrs = self.devices[dev]
+            .members
+            .iter()
+            .map(|&m| reg(&self.ports[m]))
+            .collect::<Result<Vec<Mr>>>()?;
+        let id = self.id();
+        self.objects.lock().regions.insert(id, Region { mrs, mem });
+        Ok(MemHandle(id))
     }
 
     /// Whether buffers register with PCI relaxed ordering (`NCCL_IB_PCI_RELAXED_ORDERING`).
@@ -300,23 +344,22 @@ impl IbNet {
             .regions
             .get(&mh.0)
             .ok_or_else(|| Error::internal(format!("NET/IB : no memory handle {}", mh.0)))?;
-        Ok((
-            MemKeys {
-                lkey: r.mr.lkey(),
-                rkey: r.mr.rkey(),
-            },
-            r.mem,
-        ))
+        let mut keys = MemKeys::default();
+        for (i, mr) in r.mrs.iter().enumerate() {
+            keys.lkeys[i] = mr.lkey();
+            keys.rkeys[i] = mr.rkey();
+        }
+        Ok((keys, r.mem))
     }
 
     /// The `PTR_*` bits of device `dev`: host memory, GPU memory through nvidia-peermem,
-    /// dma-bufs where the device registers them.
+    /// dma-bufs where every member port registers them.
     fn ptr_support(&self, dev: usize) -> i32 {
         let mut bits = PTR_HOST;
         if self.settings.peer_memory {
             bits |= PTR_CUDA;
         }
-        if self.dmabuf[dev] {
+        if self.devices[dev].members.iter().all(|&m| self.dmabuf[m]) {
             bits |= PTR_DMABUF;
         }
         bits
@@ -354,6 +397,34 @@ impl IbNet {
     }
 }
 
+/// The devices of `ports`, merged per NIC when `merge` (`NCCL_IB_MERGE_NICS`), each merged
+/// one told in an INFO line as NVIDIA's; merging off where it would merge says so.
+fn merged_devices(ports: &[Port], merge: bool) -> Vec<Device> {
+    let devices = devices::make_devices(ports, merge);
+    if !merge && devices::make_devices(ports, true).len() < ports.len() {
+        crate::info!(NET, "NET/IB : Skipping makeVDevice, NCCL_IB_MERGE_NICS=0");
+    }
+    for (i, d) in devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.members.len() > 1)
+    {
+        crate::info!(
+            NET,
+            "NET/IB : Made virtual device [{i}] name={} speed={} ndevs={} rail=-1 plane={}",
+            d.name,
+            d.speed_mbps,
+            d.members.len(),
+            PLANE_VIRTUAL
+        );
+    }
+    devices
+}
+
+/// The plane NVIDIA gives a merged device without `NCCL_IB_HCA` planes: its virtual bit with
+/// the bit of plane index 0.
+const PLANE_VIRTUAL: i32 = (1 << 14) | 1;
+
 /// Log an async event of device `dev` and fail the ports it took down.
 fn on_async_event(dev: &str, ports: &[(u8, Arc<AtomicBool>)], ev: verbs::AsyncEvent) {
     let words = verbs::event_str(ev.event_type);
@@ -385,20 +456,23 @@ impl Net for IbNet {
     }
 
     fn devices(&self) -> Result<i32> {
-        Ok(self.ports.len() as i32)
+        Ok(self.devices.len() as i32)
     }
 
+    /// A merged device is named `a+b`, has the members' speeds summed, and the first
+    /// member's PCI path, GUID and port, as NVIDIA's.
     fn properties(&self, dev: i32) -> Result<Properties> {
-        let (d, p) = self.port(dev)?;
+        let (d, v) = self.device(dev)?;
+        let p = self.first_port(d);
         Ok(Properties {
-            name: p.dev_name.clone(),
+            name: v.name.clone(),
             pci_path: p.pci_path.clone(),
             guid: p.guid,
             ptr_support: self.ptr_support(d),
             // A registration is the device's (its protection domain's), good for every comm
             // on it, as NVIDIA's.
             reg_is_global: true,
-            speed_mbps: p.speed_mbps,
+            speed_mbps: v.speed_mbps,
             port: p.port as i32,
             latency_us: 0.0,
             max_comms: 65536,
@@ -408,7 +482,8 @@ impl Net for IbNet {
     }
 
     fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
-        let (d, _) = self.port(dev)?;
+        let (d, v) = self.device(dev)?;
+        let members = v.members.len();
         let listener = bsock::listen_on(&self.oob)?;
         listener
             .set_nonblocking(true)
@@ -421,22 +496,20 @@ impl Net for IbNet {
             .lock()
             .listens
             .insert(id, Arc::new(Mutex::new(Listening::new(listener, d))));
-        Ok((conn::encode_handle(addr), Comm(id)))
+        Ok((conn::encode_handle(addr, members), Comm(id)))
     }
 
     fn connect(&self, dev: i32, handle: &Handle) -> Result<Option<Comm>> {
-        let (d, _) = self.port(dev)?;
+        let (d, _) = self.device(dev)?;
         let pending = self.objects.lock().connecting.remove(&handle.0);
         let (d, c) = match pending {
             Some(p) => p,
             None => {
-                let addr = conn::decode_handle(handle)?;
+                let (addr, remote_members) = conn::decode_handle(handle)?;
                 crate::bootstrap::crypt::check_plaintext("NET/IB")?;
                 let site = self.site(d);
-                (
-                    d,
-                    Connecting::start(&site, addr, self.settings.qps_per_connection)?,
-                )
+                let qps = self.settings.qps_per_connection;
+                (d, Connecting::start(&site, addr, remote_members, qps)?)
             }
         };
         match c.progress(&self.site(d))? {
@@ -462,7 +535,7 @@ impl Net for IbNet {
             return Ok(None);
         };
         if self.settings.gdr_flush && self.ptr_support(d) & (PTR_CUDA | PTR_DMABUF) != 0 {
-            conn::add_flush_qp(&mut conn, &self.ports[d], &self.settings.qp)?;
+            conn::add_flush_qp(&mut conn, self.first_port(d), &self.settings.qp)?;
         }
         Ok(Some(self.add_comm(d, conn)))
     }
@@ -475,12 +548,9 @@ impl Net for IbNet {
                  loaded (else as a dma-buf)",
             ));
         }
-        let mr = self.ports[d]
-            .ctx
-            .reg_mr_ordered(data, size.max(1), self.relaxed)?;
-        let id = self.id();
-        self.objects.lock().regions.insert(id, Region { mr, mem });
-        Ok(MemHandle(id))
+        self.register(d, mem, |p| {
+            p.ctx.reg_mr_ordered(data, size.max(1), self.relaxed)
+        })
     }
 
     fn has_dma_buf(&self) -> bool {
@@ -496,18 +566,10 @@ impl Net for IbNet {
         fd: i32,
     ) -> Result<MemHandle> {
         let (d, _) = self.comm(comm)?;
-        let mr = self.ports[d]
-            .ctx
-            .reg_dmabuf_mr(offset, size, data as u64, fd, self.relaxed)?;
-        let id = self.id();
-        self.objects.lock().regions.insert(
-            id,
-            Region {
-                mr,
-                mem: MemType::Cuda,
-            },
-        );
-        Ok(MemHandle(id))
+        self.register(d, MemType::Cuda, |p| {
+            p.ctx
+                .reg_dmabuf_mr(offset, size, data as u64, fd, self.relaxed)
+        })
     }
 
     fn dereg_mr(&self, _comm: Comm, mh: MemHandle) -> Result<()> {
@@ -550,7 +612,8 @@ impl Net for IbNet {
         }
         let (_, conn) = self.comm(comm)?;
         let id = self.id();
-        let posted = conn.lock().iflush(id as u64, data, keys.rkey)?;
+        // The flush QP is on the first member port: the buffer's key there.
+        let posted = conn.lock().iflush(id as u64, data, keys.rkeys[0])?;
         Ok(posted.map(|()| {
             self.objects.lock().requests.insert(id, comm.0);
             Request(id)

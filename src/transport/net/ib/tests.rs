@@ -5,6 +5,11 @@
 //! that names the peer and the status, within bounds. Both ends in one process (the stand-in
 //! connects a process to itself), and across two processes (the test binary re-runs itself as
 //! the peer, `child`). Skipped, saying why, where gcc or `<infiniband/verbs.h>` is missing.
+//!
+//! Merged devices (`NCCL_IB_MERGE_NICS`) use a second build of the stand-in with two devices,
+//! soft_0 and soft_1 (`-DSV_DEFAULT_DEVICES=2`, loaded beside the first as a library of its
+//! own), and a fake sysfs directory whose `<dev>/device` links give them PCI functions of one
+//! NIC or of two.
 
 use super::fifo::SLOTS;
 use super::{IbNet, Settings};
@@ -19,6 +24,8 @@ use std::time::{Duration, Instant};
 const VERBS_H: &str = "/usr/include/infiniband/verbs.h";
 const CHILD_ENV: &str = "OX_IB_TEST_CHILD";
 const STAND_IN_ENV: &str = "OX_IB_TEST_STAND_IN";
+/// The fake sysfs directory a child uses.
+const SYSFS_ENV: &str = "OX_IB_TEST_SYSFS";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -33,39 +40,53 @@ fn stand_in() -> Option<PathBuf> {
             if let Ok(p) = std::env::var(STAND_IN_ENV) {
                 return Some(PathBuf::from(p));
             }
-            if !Path::new(VERBS_H).exists() {
-                println!("skipped: {VERBS_H} is missing (rdma-core's headers, libibverbs-dev)");
-                return None;
-            }
-            let dir = std::env::temp_dir().join(format!("oxccl-ib-test-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).ok()?;
-            let lib = dir.join("libibverbs.so.1");
-            let src = repo().join("ffi-tests/ibverbs");
-            let out = Command::new("gcc")
-                .args(["-shared", "-fPIC", "-O2", "-fvisibility=hidden"])
-                .arg("-Wl,-soname,libibverbs.so.1")
-                .arg(format!(
-                    "-Wl,--version-script={}",
-                    src.join("libibverbs.map").display()
-                ))
-                .arg("-o")
-                .arg(&lib)
-                .arg(src.join("soft_verbs.c"))
-                .arg("-lpthread")
-                .output();
-            match out {
-                Err(e) => {
-                    println!("skipped: gcc cannot run ({e})");
-                    None
-                }
-                Ok(o) if !o.status.success() => panic!(
-                    "the software verbs device does not build:\n{}",
-                    String::from_utf8_lossy(&o.stderr)
-                ),
-                Ok(_) => Some(lib),
-            }
+            build_stand_in("single", 1)
         })
         .clone()
+}
+
+/// The stand-in with two devices, soft_0 and soft_1, built once per process.
+fn dual_stand_in() -> Option<PathBuf> {
+    static BUILT: OnceCell<Option<PathBuf>> = OnceCell::new();
+    BUILT.get_or_init(|| build_stand_in("dual", 2)).clone()
+}
+
+/// Build the stand-in with `devices` devices by default into a directory named `variant`.
+fn build_stand_in(variant: &str, devices: usize) -> Option<PathBuf> {
+    if !Path::new(VERBS_H).exists() {
+        println!("skipped: {VERBS_H} is missing (rdma-core's headers, libibverbs-dev)");
+        return None;
+    }
+    let dir = std::env::temp_dir()
+        .join(format!("oxccl-ib-test-{}", std::process::id()))
+        .join(variant);
+    std::fs::create_dir_all(&dir).ok()?;
+    let lib = dir.join("libibverbs.so.1");
+    let src = repo().join("ffi-tests/ibverbs");
+    let out = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-O2", "-fvisibility=hidden"])
+        .arg(format!("-DSV_DEFAULT_DEVICES={devices}"))
+        .arg("-Wl,-soname,libibverbs.so.1")
+        .arg(format!(
+            "-Wl,--version-script={}",
+            src.join("libibverbs.map").display()
+        ))
+        .arg("-o")
+        .arg(&lib)
+        .arg(src.join("soft_verbs.c"))
+        .arg("-lpthread")
+        .output();
+    match out {
+        Err(e) => {
+            println!("skipped: gcc cannot run ({e})");
+            None
+        }
+        Ok(o) if !o.status.success() => panic!(
+            "the software verbs device does not build:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Ok(_) => Some(lib),
+    }
 }
 
 fn settings(qps: usize, split: bool, ar: i64) -> Settings {
@@ -74,6 +95,9 @@ fn settings(qps: usize, split: bool, ar: i64) -> Settings {
     s.split_data = split;
     s.adaptive_routing = ar;
     s.ar_threshold = 8192;
+    if let Ok(dir) = std::env::var(SYSFS_ENV) {
+        s.sysfs = PathBuf::from(dir);
+    }
     s
 }
 
@@ -99,20 +123,32 @@ fn wait(net: &dyn Net, r: Request, what: &str) -> usize {
 /// Send `sizes` from `s` to `r` on one net, `inflight` messages at a time, and check every
 /// byte and size.
 fn exchange(net: &dyn Net, s: Comm, r: Comm, sizes: &[usize], inflight: usize) {
+    exchange_between(net, s, net, r, sizes, inflight)
+}
+
+/// `exchange` from `s` of `snet` to `r` of `rnet`.
+fn exchange_between(
+    snet: &dyn Net,
+    s: Comm,
+    rnet: &dyn Net,
+    r: Comm,
+    sizes: &[usize],
+    inflight: usize,
+) {
     let max = *sizes.iter().max().unwrap();
     let mut sbufs: Vec<Vec<u8>> = (0..inflight).map(|_| vec![0; max.max(1)]).collect();
     let mut rbufs: Vec<Vec<u8>> = (0..inflight).map(|_| vec![0; max.max(1)]).collect();
     let smh: Vec<MemHandle> = sbufs
         .iter_mut()
         .map(|b| {
-            net.reg_mr(s, b.as_mut_ptr(), b.len(), MemType::Host)
+            snet.reg_mr(s, b.as_mut_ptr(), b.len(), MemType::Host)
                 .unwrap()
         })
         .collect();
     let rmh: Vec<MemHandle> = rbufs
         .iter_mut()
         .map(|b| {
-            net.reg_mr(r, b.as_mut_ptr(), b.len(), MemType::Host)
+            rnet.reg_mr(r, b.as_mut_ptr(), b.len(), MemType::Host)
                 .unwrap()
         })
         .collect();
@@ -122,17 +158,17 @@ fn exchange(net: &dyn Net, s: Comm, r: Comm, sizes: &[usize], inflight: usize) {
             sbufs[k][..n].copy_from_slice(&pattern(n + k, n));
             rbufs[k].fill(0xee);
             let (rp, rl) = (rbufs[k].as_mut_ptr(), rbufs[k].len());
-            let rr = post("irecv", || net.irecv(r, rp, rl, k as i32, rmh[k]));
+            let rr = post("irecv", || rnet.irecv(r, rp, rl, k as i32, rmh[k]));
             reqs.push((k, n, rr));
         }
         let mut sends = Vec::new();
         for &(k, n, _) in &reqs {
             let sp = sbufs[k].as_mut_ptr();
-            sends.push(post("isend", || net.isend(s, sp, n, k as i32, smh[k])));
+            sends.push(post("isend", || snet.isend(s, sp, n, k as i32, smh[k])));
         }
         for (&(k, n, rr), sr) in reqs.iter().zip(sends) {
-            assert_eq!(wait(net, sr, "send"), n);
-            assert_eq!(wait(net, rr, "receive"), n, "message {k} of {n} bytes");
+            assert_eq!(wait(snet, sr, "send"), n);
+            assert_eq!(wait(rnet, rr, "receive"), n, "message {k} of {n} bytes");
             assert!(
                 rbufs[k][..n] == pattern(n + k, n)[..],
                 "message of {n} bytes: wrong data"
@@ -143,8 +179,11 @@ fn exchange(net: &dyn Net, s: Comm, r: Comm, sizes: &[usize], inflight: usize) {
             );
         }
     }
-    for m in smh.into_iter().chain(rmh) {
-        net.dereg_mr(s, m).unwrap();
+    for m in smh {
+        snet.dereg_mr(s, m).unwrap();
+    }
+    for m in rmh {
+        rnet.dereg_mr(r, m).unwrap();
     }
 }
 
@@ -248,7 +287,7 @@ fn a_bad_remote_key_fails_both_sides_naming_the_peer_and_the_status() {
         let idx = unsafe { std::ptr::read_volatile(&c.fifo[0].idx) };
         Ok((idx == 1).then_some(()))
     });
-    conn.lock().fifo[0].rkey ^= 0x5a5a;
+    conn.lock().fifo[0].rkeys[0] ^= 0x5a5a;
     let sr = net.isend(s, p, 4096, 0, smh).unwrap().unwrap();
     let e = until("the send's failure", || match net.test(sr) {
         Ok(None) => Ok(None),
@@ -631,10 +670,28 @@ fn child() {
 /// Receive `SIZES` from a child sender with `env`; the child's output, and the first error
 /// of the receives (checking the data of those that complete).
 fn receive_from_child(env: &[(&str, &str)]) -> (bool, String, Option<String>, Duration) {
-    let lib = stand_in().unwrap();
-    let net = open(&lib, settings(2, false, 1));
+    receive_from_child_on(&stand_in().unwrap(), None, env)
+}
+
+/// `receive_from_child` with both processes on the stand-in `lib` with the fake sysfs
+/// `sysfs` (else the real one).
+fn receive_from_child_on(
+    lib: &Path,
+    sysfs: Option<&Path>,
+    env: &[(&str, &str)],
+) -> (bool, String, Option<String>, Duration) {
+    let mut s = settings(2, false, 1);
+    let mut env: Vec<(&str, &str)> = env.to_vec();
+    let mode = if env.is_empty() { "send" } else { "fail" };
+    let (lib_s, dir_s);
+    if let Some(dir) = sysfs {
+        s.sysfs = dir.to_path_buf();
+        (lib_s, dir_s) = (lib.to_str().unwrap(), dir.to_str().unwrap());
+        env.extend([(STAND_IN_ENV, lib_s), (SYSFS_ENV, dir_s)]);
+    }
+    let net = open(lib, s);
     let (h, l) = net.listen(0).unwrap();
-    let child = spawn_child(if env.is_empty() { "send" } else { "fail" }, Some(&h), env);
+    let child = spawn_child(mode, Some(&h), &env);
     let r = until("accept", || net.accept(l));
     let mut buf: Vec<u8> = vec![0; 64 << 20];
     let mh = net
@@ -794,4 +851,190 @@ fn the_proxy_moves_simple_and_ll_steps_over_ib() {
             std::sync::Arc::new(open(&lib, settings(qps, split, -2)));
         crate::transport::net::tests::move_schedule_between_two_proxies(&net);
     }
+}
+
+// ---- merged devices (NCCL_IB_MERGE_NICS) ----
+
+/// A fake sysfs directory in which each `(device, PCI function)` of `links` has its
+/// `<device>/device` link to a directory of that PCI path (under a fake bus).
+fn fake_sysfs(tag: &str, links: &[(&str, &str)]) -> PathBuf {
+    let root = std::env::temp_dir()
+        .join(format!("oxccl-ib-test-{}", std::process::id()))
+        .join(format!("sysfs-{tag}"));
+    let _ = std::fs::remove_dir_all(&root);
+    for (dev, function) in links {
+        let pci = root.join("devices/pci0000:16/0000:16:02.0").join(function);
+        std::fs::create_dir_all(&pci).unwrap();
+        let d = root.join(dev);
+        std::fs::create_dir_all(&d).unwrap();
+        std::os::unix::fs::symlink(&pci, d.join("device")).unwrap();
+    }
+    root
+}
+
+/// soft_0 and soft_1 as the two functions of one NIC.
+fn one_nic(tag: &str) -> PathBuf {
+    fake_sysfs(
+        tag,
+        &[("soft_0", "0000:17:00.0"), ("soft_1", "0000:17:00.1")],
+    )
+}
+
+fn merged_settings(sysfs: &Path, merge: bool, qps: usize, split: bool) -> Settings {
+    let mut s = settings(qps, split, 1);
+    s.sysfs = sysfs.to_path_buf();
+    s.merge_nics = merge;
+    s
+}
+
+/// Payload bytes the dual stand-in delivered to soft_0 and soft_1 so far.
+fn member_rx_bytes(lib: &Path) -> [u64; 2] {
+    let l = super::verbs::Lib::open(lib.to_str().unwrap()).unwrap();
+    let bytes = |d| l.stand_in_rx_bytes(d).expect("the stand-in counts bytes");
+    [bytes("soft_0"), bytes("soft_1")]
+}
+
+#[test]
+fn two_ports_of_one_nic_make_one_device_and_ports_of_two_nics_do_not() {
+    let Some(lib) = dual_stand_in() else { return };
+    let nic = one_nic("discovery");
+    let net = open(&lib, merged_settings(&nic, true, 1, false));
+    assert_eq!(net.devices().unwrap(), 1);
+    let p = net.properties(0).unwrap();
+    assert_eq!(p.name, "soft_0+soft_1");
+    assert_eq!(p.speed_mbps, 200_000, "the members' speeds summed");
+    assert!(
+        p.pci_path.ends_with("/0000:16:02.0/0000:17:00.0"),
+        "{}",
+        p.pci_path
+    );
+    assert_eq!(
+        p.guid,
+        0x0002_c903_00a1_b2c0u64.to_be(),
+        "the first member's"
+    );
+    assert_eq!(p.port, 1);
+    assert!(net.properties(1).is_err());
+    // NCCL_IB_MERGE_NICS=0: one device per port.
+    let apart = open(&lib, merged_settings(&nic, false, 1, false));
+    assert_eq!(apart.devices().unwrap(), 2);
+    assert_eq!(apart.properties(1).unwrap().name, "soft_1");
+    assert_eq!(apart.properties(1).unwrap().speed_mbps, 100_000);
+    // Functions of two NICs, or no PCI path at all: never merged.
+    let two = fake_sysfs(
+        "two-nics",
+        &[("soft_0", "0000:17:00.0"), ("soft_1", "0000:18:00.0")],
+    );
+    let net = open(&lib, merged_settings(&two, true, 1, false));
+    assert_eq!(net.devices().unwrap(), 2);
+    assert_eq!(net.properties(0).unwrap().name, "soft_0");
+    let none = fake_sysfs("no-paths", &[]);
+    let net = open(&lib, merged_settings(&none, true, 1, false));
+    assert_eq!(net.devices().unwrap(), 2);
+}
+
+#[test]
+fn every_size_arrives_exactly_over_a_merged_device_with_bytes_on_both_members() {
+    let Some(lib) = dual_stand_in() else { return };
+    let nic = one_nic("exchange");
+    for (qps, split) in [(1, false), (2, true)] {
+        let net = open(&lib, merged_settings(&nic, true, qps, split));
+        let (s, r) = pair(&net);
+        assert_eq!(net.comm(s).unwrap().1.lock().qps.len(), 2 * qps);
+        let before = member_rx_bytes(&lib);
+        exchange(&net, s, r, SIZES, 1);
+        let after = member_rx_bytes(&lib);
+        // Round robin: the 64 MiB message on soft_0, the 1 MiB one on soft_1; striped:
+        // half of every message on each.
+        let least = if split { 32 << 20 } else { 1 << 20 };
+        for m in 0..2 {
+            assert!(
+                after[m] - before[m] >= least,
+                "soft_{m} received {} bytes (split {split})",
+                after[m] - before[m]
+            );
+        }
+        net.close_send(s).unwrap();
+        net.close_recv(r).unwrap();
+    }
+}
+
+/// A connection from `snet`'s device `sdev` to `rnet`'s device `rdev`.
+fn pair_between(snet: &IbNet, sdev: i32, rnet: &IbNet, rdev: i32) -> (Comm, Comm) {
+    let (h, l) = rnet.listen(rdev).unwrap();
+    let (mut s, mut r) = (None, None);
+    until("connect and accept", || {
+        if s.is_none() {
+            s = snet.connect(sdev, &h)?;
+        }
+        if r.is_none() {
+            r = rnet.accept(l)?;
+        }
+        Ok(s.zip(r))
+    })
+}
+
+#[test]
+fn a_merged_device_and_a_single_port_connect_over_qps_for_the_larger() {
+    let Some(lib) = dual_stand_in() else { return };
+    let nic = one_nic("shapes");
+    let merged = open(&lib, merged_settings(&nic, true, 1, true));
+    let single = open(&lib, merged_settings(&nic, false, 1, true));
+    for (from_merged, single_dev) in [(true, 0), (false, 1)] {
+        let (snet, sdev, rnet, rdev) = if from_merged {
+            (&merged, 0, &single, single_dev)
+        } else {
+            (&single, single_dev, &merged, 0)
+        };
+        let (s, r) = pair_between(snet, sdev, rnet, rdev);
+        assert_eq!(snet.comm(s).unwrap().1.lock().qps.len(), 2);
+        assert_eq!(rnet.comm(r).unwrap().1.lock().qps.len(), 2);
+        exchange_between(snet, s, rnet, r, &[0, 1, 4097, 1 << 20], 2);
+        snet.close_send(s).unwrap();
+        rnet.close_recv(r).unwrap();
+    }
+}
+
+#[test]
+fn every_size_arrives_exactly_from_another_process_over_a_merged_device() {
+    let Some(lib) = dual_stand_in() else { return };
+    let nic = one_nic("two-processes");
+    let before = member_rx_bytes(&lib);
+    let (ok, out, error, _) = receive_from_child_on(&lib, Some(&nic), &[]);
+    assert!(ok && out.contains("CHILD_OK"), "the child failed:\n{out}");
+    assert_eq!(error, None);
+    let after = member_rx_bytes(&lib);
+    // The child stripes over 2 QPs per member: about half of the 64 MiB on each.
+    for m in 0..2 {
+        assert!(
+            after[m] - before[m] >= 30 << 20,
+            "soft_{m} received {} bytes",
+            after[m] - before[m]
+        );
+    }
+}
+
+#[test]
+fn a_member_port_failing_is_an_error_naming_the_peer_and_the_member() {
+    let Some(lib) = dual_stand_in() else { return };
+    let nic = one_nic("member-fails");
+    let env = [
+        // The second work request on a QP of soft_1: message 5, on QP 1 (soft_1).
+        ("SOFT_VERBS_FAIL_AFTER", "1"),
+        ("SOFT_VERBS_FAIL_DEVICE", "soft_1"),
+    ];
+    let (ok, out, error, elapsed) = receive_from_child_on(&lib, Some(&nic), &env);
+    assert!(!ok, "the child's sends cannot all succeed:\n{out}");
+    assert!(
+        out.contains("CHILD_ERROR NET/IB : Got completion from peer 127.0.0.1:")
+            && out.contains("transport retry counter exceeded")
+            && out.contains("on device soft_1:1"),
+        "{out}"
+    );
+    let error = error.expect("the receiver fails too");
+    assert!(
+        error.contains("peer 127.0.0.1:") && error.contains("soft_1:1"),
+        "{error}"
+    );
+    assert!(elapsed < Duration::from_secs(20));
 }

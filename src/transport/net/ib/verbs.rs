@@ -499,6 +499,26 @@ impl Lib {
         }
     }
 
+    /// The software verbs device's count of payload bytes delivered to device `dev`'s memory
+    /// (`soft_verbs_rx_bytes@SOFT_VERBS_TEST`), None for a library without it.
+    #[cfg(test)]
+    pub fn stand_in_rx_bytes(&self, dev: &str) -> Option<u64> {
+        type RxBytes = unsafe extern "C" fn(*const c_char) -> u64;
+        let (n, v, d) = (
+            CString::new("soft_verbs_rx_bytes").ok()?,
+            CString::new("SOFT_VERBS_TEST").ok()?,
+            CString::new(dev).ok()?,
+        );
+        // SAFETY: the live handle (never closed) and NUL-terminated names.
+        let p = unsafe { libc::dlvsym(self._handle as *mut c_void, n.as_ptr(), v.as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: the stand-in's `uint64_t soft_verbs_rx_bytes(const char *)`; d is
+        // NUL-terminated and outlives the call.
+        Some(unsafe { as_fn::<RxBytes>(p)(d.as_ptr()) })
+    }
+
     /// Whether registrations can ask for PCI relaxed ordering (`ibv_reg_mr_iova2`, NVIDIA's
     /// test of the IBVERBS_1.8 API).
     pub fn has_relaxed_ordering(&self) -> bool {
