@@ -144,11 +144,15 @@ fn auto_for_speed(speed_mbps: Option<u32>) -> (usize, usize) {
 }
 
 /// What is known of interface `ifname`'s speed: the `OXCCL_NET_SPEEDS` entry naming it, else
-/// the speed sysfs reports for a NIC with a PCI device (a virtual interface's, such as a
-/// veth's 10000, says nothing of what it carries).
+/// the topology file's (`NCCL_TOPO_FILE`), else the speed sysfs reports for a NIC with a PCI
+/// device (a virtual interface's, such as a veth's 10000, says nothing of what it carries).
 fn known_speed_mbps(ifname: &str) -> Option<u32> {
     let (overrides, _) = super::parse_speed_overrides(&crate::env::registry::NET_SPEEDS.string());
     if let Some(&(_, s)) = overrides.iter().find(|(n, _)| n == ifname) {
+        return Some(s);
+    }
+    let file = crate::topo::file::from_env().ok().flatten();
+    if let Some(s) = file.and_then(|f| f.net_speed(ifname)) {
         return Some(s);
     }
     nic_vendor(ifname)?;
