@@ -9,9 +9,15 @@
  *     functions of one adapter: each its own node GUID, one system image GUID. Each has
  *     SOFT_VERBS_PORTS (1 or 2) ports, each ACTIVE, link layer InfiniBand, MTU 4096, a rate of
  *     SOFT_VERBS_RATE_GBPS (default 100) expressed as active_width x active_speed; GID index 0
- *     = fe80::<guid>; pkey 0xffff. A device's MRs serve only its own QPs (its PDs), as on
- *     hardware. soft_verbs_rx_bytes(name) (version SOFT_VERBS_TEST) tells how many payload
- *     bytes RDMA writes and sends delivered to a device's memory, for tests.
+ *     = fe80::<guid>; pkey 0xffff. SOFT_VERBS_LINK_LAYER=eth makes every port RoCE: link
+ *     layer Ethernet, LID 0, 4 GIDs (ibv_query_gid, _ibv_query_gid_ex with their types):
+ *     0 link-local fe80:: RoCE v1, 1 the same RoCE v2, 2 IPv4-mapped ::ffff:10.x.y.z RoCE
+ *     v1, 3 the same RoCE v2 (x.y.z: device, port, process). Moving a QP to RTR there needs a
+ *     global address (is_global, a valid sgid_index, grh.dgid = the peer port's GID at that
+ *     index, of the process dest_qp_num names), else ibv_modify_qp fails with EINVAL. A
+ *     device's MRs serve only its own QPs (its PDs), as on hardware. soft_verbs_rx_bytes(name)
+ *     (version SOFT_VERBS_TEST) tells how many payload bytes RDMA writes and sends delivered
+ *     to a device's memory, for tests.
  *   - PDs; MRs with lkey/rkey, iova (ibv_reg_mr_iova/_iova2), bounds and access-flag checks;
  *     registering memory the process cannot read (GPU memory: no peer-memory driver) fails
  *     with EFAULT, on-demand paging with EOPNOTSUPP; remote atomic access is granted.
@@ -35,9 +41,9 @@
  *
  * Not emulated: UD/UC/XRC QPs, SRQs, atomics (posting one fails with EINVAL), memory windows,
  * address handles, multicast, completion channels (ibv_create_comp_channel fails with ENOSYS),
- * dmabuf MRs (EOPNOTSUPP),
- * extended QP/CQ (ibv_qp_ex, ibv_cq_ex), RoCE, fork() after the device was opened, the
- * IBVERBS_1.0 compatibility symbols, and the private provider interface (IBVERBS_PRIVATE_*).
+ * dmabuf MRs (EOPNOTSUPP), extended QP/CQ (ibv_qp_ex, ibv_cq_ex), the sysfs gid_attrs of
+ * RoCE ports, fork() after the device was opened, the IBVERBS_1.0 compatibility symbols, and
+ * the private provider interface (IBVERBS_PRIVATE_*).
  * The verbs_context extension is present (abi_compat = extended) with query_port filled in;
  * every other extended op is NULL, so the inline helpers that need one answer EOPNOTSUPP.
  *
@@ -82,6 +88,7 @@
 #define SV_HELLO_MAGIC 0x736f6676u /* "sofv" */
 #define SV_BOUNCE (256 * 1024) /* payload staging of one reader thread */
 #define SV_MAX_DEVICES 4
+#define SV_ETH_GIDS 4 /* GID table of an Ethernet port */
 #ifndef SV_DEFAULT_DEVICES
 #define SV_DEFAULT_DEVICES 1
 #endif
@@ -103,6 +110,7 @@ static struct {
   uint32_t next_key;
   int ports;
   int rate_gbps;
+  int eth; /* SOFT_VERBS_LINK_LAYER=eth: RoCE ports */
   int port_down;
   struct sv_context *ctxs[64];
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .listen_fd = -1};
@@ -685,6 +693,8 @@ static int engine_init_locked(void) {
   G.ports = env_int("SOFT_VERBS_PORTS", 1) == 2 ? 2 : 1;
   G.rate_gbps = env_int("SOFT_VERBS_RATE_GBPS", 100);
   if (G.rate_gbps <= 0) G.rate_gbps = 100;
+  const char *ll = getenv("SOFT_VERBS_LINK_LAYER");
+  G.eth = ll && !strcmp(ll, "eth");
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   uint16_t start = (uint16_t)(getpid() % SV_LID_MAX) + 1;
@@ -909,18 +919,18 @@ static int fill_port(struct ibv_context *context, uint8_t port, struct ibv_port_
   a->state = G.port_down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
   a->max_mtu = IBV_MTU_4096;
   a->active_mtu = IBV_MTU_4096;
-  a->gid_tbl_len = 1;
+  a->gid_tbl_len = G.eth ? SV_ETH_GIDS : 1;
   a->port_cap_flags = 0;
   a->max_msg_sz = 0x80000000u;
   a->pkey_tbl_len = 1;
-  a->lid = (uint16_t)(G.lid + (port == 2 ? 0x4000 : 0) + ((dev & 1) ? 0x8000 : 0));
-  a->sm_lid = 1;
+  if (!G.eth) a->lid = (uint16_t)(G.lid + (port == 2 ? 0x4000 : 0) + ((dev & 1) ? 0x8000 : 0));
+  a->sm_lid = G.eth ? 0 : 1;
   a->lmc = 0;
   a->max_vl_num = 1;
   a->sm_sl = 0;
   a->subnet_timeout = 18;
   a->phys_state = G.port_down ? 3 /* disabled */ : 5 /* LinkUp */;
-  a->link_layer = IBV_LINK_LAYER_INFINIBAND;
+  a->link_layer = G.eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND;
   rate_to_width_speed(G.rate_gbps ? G.rate_gbps : 100, &a->active_width, &a->active_speed);
   return 0;
 }
@@ -946,13 +956,60 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
   return 0;
 }
 
+/* GID `index` of an Ethernet port: the process's LID, the device and the port, as a
+ * link-local fe80::273:<dev>ff:fe<port>:<lid> (indexes 0 and 1) or an IPv4-mapped
+ * ::ffff:10.<dev*4+port>.<lid> (indexes 2 and 3); even indexes are RoCE v1, odd ones v2.
+ * The stand-in routes a QP to the process whose LID its destination GID carries. */
+static void eth_gid(uint16_t lid, int dev, int port, int index, union ibv_gid *gid) {
+  memset(gid, 0, sizeof *gid);
+  if (index < 2) {
+    gid->raw[0] = 0xfe;
+    gid->raw[1] = 0x80;
+    gid->raw[8] = 0x02;
+    gid->raw[9] = 0x73;
+    gid->raw[10] = (uint8_t)dev;
+    gid->raw[11] = 0xff;
+    gid->raw[12] = 0xfe;
+    gid->raw[13] = (uint8_t)port;
+  } else {
+    gid->raw[10] = 0xff;
+    gid->raw[11] = 0xff;
+    gid->raw[12] = 10;
+    gid->raw[13] = (uint8_t)(dev * 4 + port);
+  }
+  gid->raw[14] = (uint8_t)(lid >> 8);
+  gid->raw[15] = (uint8_t)lid;
+}
+
+/* Whether `gid` is GID `index` of some Ethernet port of the stand-in (of any process); its
+ * LID in *lid. */
+static int eth_gid_route(const union ibv_gid *gid, int index, uint16_t *lid) {
+  if (index < 0 || index >= SV_ETH_GIDS) return 0;
+  uint16_t l = (uint16_t)(gid->raw[14] << 8 | gid->raw[15]);
+  int dev = index < 2 ? gid->raw[10] : gid->raw[13] / 4;
+  int port = index < 2 ? gid->raw[13] : gid->raw[13] % 4;
+  union ibv_gid want;
+  eth_gid(l, dev, port, index, &want);
+  if (l < 1 || l > SV_LID_MAX || dev >= SV_MAX_DEVICES || port < 1 || port > 2 ||
+      memcmp(&want, gid, sizeof want))
+    return 0;
+  *lid = l;
+  return 1;
+}
+
 SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index,
                             union ibv_gid *gid) {
-  if (port < 1 || port > (G.ports ? G.ports : 1) || index != 0) return -1;
+  if (port < 1 || port > (G.ports ? G.ports : 1) || index < 0 ||
+      index >= (G.eth ? SV_ETH_GIDS : 1))
+    return -1;
+  struct sv_device *v = sv_dev(context->device);
+  if (G.eth) {
+    eth_gid(G.lid, v ? v->index : 0, port, index, gid);
+    return 0;
+  }
   memset(gid, 0, sizeof *gid);
   gid->raw[0] = 0xfe;
   gid->raw[1] = 0x80;
-  struct sv_device *v = sv_dev(context->device);
   uint64_t g = (v ? v->guid : SV_SYS_IMAGE_GUID) + (uint64_t)G.lid * 4 + port; /* per process,
                                                                                 device, port */
   for (int i = 0; i < 8; i++) gid->raw[8 + i] = (uint8_t)(g >> (56 - 8 * i));
@@ -964,11 +1021,14 @@ SV_EXPORT int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num,
                                 size_t entry_size) {
   if (flags || entry_size < sizeof *entry) return EINVAL;
   memset(entry, 0, sizeof *entry);
-  if (port_num > 255 || ibv_query_gid(context, (uint8_t)port_num, (int)gid_index, &entry->gid))
+  if (port_num > 255 || gid_index > 255 ||
+      ibv_query_gid(context, (uint8_t)port_num, (int)gid_index, &entry->gid))
     return ENODATA;
   entry->gid_index = gid_index;
   entry->port_num = port_num;
-  entry->gid_type = IBV_GID_TYPE_IB;
+  entry->gid_type = !G.eth             ? IBV_GID_TYPE_IB
+                    : (gid_index & 1) ? IBV_GID_TYPE_ROCE_V2
+                                      : IBV_GID_TYPE_ROCE_V1;
   return 0;
 }
 
@@ -1262,9 +1322,12 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
   return &q->qp;
 }
 
-/* Connects the requester socket to the peer QP (dlid, dest_qp_num). */
+/* Connects the requester socket to the peer QP (dlid, or on Ethernet the LID the dgid
+ * carries; dest_qp_num). */
 static int qp_connect(struct sv_qp *q) {
   uint16_t dlid = q->attr.ah_attr.dlid & SV_LID_MAX;
+  if (G.eth && !eth_gid_route(&q->attr.ah_attr.grh.dgid, q->attr.ah_attr.grh.sgid_index, &dlid))
+    return -1;
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   struct sockaddr_un a;
@@ -1320,6 +1383,14 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
     break;
   default: ok = 0; break;
   }
+  /* On Ethernet (RoCE) there are no LIDs: the address must be global, from a valid source GID
+   * index, to the peer port's GID at that index. */
+  uint16_t route;
+  if (ok && G.eth && (mask & IBV_QP_AV) &&
+      (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= SV_ETH_GIDS ||
+       !eth_gid_route(&attr->ah_attr.grh.dgid, attr->ah_attr.grh.sgid_index, &route) ||
+       ((mask & IBV_QP_DEST_QPN) && (attr->dest_qp_num >> 10) != route)))
+    ok = 0;
   if (!ok || ((mask & IBV_QP_PORT) && (attr->port_num < 1 || attr->port_num > G.ports)) ||
       ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index >= 1 /* pkey_tbl_len */)) {
     pthread_mutex_unlock(&q->mu);

@@ -16,7 +16,9 @@
  * write EINVAL, unreadable memory EFAULT, its dma-buf probe (fd -1) EOPNOTSUPP, ECE
  * EOPNOTSUPP, pkey index 1 EINVAL, and a QP connected to itself (its flush QP) doing a READ.
  * Then, in a fresh process: SOFT_VERBS_PORTS=2 (two ACTIVE ports, distinct LIDs) and
- * SOFT_VERBS_PORT_DOWN_AFTER_MS (IBV_EVENT_PORT_ERR through ibv_get_async_event, ports DOWN).
+ * SOFT_VERBS_PORT_DOWN_AFTER_MS (IBV_EVENT_PORT_ERR through ibv_get_async_event, ports DOWN);
+ * and SOFT_VERBS_LINK_LAYER=eth (RoCE: GID table and types, RTR refused unless addressed by
+ * the peer's GID, a write between two QPs connected by GID).
  * Not tested here: iova registration, SEND larger than the receive (LOC_LEN_ERR).
  * Prints "ok"/"FAIL" lines and "N passed, M failed"; exits non-zero on any failure. */
 #define _GNU_SOURCE
@@ -620,6 +622,136 @@ static void rank1(const struct info *peer) {
   sync_with_peer('9');
 }
 
+/* Moves q to RTR towards QP dest_qpn (of this process) over RoCE, addressed as given. */
+static int roce_rtr(struct ibv_qp *q, uint32_t dest_qpn, int global, int sgid_index,
+                    const union ibv_gid *dgid) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dest_qpn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = (uint8_t)global;
+  a.ah_attr.grh.dgid = *dgid;
+  a.ah_attr.grh.sgid_index = (uint8_t)sgid_index;
+  a.ah_attr.grh.hop_limit = 255;
+  a.ah_attr.port_num = 1;
+  return ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                  IBV_QP_MIN_RNR_TIMER);
+}
+
+/* A fresh process with SOFT_VERBS_LINK_LAYER=eth: a RoCE port's GID table and types, RTR
+ * refused without a global address or with a wrong GID, then two QPs of the process
+ * connected by GID moving 64 KiB. */
+static int roce_check(void) {
+  who = "roce";
+  setenv("SOFT_VERBS_LINK_LAYER", "eth", 1);
+  struct ibv_device **list = ibv_get_device_list(NULL);
+  if (!list || !list[0]) die("no device");
+  struct ibv_context *c = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!c) die("ibv_open_device");
+  struct ibv_port_attr pa;
+  check(ibv_query_port(c, 1, &pa) == 0 && pa.link_layer == IBV_LINK_LAYER_ETHERNET &&
+            pa.lid == 0 && pa.gid_tbl_len == 4,
+        "eth: link layer Ethernet, LID 0, 4 GIDs");
+  struct ibv_gid_entry e[4];
+  int types_ok = 1;
+  for (int i = 0; i < 4; i++)
+    types_ok &= ibv_query_gid_ex(c, 1, (uint32_t)i, &e[i], 0) == 0 &&
+                e[i].gid_type == (i & 1 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1);
+  check(types_ok, "eth: GID types RoCE v1, v2, v1, v2");
+  static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  check(types_ok && e[0].gid.raw[0] == 0xfe && e[0].gid.raw[1] == 0x80 &&
+            !memcmp(&e[0].gid, &e[1].gid, 16) && !memcmp(e[2].gid.raw, v4, 12) &&
+            e[2].gid.raw[12] == 10 && !memcmp(&e[2].gid, &e[3].gid, 16),
+        "eth: GIDs 0, 1 link-local; 2, 3 IPv4-mapped 10.x.y.z");
+  union ibv_gid g;
+  struct ibv_gid_entry none;
+  check(ibv_query_gid(c, 1, 4, &g) != 0 && ibv_query_gid_ex(c, 1, 4, &none, 0) != 0,
+        "eth: no GID index 4");
+  struct ibv_pd *p = ibv_alloc_pd(c);
+  struct ibv_cq *q = p ? ibv_create_cq(c, 64, NULL, NULL, 0) : NULL;
+  char *b = aligned_alloc(4096, 2 * 65536);
+  if (!q || !b) die("pd, cq, buffer");
+  struct ibv_mr *m = ibv_reg_mr(p, b, 2 * 65536,
+                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!m) die("ibv_reg_mr");
+  struct ibv_qp *qa[2];
+  for (int i = 0; i < 2; i++) {
+    struct ibv_qp_init_attr ia;
+    memset(&ia, 0, sizeof ia);
+    ia.send_cq = q;
+    ia.recv_cq = q;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 16;
+    ia.cap.max_recv_wr = 16;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    qa[i] = ibv_create_qp(p, &ia);
+    if (!qa[i]) die("ibv_create_qp");
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    if (ibv_modify_qp(qa[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                     IBV_QP_ACCESS_FLAGS))
+      die("modify INIT");
+  }
+  union ibv_gid other = e[3].gid;
+  other.raw[15] ^= 1; /* another process's LID */
+  check(roce_rtr(qa[0], qa[1]->qp_num, 0, 3, &e[3].gid) == EINVAL,
+        "eth: RTR with a non-global address is EINVAL");
+  check(roce_rtr(qa[0], qa[1]->qp_num, 1, 3, &e[1].gid) == EINVAL,
+        "eth: RTR with the GID of another index than sgid_index is EINVAL");
+  check(roce_rtr(qa[0], qa[1]->qp_num, 1, 3, &other) == EINVAL,
+        "eth: RTR with a dgid not of the destination QP's process is EINVAL");
+  check(roce_rtr(qa[0], qa[1]->qp_num, 1, 4, &e[3].gid) == EINVAL,
+        "eth: RTR with sgid_index past the table is EINVAL");
+  check(roce_rtr(qa[0], qa[1]->qp_num, 1, 3, &e[3].gid) == 0 &&
+            roce_rtr(qa[1], qa[0]->qp_num, 1, 3, &e[3].gid) == 0,
+        "eth: RTR with the peer's GID at sgid_index 3");
+  for (int i = 0; i < 2; i++) {
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 20;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 1;
+    if (ibv_modify_qp(qa[i], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+                                     IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                     IBV_QP_MAX_QP_RD_ATOMIC))
+      die("modify RTS");
+  }
+  for (int i = 0; i < 65536; i++) b[i] = (char)pat((size_t)i, 7);
+  memset(b + 65536, 0, 65536);
+  struct ibv_sge sge = {(uint64_t)(uintptr_t)b, 65536, m->lkey};
+  struct ibv_send_wr wr, *bad;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = 1;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)(b + 65536);
+  wr.wr.rdma.rkey = m->rkey;
+  struct ibv_wc wc;
+  check(ibv_post_send(qa[0], &wr, &bad) == 0 && poll_cq_n(q, &wc, 1) == 1 &&
+            wc.status == IBV_WC_SUCCESS && !memcmp(b, b + 65536, 65536),
+        "eth: 64 KiB RDMA WRITE over the GID-addressed QPs, exact");
+  for (int i = 0; i < 2; i++) ibv_destroy_qp(qa[i]);
+  ibv_dereg_mr(m);
+  ibv_destroy_cq(q);
+  ibv_dealloc_pd(p);
+  ibv_close_device(c);
+  free(b);
+  return failed ? 1 : 0;
+}
+
 /* A fresh process: two ports, then both go down with an async event each. */
 static int port_down_check(void) {
   who = "ports";
@@ -655,6 +787,7 @@ static int port_down_check(void) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "ports") == 0) return port_down_check();
+  if (argc > 1 && strcmp(argv[1], "roce") == 0) return roce_check();
   setenv("SOFT_VERBS_RATE_GBPS", "100", 1);
   int p2c[2], c2p[2];
   if (pipe(p2c) || pipe(c2p)) return 2;
@@ -695,6 +828,15 @@ int main(int argc, char **argv) {
   st = 0;
   waitpid(pid, &st, 0);
   check(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "port checks in a fresh process");
+  fflush(stdout);
+  pid = fork();
+  if (pid == 0) {
+    execl("/proc/self/exe", argv[0], "roce", (char *)NULL);
+    _exit(3);
+  }
+  st = 0;
+  waitpid(pid, &st, 0);
+  check(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "RoCE checks in a fresh process");
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

@@ -10,6 +10,10 @@
 //! soft_0 and soft_1 (`-DSV_DEFAULT_DEVICES=2`, loaded beside the first as a library of its
 //! own), and a fake sysfs directory whose `<dev>/device` links give them PCI functions of one
 //! NIC or of two.
+//!
+//! RoCE runs in children whose stand-in has Ethernet ports (`SOFT_VERBS_LINK_LAYER=eth`, read
+//! once per process): the GID chosen, the `Using` line, and data between two processes,
+//! which the stand-in only lets through QPs addressed by the peer's GID.
 
 use super::fifo::SLOTS;
 use super::{IbNet, Settings};
@@ -599,7 +603,9 @@ fn finish_child(mut child: std::process::Child, limit: Duration) -> (bool, Strin
 
 /// The peer process: `send` connects to the handle and sends `SIZES`; `fail` does the same
 /// on a QP failing after its third work request; `port_down` (both ends here) waits for a
-/// message while the port goes down; `select` reports which network the process picks.
+/// message while the port goes down; `select` reports which network the process picks; `gid`
+/// reports the first port's link layer, LID and GID; `recv` receives from a `send` child of
+/// its own.
 #[test]
 fn child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
@@ -649,6 +655,23 @@ fn child() {
             println!("CHILD_ERROR {}", e.msg);
             net.close_send(s).unwrap();
             net.close_recv(r).unwrap();
+        }
+        "gid" => {
+            let net = open(&lib, settings(1, false, 0));
+            let p = &net.ports[0];
+            println!(
+                "CHILD_PORT {} lid {} gid {} {}",
+                p.label(),
+                p.attr.lid,
+                p.gid_index,
+                to_hex(&p.gid)
+            );
+        }
+        "recv" => {
+            let (ok, out, error, _) = receive_from_child(&[]);
+            println!("CHILD_RECV {ok} {error:?}\n{out}");
+            assert!(ok && out.contains("CHILD_OK") && error.is_none());
+            println!("CHILD_OK");
         }
         "select" => {
             match crate::transport::net::network(None) {
@@ -1037,4 +1060,81 @@ fn a_member_port_failing_is_an_error_naming_the_peer_and_the_member() {
         "{error}"
     );
     assert!(elapsed < Duration::from_secs(20));
+}
+
+/// Run `mode` in a child on the stand-in's RoCE ports (`SOFT_VERBS_LINK_LAYER=eth`) with
+/// `env`; its output.
+fn on_roce(mode: &str, env: &[(&str, &str)], limit: Duration) -> String {
+    let mut all = vec![("SOFT_VERBS_LINK_LAYER", "eth")];
+    all.extend_from_slice(env);
+    let (ok, out) = finish_child(spawn_child(mode, None, &all), limit);
+    assert!(ok, "{out}");
+    out
+}
+
+/// The GID index (and the GID's hex) a child picks on RoCE with `env`.
+fn roce_gid(env: &[(&str, &str)]) -> (i32, String) {
+    let out = on_roce("gid", env, Duration::from_secs(20));
+    let line = out
+        .lines()
+        .find_map(|l| l.split_once("CHILD_PORT ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("{out}"));
+    let w: Vec<&str> = line.split(' ').collect();
+    assert_eq!(w[..3], ["soft_0:1/RoCE", "lid", "0"], "{out}");
+    (w[4].parse().unwrap(), w[5].to_string())
+}
+
+#[test]
+fn roce_ports_get_the_gid_nvidia_chooses() {
+    if stand_in().is_none() {
+        return;
+    }
+    let ipv4 = |g: &str| g.starts_with("00000000000000000000ffff0a");
+    let (index, gid) = roce_gid(&[]);
+    assert_eq!(index, 3, "RoCE v2, IPv4 by default");
+    assert!(ipv4(&gid), "{gid}");
+    let (index, gid) = roce_gid(&[("NCCL_IB_ROCE_VERSION_NUM", "1")]);
+    assert_eq!(index, 2, "RoCE v1, IPv4");
+    assert!(ipv4(&gid), "{gid}");
+    let (index, gid) = roce_gid(&[("NCCL_IB_ADDR_FAMILY", "AF_INET6")]);
+    assert_eq!(
+        index, 1,
+        "RoCE v2; IPv6: only link-local, so the first of v2"
+    );
+    assert!(gid.starts_with("fe80"), "{gid}");
+    let (index, gid) = roce_gid(&[("NCCL_IB_GID_INDEX", "1")]);
+    assert_eq!(index, 1, "the index set");
+    assert!(gid.starts_with("fe80"), "{gid}");
+}
+
+#[test]
+fn roce_ports_show_their_link_layer_in_the_using_line() {
+    if stand_in().is_none() {
+        return;
+    }
+    let out = on_roce(
+        "select",
+        &[
+            ("NCCL_SOCKET_IFNAME", "lo"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(out.contains("CHILD_NET IB"), "{out}");
+    assert!(
+        out.contains("NET/IB : Using [0]soft_0:1/RoCE [RO]; OOB lo:127.0.0.1<0>"),
+        "{out}"
+    );
+}
+
+/// Both processes on RoCE ports, where the stand-in refuses a QP whose address is not the
+/// peer's GID: data moving at all shows the connection is addressed by GID.
+#[test]
+fn every_size_arrives_exactly_between_two_processes_over_roce_v2() {
+    if stand_in().is_none() {
+        return;
+    }
+    let out = on_roce("recv", &[], Duration::from_secs(60));
+    assert!(out.contains("CHILD_OK"), "{out}");
 }
