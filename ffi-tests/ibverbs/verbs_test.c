@@ -61,6 +61,21 @@ static void die(const char *what) {
   exit(2);
 }
 
+/* Move `qp` to RTS with the attributes NCCL uses (send PSN 0). */
+static void to_rts(struct ibv_qp *qp) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0;
+  a.timeout = 20;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 1;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
+    die("modify RTS");
+}
+
 struct info {
   uint16_t lid;
   uint32_t qpn[NQP];
@@ -227,20 +242,7 @@ static void connect_qps(const struct info *peer) {
       die("modify RTR");
   }
   sync_with_peer('r'); /* both RTR before either sends (as NCCL's handshake guarantees) */
-  for (int i = 0; i < NQP; i++) {
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 0;
-    a.timeout = 20;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    if (ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-                                      IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                      IBV_QP_MAX_QP_RD_ATOMIC))
-      die("modify RTS");
-  }
+  for (int i = 0; i < NQP; i++) to_rts(qp[i]);
   struct ibv_qp_attr qa;
   struct ibv_qp_init_attr qi;
   check(ibv_query_qp(qp[0], &qa, IBV_QP_STATE | IBV_QP_DEST_QPN, &qi) == 0 &&
@@ -714,19 +716,7 @@ static int roce_check(void) {
   check(roce_rtr(qa[0], qa[1]->qp_num, 1, 3, &e[3].gid) == 0 &&
             roce_rtr(qa[1], qa[0]->qp_num, 1, 3, &e[3].gid) == 0,
         "eth: RTR with the peer's GID at sgid_index 3");
-  for (int i = 0; i < 2; i++) {
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 20;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    if (ibv_modify_qp(qa[i], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-                                     IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                     IBV_QP_MAX_QP_RD_ATOMIC))
-      die("modify RTS");
-  }
+  for (int i = 0; i < 2; i++) to_rts(qa[i]);
   for (int i = 0; i < 65536; i++) b[i] = (char)pat((size_t)i, 7);
   memset(b + 65536, 0, 65536);
   struct ibv_sge sge = {(uint64_t)(uintptr_t)b, 65536, m->lkey};
