@@ -61,6 +61,34 @@ static void die(const char *what) {
   exit(2);
 }
 
+/* An RC QP on `pd` with both queues on `cq`, `depth` work requests each way. */
+static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, int depth) {
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof ia);
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = depth;
+  ia.cap.max_recv_wr = depth;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+  if (!qp) die("ibv_create_qp");
+  return qp;
+}
+
+/* Move `qp` to INIT on port 1 with remote `access`. */
+static void to_init(struct ibv_qp *qp, int access) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = 1;
+  a.qp_access_flags = access;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    die("modify INIT");
+}
+
 /* Move `qp` to RTS with the attributes NCCL uses (send PSN 0). */
 static void to_rts(struct ibv_qp *qp) {
   struct ibv_qp_attr a;
@@ -194,29 +222,12 @@ static void setup(struct info *me) {
   if (!cq) die("ibv_create_cq");
   for (int i = 0; i < NQP; i++) {
     if (i == 3) setenv("SOFT_VERBS_FAIL_AFTER", "3", 1);
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof ia);
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 256;
-    ia.cap.max_recv_wr = 256;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    qp[i] = ibv_create_qp(pd, &ia);
+    qp[i] = rc_qp(pd, cq, 256);
     if (i == 3) unsetenv("SOFT_VERBS_FAIL_AFTER");
-    if (!qp[i]) die("ibv_create_qp");
     me->qpn[i] = qp[i]->qp_num;
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    if (i == 5) a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE; /* as NCCL's sending QPs */
-    if (ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                      IBV_QP_ACCESS_FLAGS))
-      die("modify INIT");
+    /* QP 5 as NCCL's sending QPs: remote write only. */
+    to_init(qp[i], i == 5 ? IBV_ACCESS_REMOTE_WRITE
+                          : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
   }
   me->buf = (uint64_t)(uintptr_t)buf;
   me->rkey = mr->rkey;
@@ -683,25 +694,8 @@ static int roce_check(void) {
   if (!m) die("ibv_reg_mr");
   struct ibv_qp *qa[2];
   for (int i = 0; i < 2; i++) {
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof ia);
-    ia.send_cq = q;
-    ia.recv_cq = q;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = 16;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    qa[i] = ibv_create_qp(p, &ia);
-    if (!qa[i]) die("ibv_create_qp");
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    if (ibv_modify_qp(qa[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                     IBV_QP_ACCESS_FLAGS))
-      die("modify INIT");
+    qa[i] = rc_qp(p, q, 16);
+    to_init(qa[i], IBV_ACCESS_REMOTE_WRITE);
   }
   union ibv_gid other = e[3].gid;
   other.raw[15] ^= 1; /* another process's LID */

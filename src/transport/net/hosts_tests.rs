@@ -227,10 +227,10 @@ fn pattern(dev: i32, n: usize) -> Vec<u8> {
 
 /// Rank 0 sends `MESSAGE` bytes to rank 1 on device `dev` of `net`, whose listening handle
 /// (rank 1's) goes through the bootstrap; rank 1 checks them. The address rank 1 listened on.
-fn move_on_device(b: &Bootstrap, net: &SocketNet, dev: i32) -> String {
-    let rank = b.rank();
-    let tag = 100 + dev as u64;
-    let (comm, listened): (Comm, Handle) = if rank == 1 {
+/// A connection on device `dev` between the two ranks, its handle sent over the bootstrap
+/// with `tag`: rank 1 listens and accepts, rank 0 connects. The comm, and the listen handle.
+fn pair_over_bootstrap(b: &Bootstrap, net: &dyn Net, dev: i32, tag: u64) -> (Comm, Handle) {
+    if b.rank() == 1 {
         let (handle, listen) = net.listen(dev).unwrap();
         b.send(0, tag, &handle.0).unwrap();
         let comm = until("accept", || net.accept(listen));
@@ -240,7 +240,12 @@ fn move_on_device(b: &Bootstrap, net: &SocketNet, dev: i32) -> String {
         let mut handle = Handle([0u8; HANDLE_BYTES]);
         handle.0.copy_from_slice(&b.recv(1, tag).unwrap());
         (until("connect", || net.connect(dev, &handle)), handle)
-    };
+    }
+}
+
+fn move_on_device(b: &Bootstrap, net: &SocketNet, dev: i32) -> String {
+    let rank = b.rank();
+    let (comm, listened) = pair_over_bootstrap(b, net, dev, 100 + dev as u64);
     let mut data = if rank == 0 {
         pattern(dev, MESSAGE)
     } else {
@@ -580,18 +585,7 @@ fn move_over_routes(b: &Bootstrap) {
     let dev_of = |c: u32| routes.device_of_row(c, ROUTE_CHANNELS, ndev);
     let mut comms = Vec::new();
     for c in 0..ROUTE_CHANNELS {
-        let tag = 200 + c as u64;
-        comms.push(if rank == 1 {
-            let (handle, listen) = net.listen(dev_of(c)).unwrap();
-            b.send(0, tag, &handle.0).unwrap();
-            let comm = until("accept", || net.accept(listen));
-            net.close_listen(listen).unwrap();
-            comm
-        } else {
-            let mut handle = Handle([0u8; HANDLE_BYTES]);
-            handle.0.copy_from_slice(&b.recv(1, tag).unwrap());
-            until("connect", || net.connect(dev_of(c), &handle))
-        });
+        comms.push(pair_over_bootstrap(b, &net, dev_of(c), 200 + c as u64).0);
     }
     let mut data = if rank == 0 {
         pattern(0, ROUTED_BYTES)

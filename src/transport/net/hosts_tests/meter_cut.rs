@@ -10,13 +10,12 @@
 //! and the speeds move towards 1:1 in bounded steps. No tight timings: every figure is a
 //! median over periods or a proportion with wide margins.
 
-use super::super::api::{Handle, MemType, Net, HANDLE_BYTES};
+use super::super::api::{MemType, Net};
 use super::super::meter::NetMeter;
 use super::super::proxy::{bounce_bytes, Announced, HostBlock, NetSide, Proxy};
 use super::super::socket::SocketNet;
-use super::super::tests::until;
 use super::super::{block_bytes, host_block};
-use super::{address, hosts_or_skip, port, tbf, TwoHosts, V4, V4_SECOND};
+use super::{address, hosts_or_skip, pair_over_bootstrap, port, tbf, TwoHosts, V4, V4_SECOND};
 use crate::bootstrap::Bootstrap;
 use crate::core::adaptive::{Agent, AgentSetup, Schedule};
 use crate::sched::adaptive::{shares_permille, MAX_STEP_PCT};
@@ -221,18 +220,7 @@ fn connect_devices(
     let dir = if rank == 0 { Dir::Send } else { Dir::Recv };
     let mut sides = Vec::new();
     for dev in 0..net.devices().unwrap() {
-        let tag = 300 + dev as u64;
-        let comm = if rank == 1 {
-            let (handle, listen) = net.listen(dev).unwrap();
-            b.send(0, tag, &handle.0).unwrap();
-            let comm = until("accept", || net.accept(listen));
-            net.close_listen(listen).unwrap();
-            comm
-        } else {
-            let mut handle = Handle([0u8; HANDLE_BYTES]);
-            handle.0.copy_from_slice(&b.recv(1, tag).unwrap());
-            until("connect", || net.connect(dev, &handle))
-        };
+        let (comm, _) = pair_over_bootstrap(b, net.as_ref(), dev, 300 + dev as u64);
         let block = Arc::new(Block::new(dir));
         let h = block.host;
         let staging = (SLOT * NSLOTS) as usize;
