@@ -5,8 +5,10 @@
 # 2.32.3 (.device/ref, made by ../shared/tools/nccl-reference 2.32.3 90 .device/ref). Writes
 # under ${OUT:-/tmp/hostpath}: <lib>-<mode>.txt (ROW lines: host µs per call, stream µs per
 # operation), side-by-side.txt, profile.txt (oxccl's host profile of each mode), all packed
-# as hostpath.tar.gz. Modes: 1 = one rank, 2 = two ranks of one process (group calls), p = two
-# processes (under MPS when nvidia-cuda-mps-control starts a daemon; it is stopped at the end).
+# as hostpath.tar.gz, and floor.txt (what the CUDA driver alone charges per copy, kernel launch
+# and event record: ffi-tests/gpu/enqueue_floor.c). Modes: 1 = one rank, 2 = two ranks of one
+# process (group calls), p = two processes (under MPS when nvidia-cuda-mps-control starts a
+# daemon; it is stopped at the end).
 # usage: scripts/hostpath.sh [ITERATIONS]   (calls per case, default 2000; HOSTPATH_SIZES,
 #        HOSTPATH_MODES (default "1 2 p") and HOSTPATH_BEFORE=<folder of another oxccl build>)
 set -u
@@ -61,6 +63,12 @@ for mode in $MODES; do
   done
 done
 stop_mps
+# The driver's own price per stream operation (ffi-tests/gpu/enqueue_floor.c): the floor under
+# every library's rows.
+if [[ -x .device/bin/enqueue_floor ]]; then
+  timeout -k 5 60 .device/bin/enqueue_floor -n "$N" >"$OUT/floor.txt" 2>&1
+  echo "rc=$? enqueue_floor: $(grep -c '^FLOOR' "$OUT/floor.txt") rows" | tee -a "$OUT/runs.txt"
+fi
 # Side by side: one line per case, host and stream µs of each library.
 python3 - "$OUT" "${libs[@]}" >"$OUT/side-by-side.txt" <<'PY'
 import sys, re, os

@@ -9,7 +9,7 @@ use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
 use crate::profile::{self, Stage};
 use crate::sched::device::GpuWait;
-use crate::sched::{self, Geometry, Plan, Task};
+use crate::sched::{self, relocate, Geometry, Plan, Task};
 use crate::topo::{Path, Topology};
 use crate::transport::net::proxy::Announced;
 use crate::transport::net::CommNet;
@@ -263,44 +263,138 @@ impl ConnectedShapes {
 /// Most plans kept in `Runtime::plans` (the map is emptied when full).
 const PLAN_CACHE_ENTRIES: usize = 256;
 
-/// Plans by their exact tasks, with the last one used kept aside: a loop repeating one call
-/// finds it by comparing the tasks, without hashing them.
+/// Plans by their tasks' layout (`sched::relocate`): a group whose buffers moved is served the
+/// plan made for the same layout elsewhere, moved to its buffers. The last group's exact tasks
+/// are kept aside: a loop repeating one call finds its plan by comparing them, and a loop on
+/// moving buffers moves the last plan without hashing.
 #[derive(Default)]
 struct PlanCache {
-    map: HashMap<Vec<Task>, Arc<CachedPlan>>,
-    last: Option<(Vec<Task>, Arc<CachedPlan>)>,
+    map: HashMap<Vec<Task>, Keyed>,
+    last: Option<Last>,
+}
+
+/// A plan as made, with the segments of the buffers it was made for, and whether every address
+/// in it lies in them (only then may it be moved).
+#[derive(Clone)]
+struct Keyed {
+    plan: Arc<CachedPlan>,
+    segments: Vec<relocate::Segment>,
+    movable: bool,
+}
+
+/// The last group served: its exact tasks, layout key and plan (moved to its buffers).
+struct Last {
+    tasks: Vec<Task>,
+    key: Vec<Task>,
+    served: Keyed,
 }
 
 impl PlanCache {
-    fn get(&mut self, tasks: &[Task]) -> Option<Arc<CachedPlan>> {
-        if let Some((last, plan)) = &self.last {
-            if last.as_slice() == tasks {
-                return Some(plan.clone());
+    fn get(&mut self, tasks: &[Task], nranks: i32) -> Option<Arc<CachedPlan>> {
+        if let Some(last) = &self.last {
+            if last.tasks.as_slice() == tasks {
+                return Some(last.served.plan.clone());
             }
         }
-        let plan = self.map.get(tasks)?.clone();
-        self.set_last(tasks, plan.clone());
+        let (key, segments) = layout_key(tasks, nranks);
+        if let Some(plan) = self.move_last(tasks, &key, &segments) {
+            return Some(plan);
+        }
+        let found = match &self.last {
+            Some(last) if last.key == key => last.served.clone(),
+            _ => self.map.get(&key)?.clone(),
+        };
+        let served = if found.segments == segments {
+            found
+        } else {
+            if !found.movable {
+                return None;
+            }
+            let to = relocate::bases(&segments);
+            let mv = relocate::Move {
+                from: &found.segments,
+                to: &to,
+            };
+            Keyed {
+                plan: Arc::new(found.plan.relocated(&mv)?),
+                segments,
+                movable: true,
+            }
+        };
+        let plan = served.plan.clone();
+        self.set_last(tasks, key, served);
         Some(plan)
     }
 
-    fn insert(&mut self, tasks: &[Task], plan: Arc<CachedPlan>) {
+    /// The last plan moved in place to `tasks`' buffers, when `tasks` have its key and no
+    /// launch holds it any more (a loop on moving buffers allocates nothing here).
+    fn move_last(
+        &mut self,
+        tasks: &[Task],
+        key: &[Task],
+        segments: &[relocate::Segment],
+    ) -> Option<Arc<CachedPlan>> {
+        let last = self.last.as_mut()?;
+        if last.key != key || !last.served.movable {
+            return None;
+        }
+        let to = relocate::bases(segments);
+        let mv = relocate::Move {
+            from: &last.served.segments,
+            to: &to,
+        };
+        let plan = Arc::get_mut(&mut last.served.plan)?;
+        if !plan.relocate(&mv) {
+            return None;
+        }
+        last.served.segments.clear();
+        last.served.segments.extend_from_slice(segments);
+        last.tasks.clear();
+        last.tasks.extend_from_slice(tasks);
+        Some(last.served.plan.clone())
+    }
+
+    fn insert(&mut self, tasks: &[Task], nranks: i32, plan: Arc<CachedPlan>) {
         if self.map.len() >= PLAN_CACHE_ENTRIES {
             self.map.clear();
         }
-        self.map.insert(tasks.to_vec(), plan.clone());
-        self.set_last(tasks, plan);
+        let (key, segments) = layout_key(tasks, nranks);
+        let to = relocate::bases(&segments);
+        let movable = !segments.is_empty()
+            && relocate::relocate(
+                &plan.plan,
+                &relocate::Move {
+                    from: &segments,
+                    to: &to,
+                },
+            )
+            .is_some();
+        let keyed = Keyed {
+            plan,
+            segments,
+            movable,
+        };
+        self.map.insert(key.clone(), keyed.clone());
+        self.set_last(tasks, key, keyed);
     }
 
-    /// `tasks` and `plan` become the last ones used, in the tasks vector already kept (calls
-    /// that alternate between two shapes allocate nothing here).
-    fn set_last(&mut self, tasks: &[Task], plan: Arc<CachedPlan>) {
+    /// `tasks` and `served` become the last ones, in the vectors already kept (calls that
+    /// alternate between two shapes allocate nothing here).
+    fn set_last(&mut self, tasks: &[Task], key: Vec<Task>, served: Keyed) {
         match &mut self.last {
-            Some((kept, kept_plan)) => {
-                kept.clear();
-                kept.extend_from_slice(tasks);
-                *kept_plan = plan;
+            Some(last) => {
+                last.tasks.clear();
+                last.tasks.extend_from_slice(tasks);
+                last.key = key;
+                last.served = served;
             }
-            None => self.last = Some((tasks.to_vec(), plan)),
+            None => {
+                self.last = Some(Last {
+                    tasks: tasks.to_vec(),
+                    key,
+                    served,
+                })
+            }
         }
     }
 
@@ -308,6 +402,12 @@ impl PlanCache {
         self.map.clear();
         self.last = None;
     }
+}
+
+/// The plan-cache key of `tasks` and their segments; the exact tasks and no segments (never
+/// moved) when the layout cannot be encoded.
+fn layout_key(tasks: &[Task], nranks: i32) -> (Vec<Task>, Vec<relocate::Segment>) {
+    relocate::layout(tasks, nranks).unwrap_or_else(|| (tasks.to_vec(), Vec::new()))
 }
 
 /// A plan with the bytes its launch passes: the inline kernel's parameter when the items fit
@@ -339,6 +439,38 @@ impl CachedPlan {
             arena,
             announce,
         }
+    }
+
+    /// This plan with its buffer addresses moved (`sched::relocate`); None when some address
+    /// lies outside the segments.
+    fn relocated(&self, mv: &relocate::Move) -> Option<CachedPlan> {
+        let mut out = CachedPlan {
+            plan: self.plan.clone(),
+            inline: self.inline.clone(),
+            arena: self.arena.clone(),
+            announce: self.announce.clone(),
+        };
+        out.relocate(mv).then_some(out)
+    }
+
+    /// Move the buffer addresses in the plan and in the launch input made from it (both begin
+    /// with the same items); false, with nothing changed, when some address lies outside the
+    /// segments.
+    fn relocate(&mut self, mv: &relocate::Move) -> bool {
+        if !relocate::move_plan(&mut self.plan, mv) {
+            return false;
+        }
+        let n = self.plan.nitems as usize;
+        if let Some(blob) = &mut self.inline {
+            let at = std::mem::offset_of!(sched::device::OxInline, items);
+            let moved = relocate::move_items(blob, at, n, mv);
+            debug_assert!(moved, "the launch input holds the plan's items");
+        }
+        if !self.arena.is_empty() {
+            let moved = relocate::move_items(&mut self.arena, 0, n, mv);
+            debug_assert!(moved, "the launch input holds the plan's items");
+        }
+        true
     }
 
     /// Tell the network proxy the steps a launch of this plan on `stream` will consume: now,
@@ -384,6 +516,80 @@ fn arena_bytes(plan: &Plan) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::sched::device::{OxWork, WorkKind};
+
+    /// A one-item all-reduce plan on `send` -> `recv` as the planner would make it, cached.
+    fn cached_copy_plan(send: u64, recv: u64) -> Arc<CachedPlan> {
+        let mut w = OxWork::new(WorkKind::Copy);
+        w.src = send;
+        w.dst = recv;
+        w.count = 64;
+        let mut items = Vec::new();
+        w.serialize_into(&mut items);
+        let plan = Plan {
+            kernel: crate::cuda::module::MAIN_KERNEL,
+            grid: 1,
+            block: 64,
+            smem: 0,
+            nitems: 1,
+            items,
+            copies: Vec::new(),
+            yields: false,
+        };
+        Arc::new(CachedPlan::new(plan, &Connections::default()))
+    }
+
+    fn all_reduce(send: u64, recv: u64) -> Task {
+        Task {
+            kind: sched::CollKind::AllReduce,
+            dtype: crate::abi::ncclDataType_t::ncclFloat32,
+            op: sched::redop::RedOp::Sum,
+            count: 64,
+            sendbuff: send,
+            recvbuff: recv,
+            root: 0,
+            opts: Default::default(),
+            weights_epoch: 0,
+        }
+    }
+
+    /// The addresses of a cached plan's one item, in the plan and in its inline launch input.
+    fn served_addresses(p: &CachedPlan) -> [(u64, u64); 2] {
+        let item = sched::device::deserialize_all(&p.plan.items)[0];
+        let at = std::mem::offset_of!(sched::device::OxInline, items);
+        let blob = p.inline.as_ref().expect("one item goes inline");
+        let inline = OxWork::deserialize(&blob[at..]);
+        [(item.src, item.dst), (inline.src, inline.dst)]
+    }
+
+    #[test]
+    fn the_plan_cache_moves_plans_to_new_buffers() {
+        let mut cache = PlanCache::default();
+        let first = [all_reduce(0x10000, 0x20000)];
+        assert!(cache.get(&first, 1).is_none());
+        cache.insert(&first, 1, cached_copy_plan(0x10000, 0x20000));
+        // Moved buffers (each its own way): the plan moved; again: served as it is; moved
+        // again: moved in place; back to the first buffers: the first plan.
+        for (send, recv) in [
+            (0x50000, 0x30000),
+            (0x50000, 0x30000),
+            (0x90100, 0x70000),
+            (0x10000, 0x20000),
+        ] {
+            let got = cache.get(&[all_reduce(send, recv)], 1).expect("served");
+            assert_eq!(served_addresses(&got), [(send, recv); 2]);
+        }
+        // In place is another layout: not served from the out-of-place plan.
+        assert!(cache.get(&[all_reduce(0x40000, 0x40000)], 1).is_none());
+    }
+
+    #[test]
+    fn a_plan_with_an_address_from_no_buffer_is_not_moved() {
+        let mut cache = PlanCache::default();
+        let first = [all_reduce(0x10000, 0x20000)];
+        cache.insert(&first, 1, cached_copy_plan(0x10000, 0xDEAD_0000));
+        assert!(cache.get(&first, 1).is_some());
+        assert!(cache.get(&[all_reduce(0x50000, 0x30000)], 1).is_none());
+    }
 
     #[test]
     fn arena_bytes_index_every_cta() {
@@ -1014,7 +1220,7 @@ impl Runtime {
         }
         // Plans are cached by their tasks, weights epochs included: a plan made with other
         // weights is never served.
-        let cached = match self.plans.get(tasks) {
+        let cached = match self.plans.get(tasks, nranks) {
             Some(cached) => cached,
             None => {
                 self.learn_epochs(tasks);
@@ -1023,7 +1229,7 @@ impl Runtime {
                 }
                 let plan = sched::plan(self.geometry.as_ref().expect("built above"), tasks)?;
                 let cached = Arc::new(CachedPlan::new(plan, &self.conns));
-                self.plans.insert(tasks, cached.clone());
+                self.plans.insert(tasks, nranks, cached.clone());
                 cached
             }
         };

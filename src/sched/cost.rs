@@ -691,12 +691,26 @@ fn min_channels_setting() -> u32 {
 /// Smallest local copy of a multi-rank plan (an own block, a send to self) that goes to the
 /// copy engine beside the kernel: smaller ones are kernel work, since forking and joining the
 /// side stream costs more host time (about 5 µs) than they take. A one-rank plan's copies
-/// always go to the copy engine (on the user's stream, with no fork).
+/// go to the copy engine from `ONE_RANK_KERNEL_COPY_MAX` up (on the user's stream, no fork).
 pub const COPY_ENGINE_MIN_BYTES: u64 = 1 << 20;
 
 /// Most CTAs of one copy in the kernel (a one-rank PreMulSum, a small copy of a multi-rank
 /// plan).
 pub const COPY_MAX_CHANNELS: u32 = MAX_CTAS;
+/// A one-rank communicator's out-of-place collectives below this many bytes are a copy in the
+/// kernel (a launch costs the caller less than a copy-engine call, and the copy is short);
+/// larger ones go to the copy engine, which copies faster.
+pub const ONE_RANK_KERNEL_COPY_MAX: u64 = 256 << 10;
+
+/// Bytes per CTA of a one-rank copy in the kernel: nothing else runs, so it spreads wide.
+pub const ONE_RANK_COPY_BYTES_PER_CHANNEL: u64 = 32 << 10;
+
+/// Channels for a one-rank copy in the kernel of `bytes`, at most `max_channels`.
+pub fn one_rank_copy_channels(bytes: u64, max_channels: u32) -> u32 {
+    let max = COPY_MAX_CHANNELS.min(max_channels).max(1) as u64;
+    (bytes.div_ceil(ONE_RANK_COPY_BYTES_PER_CHANNEL)).clamp(1, max) as u32
+}
+
 /// Bytes per CTA of a copy in the kernel before another CTA is added.
 pub const COPY_BYTES_PER_CHANNEL: u64 = 256 << 10;
 

@@ -13,6 +13,7 @@ use super::cost::{self, Algorithms, Protocols};
 use super::device::OxConn;
 use super::plan::{conn_channels, connections_needed, is_direct_row, plan, Dir, Geometry};
 use super::redop::{RedOp, Scalar};
+use super::relocate;
 use super::ring::RingOrder;
 use super::{CollKind, Task};
 use crate::abi::ncclDataType_t;
@@ -137,7 +138,11 @@ fn hash_case(h: &mut Fnv, s: &Setup, tasks_of: &dyn Fn(i32) -> Vec<Task>) {
         {
             h.word(((ch as u64) << 40) | ((peer as u64) << 8) | (dir == Dir::Recv) as u64);
         }
-        match plan(&s.geoms[rank as usize], &tasks) {
+        let planned = plan(&s.geoms[rank as usize], &tasks);
+        if let Ok(p) = &planned {
+            check_relocation(&s.geoms[rank as usize], s.nranks, &tasks, p);
+        }
+        match planned {
             Ok(p) => {
                 h.bytes(p.kernel.as_bytes());
                 h.word(((p.grid as u64) << 32) | p.block as u64);
@@ -158,6 +163,44 @@ fn hash_case(h: &mut Fnv, s: &Setup, tasks_of: &dyn Fn(i32) -> Vec<Task>) {
     }
     cost::TEST_PROTOCOLS.with(|t| t.set(None));
     cost::TEST_ALGORITHMS.with(|t| t.set(None));
+}
+
+/// The plan cache's promise (`relocate`): the same tasks with their buffer segments moved
+/// elsewhere (each by its own distance) have the same key, and their plan is `planned` moved.
+fn check_relocation(geom: &Geometry, nranks: i32, tasks: &[Task], planned: &super::plan::Plan) {
+    let (key, segments) = relocate::layout(tasks, nranks).expect("encodable layout");
+    let moved_to = |addr: u64| {
+        let i = segments
+            .iter()
+            .position(|s| s.base <= addr && addr <= s.end)
+            .expect("every buffer lies in a segment");
+        addr + ((i as u64 + 1) << 44) + 0x40 * i as u64
+    };
+    let moved: Vec<Task> = tasks
+        .iter()
+        .map(|t| Task {
+            sendbuff: moved_to(t.sendbuff),
+            recvbuff: moved_to(t.recvbuff),
+            ..*t
+        })
+        .collect();
+    let (moved_key, moved_segments) = relocate::layout(&moved, nranks).expect("encodable");
+    assert_eq!(
+        key, moved_key,
+        "moving the buffers changed the key of {tasks:?}"
+    );
+    let to = relocate::bases(&moved_segments);
+    let mv = relocate::Move {
+        from: &segments,
+        to: &to,
+    };
+    let relocated = relocate::relocate(planned, &mv)
+        .unwrap_or_else(|| panic!("a plan with an address from no buffer: {tasks:?}"));
+    let fresh = plan(geom, &moved).expect("the moved tasks plan as the tasks did");
+    assert_eq!(
+        relocated, fresh,
+        "moved plan differs from a fresh one for {tasks:?}"
+    );
 }
 
 fn task(kind: CollKind, dtype: ncclDataType_t, op: RedOp, count: usize, bufs: (u64, u64)) -> Task {

@@ -103,6 +103,7 @@ pub mod options;
 pub mod plan;
 pub mod proto;
 pub mod redop;
+pub mod relocate;
 pub mod ring;
 #[cfg(test)]
 mod sim;

@@ -1567,28 +1567,42 @@ fn float_task(kind: CollKind, count: usize, send: u64, recv: u64, op: RedOp) -> 
 fn one_rank_collectives_are_copies_or_nothing() {
     use super::plan::LocalCopy;
     let g = &geometries(1, 8, 4096, 2, &[vec![]])[0];
-    let copy = LocalCopy {
-        dst: 0x9000,
-        src: 0x1000,
-        bytes: 4000,
-    };
     let self_pair = [
         float_task(CollKind::Send, 1000, 0x1000, 0, RedOp::Sum),
         float_task(CollKind::Recv, 1000, 0, 0x9000, RedOp::Sum),
     ];
     let p = plan(g, &self_pair).unwrap();
-    assert_eq!((p.nitems, p.copies.clone()), (0, vec![copy]));
+    assert_eq!(
+        (p.nitems, p.copies.len()),
+        (1, 0),
+        "a small send to self is a kernel copy"
+    );
     for kind in KINDS
         .into_iter()
         .filter(|k| !matches!(k, CollKind::Send | CollKind::Recv))
     {
-        let out_of_place = plan(g, &[float_task(kind, 1000, 0x1000, 0x9000, RedOp::Sum)]).unwrap();
-        assert_eq!(out_of_place.nitems, 0, "{kind:?}: no kernel");
-        assert_eq!(
-            out_of_place.copies,
-            vec![copy],
-            "{kind:?}: one copy-engine copy"
-        );
+        // Small: one kernel copy item of the whole buffer.
+        let small = plan(g, &[float_task(kind, 1000, 0x1000, 0x9000, RedOp::Sum)]).unwrap();
+        assert!(small.copies.is_empty(), "{kind:?}: no copy-engine copy");
+        let items = super::device::deserialize_all(&small.items);
+        assert_eq!(items.len(), 1, "{kind:?}: one kernel copy");
+        let w = &items[0];
+        assert_eq!(w.kind, WorkKind::Copy as u32);
+        assert_eq!((w.src, w.dst, w.count), (0x1000, 0x9000, 4000), "{kind:?}");
+        // From ONE_RANK_KERNEL_COPY_MAX: one copy-engine copy, no kernel.
+        let count = (super::cost::ONE_RANK_KERNEL_COPY_MAX / 4) as usize;
+        let large = plan(
+            g,
+            &[float_task(kind, count, 0x1000, 0x900_0000, RedOp::Sum)],
+        )
+        .unwrap();
+        assert_eq!(large.nitems, 0, "{kind:?}: no kernel");
+        let big = LocalCopy {
+            dst: 0x900_0000,
+            src: 0x1000,
+            bytes: super::cost::ONE_RANK_KERNEL_COPY_MAX,
+        };
+        assert_eq!(large.copies, vec![big], "{kind:?}: one copy-engine copy");
         let in_place = plan(g, &[float_task(kind, 1000, 0x1000, 0x1000, RedOp::Avg)]).unwrap();
         assert_eq!((in_place.nitems, in_place.copies.len()), (0, 0), "{kind:?}");
     }

@@ -1,8 +1,9 @@
-//! Local copies: the collectives of a one-rank communicator (a copy-engine copy, nothing in
-//! place, or kernel items when a PreMulSum scales the data: on the H200 one
-//! `cuMemcpyDtoDAsync` costs the caller less than a kernel launch and copies faster), and the
-//! sends to self of a group paired in order with its receives from self (a copy-engine copy
-//! when large or on one rank, kernel copy items otherwise).
+//! Local copies: the collectives of a one-rank communicator (nothing in place; out of place a
+//! kernel copy when small, since on the H200 a kernel launch costs the caller about 0.7 µs
+//! less than a `cuMemcpyDtoDAsync`, a copy-engine copy from `ONE_RANK_KERNEL_COPY_MAX` up, and
+//! kernel items whenever a PreMulSum scales the data), and the sends to self of a group paired
+//! in order with its receives from self (the same choice on one rank; with more ranks a
+//! copy-engine copy beside the kernel from `COPY_ENGINE_MIN_BYTES`, kernel copy items below).
 
 use super::{collective_key, is_reduction, Group, Lowering, Piece};
 use crate::error::{Error, Result};
@@ -41,15 +42,21 @@ impl Lowering<'_> {
         if count == 0 || (task.sendbuff == task.recvbuff && !transform) {
             return;
         }
+        let max = self.limits.max_channels;
         if !transform {
-            self.copies.push(LocalCopy {
-                dst: task.recvbuff,
-                src: task.sendbuff,
-                bytes,
-            });
+            if bytes >= cost::ONE_RANK_KERNEL_COPY_MAX {
+                self.copies.push(LocalCopy {
+                    dst: task.recvbuff,
+                    src: task.sendbuff,
+                    bytes,
+                });
+            } else {
+                let nch = cost::one_rank_copy_channels(bytes, max);
+                let key = collective_key(seq);
+                self.kernel_copy(task.sendbuff, task.recvbuff, bytes, nch, max, |_| key);
+            }
             return;
         }
-        let max = self.limits.max_channels;
         let nch = cost::copy_channels(bytes, max);
         for (c, (start, len)) in split(count, nch, 16).into_iter().enumerate() {
             if len == 0 {
@@ -93,25 +100,36 @@ impl Lowering<'_> {
     /// The `seq`-th copy to self of a group: `bytes` from `src` to `dst`, on at most `max`
     /// channels.
     fn self_copy(&mut self, seq: u64, src: u64, dst: u64, bytes: u64, max: u32) {
-        if self.nranks == 1 || bytes >= cost::COPY_ENGINE_MIN_BYTES {
+        let engine_from = if self.nranks == 1 {
+            cost::ONE_RANK_KERNEL_COPY_MAX
+        } else {
+            cost::COPY_ENGINE_MIN_BYTES
+        };
+        if bytes >= engine_from {
             self.copies.push(LocalCopy { dst, src, bytes });
             return;
         }
         let rank = self.rank as u64;
-        self.kernel_copy(src, dst, bytes, max, |c| (1, 0, rank, seq, c as u64));
+        let nch = if self.nranks == 1 {
+            cost::one_rank_copy_channels(bytes, max)
+        } else {
+            cost::copy_channels(bytes, max)
+        };
+        self.kernel_copy(src, dst, bytes, nch, max, |c| (1, 0, rank, seq, c as u64));
     }
 
     /// Kernel copy items of `bytes` from `src` to `dst` (type-agnostic, by bytes), split over
-    /// at most `max` channels; `key(c)` is the ordering key of channel `c`'s item.
+    /// `nch` channels of a task that may use up to `max` CTAs; `key(c)` is the ordering key of
+    /// channel `c`'s item.
     fn kernel_copy(
         &mut self,
         src: u64,
         dst: u64,
         bytes: u64,
+        nch: u32,
         max: u32,
         key: impl Fn(usize) -> (u8, u64, u64, u64, u64),
     ) {
-        let nch = cost::copy_channels(bytes, max);
         for (c, (start, len)) in split(bytes, nch, 512).into_iter().enumerate() {
             if len == 0 {
                 continue;
