@@ -8,8 +8,10 @@
  * the last operation divided by N (what a caller's stream sees when the host is the
  * bottleneck). Kernels are PTX in this file, compiled by the driver at run time, so the program
  * needs no nvcc. Ways: cuMemcpyDtoDAsync; a copy kernel with three 8-byte parameters; an empty
- * kernel; an empty kernel with a 64-byte and a 4 KiB parameter; the copy kernel followed by a
- * cuEventRecord; cuStreamWriteValue32; cuEventRecord alone.
+ * kernel; an empty kernel with a 64-byte and a 4 KiB parameter, and with a 4 KiB parameter of
+ * which only 192 bytes are passed (CU_LAUNCH_PARAM_BUFFER_SIZE below the parameter's size; a
+ * REFUSED line when the driver says no); a kernel that uses local memory (a stack); the copy
+ * kernel followed by a cuEventRecord; cuStreamWriteValue32; cuEventRecord alone.
  *
  * usage: enqueue_floor [-n N] [-s LIST]   (default N 5000, sizes 8,32768,524288) */
 #define _GNU_SOURCE
@@ -46,6 +48,11 @@ static const char ptx[] =
     ".version 7.8\n.target sm_90\n.address_size 64\n"
     ".visible .entry empty_k() { ret; }\n"
     ".visible .entry blob_k(.param .align 8 .b8 blob[4096]) { ret; }\n"
+    ".visible .entry local_k(.param .u32 i)\n{\n"
+    "  .local .align 8 .b8 stack[512];\n  .reg .b32 %r<4>;\n  .reg .b64 %rd<4>;\n"
+    "  ld.param.u32 %r1, [i];\n  and.b32 %r1, %r1, 127;\n  mul.wide.u32 %rd1, %r1, 4;\n"
+    "  mov.u64 %rd2, stack;\n  add.s64 %rd3, %rd2, %rd1;\n  st.local.u32 [%rd3], %r1;\n"
+    "  ld.local.u32 %r2, [%rd3];\n  ret;\n}\n"
     ".visible .entry copy_k(.param .u64 dst, .param .u64 src, .param .u64 nwords)\n{\n"
     "  .reg .pred %p<2>;\n  .reg .b32 %r<8>;\n  .reg .b64 %rd<10>;\n"
     "  ld.param.u64 %rd1, [dst];\n  ld.param.u64 %rd2, [src];\n  ld.param.u64 %rd3, [nwords];\n"
@@ -103,14 +110,17 @@ static void load_driver(void) {
   *(void **)&cuStreamWriteValue32 = sym(lib, "cuStreamWriteValue32_v2");
 }
 
-enum way { MEMCPY, COPY_KERNEL, EMPTY, BLOB64, BLOB4K, COPY_EVENT, WRITE_VALUE, EVENT, NWAYS };
-static const char *names[NWAYS] = {"cuMemcpyDtoDAsync", "copy_kernel",   "empty_kernel",
-                                   "empty_kernel_64B_param", "empty_kernel_4KiB_param",
-                                   "copy_kernel+cuEventRecord", "cuStreamWriteValue32",
-                                   "cuEventRecord"};
+enum way {
+  MEMCPY, COPY_KERNEL, EMPTY, BLOB64, BLOB4K, BLOB_SHORT, LOCAL, COPY_EVENT, WRITE_VALUE, EVENT, NWAYS
+};
+static const char *names[NWAYS] = {"cuMemcpyDtoDAsync",       "copy_kernel",
+                                   "empty_kernel",            "empty_kernel_64B_param",
+                                   "empty_kernel_4KiB_param", "4KiB_param_192B_passed",
+                                   "kernel_with_local_memory", "copy_kernel+cuEventRecord",
+                                   "cuStreamWriteValue32",    "cuEventRecord"};
 
 static CUstream stream;
-static CUfunction copy_k, empty_k, blob_k;
+static CUfunction copy_k, empty_k, blob_k, local_k;
 static CUevent ev;
 static CUdeviceptr src, dst, flag;
 static unsigned char blob[4096];
@@ -133,9 +143,16 @@ static void one(enum way w, size_t bytes) {
     case EMPTY:
       CU(cuLaunchKernel(empty_k, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
       break;
+    case LOCAL: {
+      unsigned i = (unsigned)bytes;
+      void *largs[] = {&i};
+      CU(cuLaunchKernel(local_k, 1, 1, 1, 32, 1, 1, 0, stream, largs, NULL));
+      break;
+    }
     case BLOB64:
+    case BLOB_SHORT:
     case BLOB4K: {
-      size_t size = w == BLOB64 ? 64 : sizeof blob;
+      size_t size = w == BLOB64 ? 64 : w == BLOB_SHORT ? 192 : sizeof blob;
       void *extra[] = {(void *)1, blob, (void *)2, &size, NULL};
       CU(cuLaunchKernel(blob_k, 1, 1, 1, 32, 1, 1, 0, stream, NULL, extra));
       break;
@@ -183,6 +200,7 @@ int main(int argc, char **argv) {
   CU(cuModuleGetFunction(&copy_k, mod, "copy_k"));
   CU(cuModuleGetFunction(&empty_k, mod, "empty_k"));
   CU(cuModuleGetFunction(&blob_k, mod, "blob_k"));
+  CU(cuModuleGetFunction(&local_k, mod, "local_k"));
   CU(cuStreamCreate(&stream, 1 /* CU_STREAM_NON_BLOCKING */));
   CU(cuEventCreate(&ev, 2 /* CU_EVENT_DISABLE_TIMING */));
   size_t most = 0;
@@ -207,6 +225,14 @@ int main(int argc, char **argv) {
     measure(EMPTY, 0, iters);
     measure(BLOB64, 0, iters);
     measure(BLOB4K, 0, iters);
+    {
+      size_t size = 192;
+      void *extra[] = {(void *)1, blob, (void *)2, &size, NULL};
+      CUresult r = cuLaunchKernel(blob_k, 1, 1, 1, 32, 1, 1, 0, stream, NULL, extra);
+      if (r == 0) measure(BLOB_SHORT, 0, iters);
+      else printf("REFUSED %s: CUresult %d\n", names[BLOB_SHORT], r);
+    }
+    measure(LOCAL, 0, iters);
     measure(WRITE_VALUE, 0, iters);
     measure(EVENT, 0, iters);
   }

@@ -2,11 +2,13 @@
 //! the time they took, counted by the proxy thread, and read at any time by the channel
 //! weights' exchange (`core::adaptive`).
 //!
-//! A device is busy while one of its receiving sides is in a launch: from posting a step of
-//! a launch until receiving that launch's last step (`proxy::Announced` knows where each
-//! launch's steps end). Within a busy period the time between consecutive completions
-//! counts; the period's first completion only starts the clock and its bytes are not
-//! counted. So neither the wait for the peer to start sending (host skew, its kernel, the
+//! A device is busy while one of its receiving sides is in a launch: from receiving the first
+//! step of a launch until receiving that launch's last step (`proxy::Announced` knows where
+//! each launch's steps end). Receives are posted a launch ahead, so posting does not count: a
+//! side that finished its share and waits for the next launch's data (while the other links
+//! finish theirs) would keep the period open and charge the link for the wait. Within a busy
+//! period the time between consecutive completions counts; the period's first completion
+//! only starts the clock and its bytes are not counted. So neither the wait for the peer to start sending (host skew, its kernel, the
 //! collectives queued before) nor the time a device that finished its share waits for the
 //! next collective counts as the link's: while data keeps arriving, bytes over time is what
 //! the link delivers. Only the proxy thread writes; the counters are relaxed atomics, so
@@ -94,7 +96,7 @@ impl DeviceMeter {
         self.meter.devices.get(self.dev)
     }
 
-    /// The side posted the first receive of a launch's steps.
+    /// The side received the first step of a launch (called before that step's `received`).
     pub fn launch_started(&self) {
         let Some(d) = self.counters() else { return };
         if d.in_launch.fetch_add(1, Ordering::Relaxed) == 0 {

@@ -189,7 +189,7 @@ struct Driven {
     flushing: Option<(u64, Request)>,
     /// Its connection failed: it moves nothing more (the other sides go on).
     failed: bool,
-    /// A receiving side has posted a step of a launch whose last step it has not received
+    /// A receiving side has received a step of a launch whose last step it has not received
     /// (what its meter counts as the device being in a launch).
     in_launch: bool,
 }
@@ -349,10 +349,6 @@ impl Driven {
                 Some(r) => self.inflight.push_back((k, r)),
                 None => break,
             }
-            if let (Some(m), false) = (&s.meter, self.in_launch) {
-                m.launch_started();
-                self.in_launch = true;
-            }
             self.next += 1;
             posted = true;
         }
@@ -383,6 +379,13 @@ impl Driven {
             self.inflight.pop_front();
             done = true;
             if let (Dir::Recv, Some(m)) = (s.dir, &s.meter) {
+                // A side joins its device's busy period with its launch's first completion,
+                // not when it posts the receive: receives are posted a launch ahead, and a
+                // side waiting for the next launch's data must not keep the period open.
+                if !self.in_launch {
+                    m.launch_started();
+                    self.in_launch = true;
+                }
                 m.received(n);
                 if s.announced.ends_launch(k + 1) {
                     m.launch_done();
