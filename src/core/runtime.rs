@@ -488,6 +488,20 @@ impl CachedPlan {
     }
 }
 
+/// Launch `plan` as the inline kernel, its items in the parameter `blob`.
+fn launch_inline(plan: &Plan, blob: &[u8], stream: CUstream) -> Result<()> {
+    let _span = profile::span(Stage::KernelLaunch);
+    cuda::module::launch_blob(
+        cuda::module::INLINE_KERNEL,
+        plan.grid,
+        plan.block,
+        plan.smem,
+        stream,
+        blob,
+        8 + plan.items.len(),
+    )
+}
+
 /// The steps `plan`'s kernels consume on each network receiving side among `conns`
 /// (`sched::steps`).
 fn announcements(plan: &Plan, conns: &Connections) -> Vec<(Announced, u64)> {
@@ -523,18 +537,7 @@ mod tests {
         w.src = send;
         w.dst = recv;
         w.count = 64;
-        let mut items = Vec::new();
-        w.serialize_into(&mut items);
-        let plan = Plan {
-            kernel: crate::cuda::module::MAIN_KERNEL,
-            grid: 1,
-            block: 64,
-            smem: 0,
-            nitems: 1,
-            items,
-            copies: Vec::new(),
-            yields: false,
-        };
+        let plan = Plan::of_items(&[w], 1, 64);
         Arc::new(CachedPlan::new(plan, &Connections::default()))
     }
 
@@ -593,22 +596,16 @@ mod tests {
 
     #[test]
     fn arena_bytes_index_every_cta() {
-        let mut items = Vec::new();
-        for cta in [0u32, 0, 1, 3, 3, 3] {
-            let mut w = OxWork::new(WorkKind::Copy);
-            w.cta = cta;
-            w.serialize_into(&mut items);
-        }
-        let plan = Plan {
-            kernel: crate::cuda::module::MAIN_KERNEL,
-            grid: 4,
-            block: 512,
-            smem: 0,
-            nitems: 6,
-            items: items.clone(),
-            copies: Vec::new(),
-            yields: false,
-        };
+        let works: Vec<OxWork> = [0u32, 0, 1, 3, 3, 3]
+            .into_iter()
+            .map(|cta| {
+                let mut w = OxWork::new(WorkKind::Copy);
+                w.cta = cta;
+                w
+            })
+            .collect();
+        let plan = Plan::of_items(&works, 4, 512);
+        let items = plan.items.clone();
         let bytes = arena_bytes(&plan);
         assert_eq!(&bytes[..items.len()], &items[..]);
         let first: Vec<u32> = bytes[items.len()..]
@@ -1252,13 +1249,7 @@ impl Runtime {
             // Copies only (a one-rank communicator, sends to self): they touch no connection,
             // so they need no ordering with this communicator's kernels.
             run_copies(&plan.copies, stream)?;
-            if !others.is_empty() {
-                self.join.record(stream)?;
-                for &s in &others {
-                    self.join.wait_on(s as CUstream)?;
-                }
-            }
-            return Ok(());
+            return self.others_wait_for(stream, &others);
         }
         let capturing = {
             let _span = profile::span(Stage::CaptureCheck);
@@ -1275,16 +1266,7 @@ impl Runtime {
         let mut beside = self.fork_copies(&plan.copies, stream, capturing)?;
         cached.announce(stream, capturing)?;
         let done = if let Some(blob) = &cached.inline {
-            let _span = profile::span(Stage::KernelLaunch);
-            cuda::module::launch_blob(
-                cuda::module::INLINE_KERNEL,
-                plan.grid,
-                plan.block,
-                plan.smem,
-                stream,
-                blob,
-                8 + plan.items.len(),
-            )?;
+            launch_inline(plan, blob, stream)?;
             self.next_inline = (self.next_inline + 1) % INLINE_EVENTS;
             Done::Inline(self.next_inline)
         } else {
@@ -1346,6 +1328,18 @@ impl Runtime {
         if !capturing {
             self.last = Some((streams[0], done));
             self.eager_launches += 1;
+        }
+        Ok(())
+    }
+
+    /// The group's other streams wait for what was just enqueued on `stream`.
+    fn others_wait_for(&self, stream: CUstream, others: &[usize]) -> Result<()> {
+        if others.is_empty() {
+            return Ok(());
+        }
+        self.join.record(stream)?;
+        for &s in others {
+            self.join.wait_on(s as CUstream)?;
         }
         Ok(())
     }

@@ -186,6 +186,28 @@ pub struct Plan {
     pub yields: bool,
 }
 
+impl Plan {
+    /// A plan of `items` on `grid` CTAs of `block` threads and no copies (tests build plans by
+    /// hand with it).
+    #[cfg(test)]
+    pub fn of_items(items: &[super::device::OxWork], grid: u32, block: u32) -> Plan {
+        let mut bytes = Vec::new();
+        for w in items {
+            w.serialize_into(&mut bytes);
+        }
+        Plan {
+            kernel: crate::cuda::module::MAIN_KERNEL,
+            grid,
+            block,
+            smem: 0,
+            items: bytes,
+            nitems: items.len() as u32,
+            copies: Vec::new(),
+            yields: false,
+        }
+    }
+}
+
 /// Rows of `Geometry::send`/`recv`: ring channels, then as many P2P channels, then the
 /// one-shot all-reduce's `DIRECT_MAX_CHANNELS` rows (connections with small LL-only buffers,
 /// `cost::DIRECT_SLOT_BYTES`).

@@ -261,19 +261,9 @@ mod tests {
     }
 
     fn plan_of(items: &[OxWork], copies: Vec<LocalCopy>) -> Plan {
-        let mut bytes = Vec::new();
-        for w in items {
-            w.serialize_into(&mut bytes);
-        }
         Plan {
-            kernel: crate::cuda::module::MAIN_KERNEL,
-            grid: 1,
-            block: 64,
-            smem: 0,
-            items: bytes,
-            nitems: items.len() as u32,
             copies,
-            yields: false,
+            ..Plan::of_items(items, 1, 64)
         }
     }
 

@@ -1812,3 +1812,77 @@ fn over_the_test_plugin_no_comm_is_closed_with_requests_in_flight() {
     net.close_send(sc).unwrap();
     assert_eq!(super::plugin::tests::requests_in_flight_at_close(&lib), 1);
 }
+
+// ---- the meter: a device waiting for the next launch is not busy ----
+
+#[test]
+fn a_device_waiting_for_the_next_launch_is_not_charged_for_the_wait() {
+    // One device, two connections, both receiving sides metered, in launches announced one
+    // launch ahead: connection A carries NSLOTS steps per launch, B three times as many. A
+    // finishes each launch first and its next launch's receives are posted at once; the
+    // senders start launch 2 only GAP after both sides consumed launch 1 (the fast link
+    // finishing). That wait is not the device's busy time.
+    const GAP: Duration = Duration::from_millis(300);
+    let net: Arc<dyn Net> = Arc::new(SocketNet::new(lo(), Shape::new(0, 1)));
+    let meter = super::meter::NetMeter::new(1);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let flag = AtomicBool::new(false);
+    let quotas = [NSLOTS as usize, 3 * NSLOTS as usize];
+    // Before the proxies: they stop (dropped first) before the blocks they use go.
+    let blocks: Vec<(Block, Block)> = quotas
+        .iter()
+        .map(|_| (Block::new(Dir::Send), Block::new(Dir::Recv)))
+        .collect();
+    let (sender, receiver) = (proxy(0, &errors), proxy(1, &errors));
+    for ((sb, rb), &quota) in blocks.iter().zip(&quotas) {
+        let (sc, rc) = connect_pair(net.as_ref());
+        sender.add(side(&net, sc, Dir::Send, 1, sb));
+        let mut recv = side(&net, rc, Dir::Recv, 0, rb);
+        recv.announced = Announced::tracking_launches();
+        recv.meter = Some(meter.device(0));
+        // Both launches are queued from the start, as a host launches kernels ahead.
+        recv.announced.add(quota as u64);
+        recv.announced.add(quota as u64);
+        receiver.add(recv);
+    }
+    std::thread::scope(|s| {
+        for (i, (sb, rb)) in blocks.iter().enumerate() {
+            let steps: Vec<(usize, bool)> = vec![(4096, false); 2 * quotas[i]];
+            let (flag, blocks, quotas) = (&flag, &blocks, &quotas);
+            let received = steps.clone();
+            s.spawn(move || {
+                for (k, &(bytes, _)) in steps.iter().enumerate() {
+                    if k == quotas[i] {
+                        // Launch 2 starts once every side consumed launch 1, and GAP later.
+                        wait_for("launch 1 consumed", &|| {
+                            blocks
+                                .iter()
+                                .zip(quotas)
+                                .all(|((_, rb), &q)| load(rb.host.head) >= q as u64)
+                        });
+                        std::thread::sleep(GAP);
+                    }
+                    send_step(&sb.host, k, bytes, false, flag, false).unwrap();
+                }
+            });
+            // The receiving kernel frees each slot a little after the step landed (a GPU's
+            // kernel lags the proxy), so a side often receives its launch's last step before
+            // the slots for the next launch's receives are free.
+            s.spawn(move || {
+                for k in 0..received.len() as u64 {
+                    wait_for("a step landed", &|| load(rb.host.tail) > k);
+                    std::thread::sleep(Duration::from_millis(1));
+                    store(rb.host.head, k + 1);
+                }
+            });
+        }
+    });
+    assert!(errors.lock().is_empty(), "{:?}", errors.lock());
+    let busy = Duration::from_nanos(meter.totals()[0].busy_ns);
+    assert!(
+        busy < GAP / 2,
+        "the device was busy {busy:?} for two launches of a few 4 KiB steps over loopback: the \
+         {GAP:?} between them was counted"
+    );
+    drop((sender, receiver));
+}

@@ -651,6 +651,13 @@ fn follow_a_cut(tag: &str, launches: bool) {
     let (fast_after, slow_after) =
         after.unwrap_or_else(|| panic!("no rates after the cut:\n{log}"));
     eprintln!("after the cut: fast {fast_after} Mbit/s, slow {slow_after} Mbit/s");
+    // The slow link still carries its rate: a device that finished its share and waits for
+    // the other's is not charged for the wait.
+    assert!(
+        slow_after * 10 >= SLOW_MBPS as u64 * 6,
+        "the slow link measured {slow_after} Mbit/s after the cut, well below its \
+         {SLOW_MBPS}\n{log}"
+    );
     assert!(
         fast_after * 10 <= slow_after * 16 && fast_after * 2 <= fast,
         "the fast link's rate did not follow the cut: {fast_after} vs {slow_after} (before \
