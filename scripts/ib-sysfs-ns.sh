@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ib-sysfs-ns.sh: runs a command in a mount namespace of its own in which the software verbs
 # device (ffi-tests/ibverbs/soft_verbs.c, "soft_0") has the sysfs entry a real HCA has:
-# /sys/class/infiniband/soft_0/device, a link to a real PCI function. NVIDIA's NCCL takes the
+# /sys/class/infiniband/soft_0/device, a link to a real PCI function, and the GID types of
+# its ports (ports/<p>/gid_attrs/types/<i>), which NVIDIA's NCCL reads on RoCE. NVIDIA's NCCL takes the
 # NIC's PCI path from realpath() of that link (ncclIbGetPciPath); without it, it warns "Could
 # not find real path of soft_0" and places the NIC on the first CPU (a virtual NIC), which
 # also works. See ffi-tests/ibverbs/NVIDIA_IB.md.
@@ -87,7 +88,14 @@ else
   done
   mkdir /sys/class/infiniband || fail "mkdir /sys/class/infiniband"
 fi
-mkdir -p "/sys/class/infiniband/$dev/ports/1" || fail "mkdir /sys/class/infiniband/$dev"
+# The GID types NVIDIA's NCCL reads on RoCE ports (ncclIbRoceGetVersionNum), as the stand-in's
+# GID table has them with SOFT_VERBS_LINK_LAYER=eth: 0 and 2 RoCE v1, 1 and 3 RoCE v2.
+for port in 1 2; do
+  types=/sys/class/infiniband/$dev/ports/$port/gid_attrs/types
+  mkdir -p "$types" || fail "mkdir $types"
+  for i in 0 2; do echo "IB/RoCE v1" >"$types/$i"; done
+  for i in 1 3; do echo "RoCE v2" >"$types/$i"; done
+done
 ln -s "$pci" "/sys/class/infiniband/$dev/device" || fail "link /sys/class/infiniband/$dev/device"
 [ "$(readlink -f "/sys/class/infiniband/$dev/device")" = "$pci" ] ||
   fail "realpath of /sys/class/infiniband/$dev/device is not $pci"

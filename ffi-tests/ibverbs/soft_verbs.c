@@ -15,16 +15,27 @@
  *     v1, 3 the same RoCE v2 (x.y.z: device, port, process). Moving a QP to RTR there needs a
  *     global address (is_global, a valid sgid_index, grh.dgid = the peer port's GID at that
  *     index, of the process dest_qp_num names), else ibv_modify_qp fails with EINVAL. A
- *     device's MRs serve only its own QPs (its PDs), as on hardware. soft_verbs_rx_bytes(name)
- *     (version SOFT_VERBS_TEST) tells how many payload bytes RDMA writes and sends delivered
- *     to a device's memory, for tests.
+ *     device's MRs serve only its own QPs (its PDs), as on hardware.
+ *   - test-only queries (version SOFT_VERBS_TEST, not rdma-core's):
+ *     uint64_t soft_verbs_rx_bytes(const char *name): how many payload bytes RDMA writes and
+ *     sends delivered to a device's memory (0 for an unknown name);
+ *     int soft_verbs_qp_facts(uint32_t qp_num, uint32_t *traffic_class, uint32_t *service_level,
+ *     uint32_t *ece_options, uint32_t *max_inline): for a QP of this process, the traffic class
+ *     (0 unless its RTR address was global) and service level its RTR transition set, its ECE
+ *     wire options (below) and its max_inline_data; NULL out-pointers are skipped; 0, or
+ *     ENOENT for a QP number not of this process.
  *   - PDs; MRs with lkey/rkey, iova (ibv_reg_mr_iova/_iova2), bounds and access-flag checks;
  *     registering memory the process cannot read (GPU memory: no peer-memory driver) fails
  *     with EFAULT, on-demand paging with EOPNOTSUPP; remote atomic access is granted.
  *   - CQs polled through context->ops.poll_cq (the inline ibv_poll_cq); resizing is not needed:
  *     a CQ grows instead of overrunning.
- *   - RC QPs: RESET/INIT/RTR/RTS/ERR via ibv_modify_qp, ibv_query_qp; RDMA WRITE, WRITE WITH
- *     IMM, READ, SEND, SEND WITH IMM; signaled/unsignaled; in-order completion per QP; errors
+ *   - RC QPs: RESET/INIT/RTR/RTS/ERR via ibv_modify_qp, ibv_query_qp (caps included); the
+ *     address's sl and (global addresses only) grh.traffic_class are remembered at RTR; RDMA
+ *     WRITE, WRITE WITH IMM, READ, SEND, SEND WITH IMM; signaled/unsignaled; inline sends
+ *     (cap.max_inline_data up to SV_MAX_INLINE, else ibv_create_qp fails with EINVAL; an
+ *     IBV_SEND_INLINE request longer than the QP's max_inline_data is refused by
+ *     ibv_post_send with EINVAL; inline data needs no lkey and is copied at post time, as
+ *     every payload is); in-order completion per QP; errors
  *     (REM_ACCESS_ERR, REM_INV_REQ_ERR, LOC_PROT_ERR, LOC_LEN_ERR, RETRY_EXC_ERR) move the QP
  *     to ERR and flush what follows with WR_FLUSH_ERR. Receivers not ready behave like
  *     rnr_retry=7 (infinite): the request waits for a posted receive. The target QP's own
@@ -32,6 +43,19 @@
  *     one. Payloads land in ascending address order, one store per aligned 8-byte word, as a
  *     NIC's DMA does: a consumer polling a word (NCCL's fifo index, LL flags) never sees it
  *     before the lower words of the same write.
+ *   - ECE (Enhanced Connection Establishment) as mlx5 does it, with SOFT_VERBS_ECE=<mask>
+ *     (strtoul base 0, read when the first device is opened). Unset or 0: ibv_query_ece and
+ *     ibv_set_ece answer EOPNOTSUPP. A mask S: every QP offers S with vendor id 0x15b3;
+ *     ibv_query_ece gives {0x15b3, accepted options if ibv_set_ece was called, else S,
+ *     comp_mask 0}; ibv_set_ece (EINVAL for a NULL ece, another vendor id, a nonzero comp_mask
+ *     or a QP past INIT) accepts ece->options & S. A QP's wire options are its accepted
+ *     options once set, else 0 (legacy). The rule: both ends of an RC connection must have the
+ *     same wire options. The requester's travel in the connection hello; the responder
+ *     compares them with its QP's once that QP is past INIT (its options are final then: in
+ *     NVIDIA's negotiation the requester reaches RTS, and connects, before the target has set
+ *     the options it answered with) and, if they differ, refuses the connection by closing it,
+ *     so the requester's work requests complete with IBV_WC_RETRY_EXC_ERR, as with no path.
+ *     A QP connected to another of its own process follows the same rule.
  *   - what NVIDIA's NCCL IB transport needs to run over it (host memory): NVIDIA_IB.md.
  *   - fault injection: SOFT_VERBS_FAIL_AFTER=N (read when a QP is created): the N+1-th and
  *     later work requests posted on that QP complete with IBV_WC_RETRY_EXC_ERR (then flush);
@@ -42,7 +66,8 @@
  * Not emulated: UD/UC/XRC QPs, SRQs, atomics (posting one fails with EINVAL), memory windows,
  * address handles, multicast, completion channels (ibv_create_comp_channel fails with ENOSYS),
  * dmabuf MRs (EOPNOTSUPP), extended QP/CQ (ibv_qp_ex, ibv_cq_ex), the sysfs gid_attrs of
- * RoCE ports, fork() after the device was opened, the IBVERBS_1.0 compatibility symbols, and
+ * RoCE ports (scripts/ib-sysfs-ns.sh writes them in a mount namespace for NVIDIA's NCCL),
+ * fork() after the device was opened, the IBVERBS_1.0 compatibility symbols, and
  * the private provider interface (IBVERBS_PRIVATE_*).
  * The verbs_context extension is present (abi_compat = extended) with query_port filled in;
  * every other extended op is NULL, so the inline helpers that need one answer EOPNOTSUPP.
@@ -60,6 +85,8 @@
  * (process_vm_* may be refused by Yama or in containers) and is how a real target NIC works:
  * checks happen at the target. Deadlock freedom: a requester-side reader only reads, the
  * responder only writes to a socket drained by such a reader, so every blocking write drains.
+ * A connection that is lost (peer gone, ECE refused) leaves the QP without a path: what is
+ * outstanding and whatever is posted later completes with IBV_WC_RETRY_EXC_ERR.
  */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
@@ -85,10 +112,12 @@
 #define SV_MAX_QP_PER_PROC 1024
 #define SV_MAX_WR 8192
 #define SV_LID_MAX 0x3fff
-#define SV_HELLO_MAGIC 0x736f6676u /* "sofv" */
+#define SV_HELLO_MAGIC 0x736f6677u /* "sofw": a hello with ECE options ("sofv" had none) */
 #define SV_BOUNCE (256 * 1024) /* payload staging of one reader thread */
 #define SV_MAX_DEVICES 4
 #define SV_ETH_GIDS 4 /* GID table of an Ethernet port */
+#define SV_MAX_INLINE 256 /* the largest cap.max_inline_data a QP may ask for */
+#define SV_ECE_VENDOR 0x15b3 /* Mellanox's PCI vendor id, which mlx5 reports as ECE vendor */
 #ifndef SV_DEFAULT_DEVICES
 #define SV_DEFAULT_DEVICES 1
 #endif
@@ -112,6 +141,7 @@ static struct {
   int rate_gbps;
   int eth; /* SOFT_VERBS_LINK_LAYER=eth: RoCE ports */
   int port_down;
+  uint32_t ece_mask; /* SOFT_VERBS_ECE: the ECE options every QP offers; 0: no ECE */
   struct sv_context *ctxs[64];
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .listen_fd = -1};
 
@@ -172,11 +202,18 @@ struct sv_qp {
   struct ibv_qp_cap cap;
   int sq_sig_all;
   uint64_t fail_after; /* 0 = never */
+  uint32_t sl, tc;     /* service level, traffic class (0 unless global) set at RTR */
+  /* ECE: the accepted options once ibv_set_ece was called (ece_set), else none (legacy);
+   * peer_ece: the requester's wire options, from the hello of the connection to this QP */
+  uint32_t ece_accepted;
+  int ece_set;
+  uint32_t peer_ece;
   uint64_t posted;
   /* requester side */
   int out_fd;
   pthread_t out_thread;
   int out_started;
+  int path_lost; /* the connection is gone: what is posted fails with RETRY_EXC_ERR */
   struct sv_pending *fifo;
   int fifo_cap, fifo_head, fifo_count;
   /* responder side */
@@ -211,6 +248,7 @@ struct sv_hello {
   uint32_t dst_qpn;
   uint32_t src_qpn;
   uint32_t src_lid;
+  uint32_t ece; /* the requester QP's ECE wire options */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -470,8 +508,9 @@ static void *out_reader(void *arg) {
     pthread_mutex_unlock(&q->mu);
   }
   /* connection lost: whatever is outstanding never gets an answer (transport retries
-   * exhausted), unless the QP is being torn down */
+   * exhausted), unless the QP is being torn down; nor does what is posted later */
   pthread_mutex_lock(&q->mu);
+  q->path_lost = 1;
   if (!q->destroying && q->fifo_count && q->qp.state != IBV_QPS_ERR)
     fail_head_locked(q, IBV_WC_RETRY_EXC_ERR);
   pthread_mutex_unlock(&q->mu);
@@ -549,9 +588,33 @@ static int qp_allows(struct sv_qp *q, int need) {
 
 static void count_rx(struct sv_qp *q, uint64_t n);
 
+/* Caller holds q->mu. The ECE options q's connections must agree on: the accepted ones once
+ * ibv_set_ece was called, else 0 (legacy, as a QP of a process without ECE). */
+static uint32_t ece_wire_locked(const struct sv_qp *q) {
+  return q->ece_set ? q->ece_accepted : 0;
+}
+
+/* Responder: whether the requester of the connection to q agrees with q's ECE options. Waits
+ * for q to be past INIT first: only then are its options final (in NVIDIA's negotiation the
+ * requester connects at its RTS, before the target has set the options it answered with).
+ * Past INIT includes ERR: a refused connection is refused whatever became of the QP. A QP
+ * being destroyed agrees: it serves nothing anyway. */
+static int ece_agrees(struct sv_qp *q) {
+  pthread_mutex_lock(&q->mu);
+  while (!q->destroying && (q->qp.state == IBV_QPS_RESET || q->qp.state == IBV_QPS_INIT))
+    pthread_cond_wait(&q->cond, &q->mu); /* every state change broadcasts */
+  int same = q->destroying || ece_wire_locked(q) == q->peer_ece;
+  pthread_mutex_unlock(&q->mu);
+  return same;
+}
+
 static void *in_reader(void *arg) {
   struct sv_qp *q = arg;
   int fd = q->in_fd;
+  if (!ece_agrees(q)) { /* refused: the requester sees the connection end, as with no path */
+    shutdown(fd, SHUT_RDWR);
+    return NULL; /* the fd stays q->in_fd (closed with the QP): no other requester is let in */
+  }
   char *bounce = malloc(SV_BOUNCE);
   for (;;) {
     if (!bounce) break;
@@ -651,6 +714,7 @@ static void *listener(void *arg) {
         pthread_mutex_lock(&q->mu);
         if (q->in_fd < 0 && !q->destroying) {
           q->in_fd = fd;
+          q->peer_ece = h.ece; /* compared by in_reader once q's own options are final */
           if (pthread_create(&q->in_thread, NULL, in_reader, q) == 0) {
             q->in_started = 1;
             ok = 1;
@@ -662,7 +726,10 @@ static void *listener(void *arg) {
       }
       pthread_mutex_unlock(&G.mu);
     }
-    if (write_all(fd, &ok, sizeof ok) || !ok) close(fd);
+    /* Once handed over the fd is the QP's, even when the answer cannot be sent (its in_reader
+     * may have refused the connection already): only a refused hello's fd is closed here. */
+    (void)write_all(fd, &ok, sizeof ok);
+    if (!ok) close(fd);
   }
 }
 
@@ -695,6 +762,8 @@ static int engine_init_locked(void) {
   if (G.rate_gbps <= 0) G.rate_gbps = 100;
   const char *ll = getenv("SOFT_VERBS_LINK_LAYER");
   G.eth = ll && !strcmp(ll, "eth");
+  const char *ece = getenv("SOFT_VERBS_ECE");
+  G.ece_mask = ece && *ece ? (uint32_t)strtoul(ece, NULL, 0) : 0;
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   uint16_t start = (uint16_t)(getpid() % SV_LID_MAX) + 1;
@@ -792,6 +861,31 @@ SV_EXPORT uint64_t soft_verbs_rx_bytes(const char *name) {
   for (int d = 0; d < g_ndevices; d++)
     if (name && !strcmp(name, g_devices[d].dev.name))
       return __atomic_load_n(&g_devices[d].rx_bytes, __ATOMIC_RELAXED);
+  return 0;
+}
+
+/* What a QP of this process was set up with (a test query, not a verbs function): the traffic
+ * class (0 unless global) and service level of its RTR address, its ECE wire options (the
+ * accepted ones once set, else 0) and its max_inline_data. NULL out-pointers are skipped.
+ * 0, or ENOENT when qp_num is not a QP of this process. */
+SV_EXPORT int soft_verbs_qp_facts(uint32_t qp_num, uint32_t *traffic_class,
+                                  uint32_t *service_level, uint32_t *ece_options,
+                                  uint32_t *max_inline) {
+  pthread_mutex_lock(&G.mu); /* held: the QP cannot be destroyed meanwhile */
+  struct sv_qp *q = NULL;
+  if (G.initialized && (qp_num >> 10) == G.lid)
+    q = G.qps[qp_num & (SV_MAX_QP_PER_PROC - 1)];
+  if (!q) {
+    pthread_mutex_unlock(&G.mu);
+    return ENOENT;
+  }
+  pthread_mutex_lock(&q->mu);
+  if (traffic_class) *traffic_class = q->tc;
+  if (service_level) *service_level = q->sl;
+  if (ece_options) *ece_options = ece_wire_locked(q);
+  if (max_inline) *max_inline = q->cap.max_inline_data;
+  pthread_mutex_unlock(&q->mu);
+  pthread_mutex_unlock(&G.mu);
   return 0;
 }
 
@@ -1260,7 +1354,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
   if (!pd || !init || init->qp_type != IBV_QPT_RC || init->srq || !init->send_cq ||
       !init->recv_cq || init->cap.max_send_sge > SV_MAX_SGE ||
       init->cap.max_recv_sge > SV_MAX_SGE || init->cap.max_send_wr > SV_MAX_WR ||
-      init->cap.max_recv_wr > SV_MAX_WR) {
+      init->cap.max_recv_wr > SV_MAX_WR || init->cap.max_inline_data > SV_MAX_INLINE) {
     errno = (init && init->qp_type != IBV_QPT_RC) ? EOPNOTSUPP : EINVAL;
     return NULL;
   }
@@ -1285,6 +1379,8 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
   pthread_mutex_init(&q->send_mu, NULL);
   q->out_fd = -1;
   q->in_fd = -1;
+  /* The QP gets exactly the caps asked for (max_inline_data included), so init->cap, which
+   * providers overwrite with what the QP got, already reports them. */
   q->cap = init->cap;
   q->sq_sig_all = init->sq_sig_all;
   int fa = env_int("SOFT_VERBS_FAIL_AFTER", -1);
@@ -1323,8 +1419,8 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 }
 
 /* Connects the requester socket to the peer QP (dlid, or on Ethernet the LID the dgid
- * carries; dest_qp_num). */
-static int qp_connect(struct sv_qp *q) {
+ * carries; dest_qp_num), telling it q's ECE wire options `ece`. */
+static int qp_connect(struct sv_qp *q, uint32_t ece) {
   uint16_t dlid = q->attr.ah_attr.dlid & SV_LID_MAX;
   if (G.eth && !eth_gid_route(&q->attr.ah_attr.grh.dgid, q->attr.ah_attr.grh.sgid_index, &dlid))
     return -1;
@@ -1333,7 +1429,7 @@ static int qp_connect(struct sv_qp *q) {
   struct sockaddr_un a;
   socklen_t len;
   lid_sockaddr(dlid, &a, &len);
-  struct sv_hello h = {SV_HELLO_MAGIC, q->attr.dest_qp_num, q->qp.qp_num, G.lid};
+  struct sv_hello h = {SV_HELLO_MAGIC, q->attr.dest_qp_num, q->qp.qp_num, G.lid, ece};
   uint32_t ok = 0;
   if (connect(fd, (struct sockaddr *)&a, len) || write_all(fd, &h, sizeof h) ||
       readn(fd, &ok, sizeof ok) || !ok) {
@@ -1410,10 +1506,15 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
   if (mask & IBV_QP_RETRY_CNT) q->attr.retry_cnt = attr->retry_cnt;
   if (mask & IBV_QP_RNR_RETRY) q->attr.rnr_retry = attr->rnr_retry;
   if (mask & IBV_QP_MAX_QP_RD_ATOMIC) q->attr.max_rd_atomic = attr->max_rd_atomic;
+  if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT) { /* the path's service level and class */
+    q->sl = attr->ah_attr.sl;
+    q->tc = attr->ah_attr.is_global ? attr->ah_attr.grh.traffic_class : 0;
+  }
   if (next == IBV_QPS_RTS && cur == IBV_QPS_RTR && q->out_fd < 0) {
     /* connect outside q->mu: the peer may be this process, whose listener takes locks */
+    uint32_t ece = ece_wire_locked(q); /* final: ibv_set_ece is refused past INIT */
     pthread_mutex_unlock(&q->mu);
-    int rc = qp_connect(q);
+    int rc = qp_connect(q, ece);
     pthread_mutex_lock(&q->mu);
     (void)rc; /* no path: requests will complete with RETRY_EXC_ERR */
   }
@@ -1503,6 +1604,10 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
     uint64_t total;
     sge_total(wr->sg_list, wr->num_sge, &total);
     int inl = (wr->send_flags & IBV_SEND_INLINE) && op != SV_OP_READ;
+    if (inl && total > q->cap.max_inline_data) { /* more than the QP's inline room */
+      rc = EINVAL;
+      break;
+    }
     /* local checks: every SGE must lie in a registered MR of this PD (inline data need not) */
     int local_status = 0;
     for (int i = 0; i < wr->num_sge && !inl; i++)
@@ -1524,7 +1629,8 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
     }
     q->posted++;
     if (q->fail_after && q->posted >= q->fail_after) local_status = IBV_WC_RETRY_EXC_ERR;
-    if (q->out_fd < 0 && !local_status) local_status = IBV_WC_RETRY_EXC_ERR; /* no path */
+    if ((q->out_fd < 0 || q->path_lost) && !local_status)
+      local_status = IBV_WC_RETRY_EXC_ERR; /* no path */
     struct sv_pending *p = &q->fifo[(q->fifo_head + q->fifo_count) % q->fifo_cap];
     memset(p, 0, sizeof *p);
     p->wr_id = wr->wr_id;
@@ -1600,16 +1706,37 @@ SV_EXPORT int ibv_fork_init(void) { return 0; }
 
 SV_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_DISABLED; }
 
+/* ECE as mlx5 does it (see the header comment); without SOFT_VERBS_ECE the device has none. */
 SV_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece) {
-  (void)qp;
-  (void)ece;
-  return EOPNOTSUPP;
+  struct sv_qp *q = (struct sv_qp *)qp;
+  if (!G.ece_mask) return EOPNOTSUPP;
+  if (!ece) return EINVAL;
+  pthread_mutex_lock(&q->mu);
+  ece->vendor_id = SV_ECE_VENDOR;
+  ece->options = q->ece_set ? q->ece_accepted : G.ece_mask; /* accepted, else the offer */
+  ece->comp_mask = 0;
+  pthread_mutex_unlock(&q->mu);
+  return 0;
 }
 
 SV_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece) {
-  (void)qp;
-  (void)ece;
-  return EOPNOTSUPP;
+  struct sv_qp *q = (struct sv_qp *)qp;
+  if (!G.ece_mask) return EOPNOTSUPP;
+  if (!ece || ece->vendor_id != SV_ECE_VENDOR || ece->comp_mask) {
+    errno = EINVAL;
+    return EINVAL;
+  }
+  int rc = 0;
+  pthread_mutex_lock(&q->mu);
+  if (q->qp.state == IBV_QPS_RESET || q->qp.state == IBV_QPS_INIT) { /* before RTR only */
+    q->ece_accepted = ece->options & G.ece_mask; /* what this device supports of the request */
+    q->ece_set = 1;
+  } else {
+    rc = EINVAL;
+  }
+  pthread_mutex_unlock(&q->mu);
+  if (rc) errno = rc;
+  return rc;
 }
 
 SV_EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op,

@@ -14,11 +14,23 @@
  * locally: every symbol at the version NCCL's dlvsym asks for, its registration flags (remote
  * atomic, relaxed ordering) accepted, on-demand paging EOPNOTSUPP, remote write without local
  * write EINVAL, unreadable memory EFAULT, its dma-buf probe (fd -1) EOPNOTSUPP, ECE
- * EOPNOTSUPP, pkey index 1 EINVAL, and a QP connected to itself (its flush QP) doing a READ.
+ * EOPNOTSUPP (no SOFT_VERBS_ECE), pkey index 1 EINVAL, and a QP connected to itself (its flush
+ * QP) doing a READ.
  * Then, in a fresh process: SOFT_VERBS_PORTS=2 (two ACTIVE ports, distinct LIDs) and
  * SOFT_VERBS_PORT_DOWN_AFTER_MS (IBV_EVENT_PORT_ERR through ibv_get_async_event, ports DOWN);
  * and SOFT_VERBS_LINK_LAYER=eth (RoCE: GID table and types, RTR refused unless addressed by
- * the peer's GID, a write between two QPs connected by GID).
+ * the peer's GID, a write between two QPs connected by GID; soft_verbs_qp_facts giving the
+ * sl 3 and traffic class 106 set at RTR, ENOENT for a destroyed or never-given QP number).
+ * Then a fresh process forking into two sides with SOFT_VERBS_ECE=0x7 and 0x5: ECE negotiated
+ * as NVIDIA's NCCL does (offer 0x7, B accepts 0x5 in INIT before its RTS, A sets 0x5 before its
+ * RTR), a write over it exact; ECE set on one end only: writes both ways RETRY_EXC_ERR, nothing
+ * lands; ibv_set_ece EINVAL for NULL, another vendor, a comp_mask, or past RTR; a QP with ECE
+ * connected to itself; inline sends (max_inline_data 64 reported by create and query, a
+ * 48-byte IBV_SEND_INLINE write from an unregistered stack buffer lands, 65 bytes EINVAL with
+ * bad_wr, max_inline_data 1024 refused with EINVAL); soft_verbs_qp_facts: ECE wire options
+ * (0x5, or 0 when never set), sl 5, traffic class 0 for a non-global address, max_inline.
+ * soft_verbs_qp_facts is looked up with dlvsym (SOFT_VERBS_TEST); built against rdma-core's
+ * library (run.sh's verbs_test_real) those checks are skipped.
  * Not tested here: iova registration, SEND larger than the receive (LOC_LEN_ERR).
  * Prints "ok"/"FAIL" lines and "N passed, M failed"; exits non-zero on any failure. */
 #define _GNU_SOURCE
@@ -61,8 +73,11 @@ static void die(const char *what) {
   exit(2);
 }
 
-/* An RC QP on `pd` with both queues on `cq`, `depth` work requests each way. */
-static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, int depth) {
+/* An RC QP on `pd` with both queues on `cq`, `depth` work requests each way and room for
+ * `max_inline` bytes of inline data; NULL (errno set) if refused. The caps the QP got in *got
+ * (if not NULL). */
+static struct ibv_qp *rc_qp_inline(struct ibv_pd *pd, struct ibv_cq *cq, int depth,
+                                   uint32_t max_inline, struct ibv_qp_cap *got) {
   struct ibv_qp_init_attr ia;
   memset(&ia, 0, sizeof ia);
   ia.send_cq = cq;
@@ -72,9 +87,28 @@ static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, int depth) {
   ia.cap.max_recv_wr = depth;
   ia.cap.max_send_sge = 1;
   ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = max_inline;
   struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+  if (got) *got = ia.cap;
+  return qp;
+}
+
+/* An RC QP on `pd` with both queues on `cq`, `depth` work requests each way. */
+static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, int depth) {
+  struct ibv_qp *qp = rc_qp_inline(pd, cq, depth, 0, NULL);
   if (!qp) die("ibv_create_qp");
   return qp;
+}
+
+/* The stand-in's test query soft_verbs_qp_facts, looked up at run time (never linked: the
+ * verbs_test_real build against rdma-core's library has no such symbol); NULL, saying so, when
+ * the library lacks it. */
+typedef int (*qp_facts_fn)(uint32_t qp_num, uint32_t *traffic_class, uint32_t *service_level,
+                           uint32_t *ece_options, uint32_t *max_inline);
+static qp_facts_fn qp_facts(void) {
+  qp_facts_fn f = (qp_facts_fn)dlvsym(RTLD_DEFAULT, "soft_verbs_qp_facts", "SOFT_VERBS_TEST");
+  if (!f) printf("      [%s] no soft_verbs_qp_facts@SOFT_VERBS_TEST: its checks skipped\n", who);
+  return f;
 }
 
 /* Move `qp` to INIT on port 1 with remote `access`. */
@@ -469,7 +503,7 @@ static void local_checks(void) {
   struct ibv_ece ece;
   memset(&ece, 0, sizeof ece);
   check(ibv_query_ece(qp[0], &ece) == EOPNOTSUPP && ibv_set_ece(qp[0], &ece) == EOPNOTSUPP,
-        "ibv_query_ece/ibv_set_ece: EOPNOTSUPP");
+        "ibv_query_ece/ibv_set_ece: EOPNOTSUPP without SOFT_VERBS_ECE");
 
   /* NCCL's flush QP: connected to itself, an RDMA READ of one byte into a host int */
   struct ibv_cq *c2 = ibv_create_cq(ctx, 16, NULL, NULL, 0);
@@ -635,7 +669,8 @@ static void rank1(const struct info *peer) {
   sync_with_peer('9');
 }
 
-/* Moves q to RTR towards QP dest_qpn (of this process) over RoCE, addressed as given. */
+/* Moves q to RTR towards QP dest_qpn (of this process) over RoCE, addressed as given, with
+ * service level 3 and traffic class 106 (NCCL_IB_TC's usual value). */
 static int roce_rtr(struct ibv_qp *q, uint32_t dest_qpn, int global, int sgid_index,
                     const union ibv_gid *dgid) {
   struct ibv_qp_attr a;
@@ -649,6 +684,8 @@ static int roce_rtr(struct ibv_qp *q, uint32_t dest_qpn, int global, int sgid_in
   a.ah_attr.grh.dgid = *dgid;
   a.ah_attr.grh.sgid_index = (uint8_t)sgid_index;
   a.ah_attr.grh.hop_limit = 255;
+  a.ah_attr.grh.traffic_class = 106;
+  a.ah_attr.sl = 3;
   a.ah_attr.port_num = 1;
   return ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
@@ -710,6 +747,13 @@ static int roce_check(void) {
   check(roce_rtr(qa[0], qa[1]->qp_num, 1, 3, &e[3].gid) == 0 &&
             roce_rtr(qa[1], qa[0]->qp_num, 1, 3, &e[3].gid) == 0,
         "eth: RTR with the peer's GID at sgid_index 3");
+  qp_facts_fn facts = qp_facts();
+  if (facts) {
+    uint32_t tc = 0, sl = 0, ece = 1, inl = 1;
+    check(facts(qa[0]->qp_num, &tc, &sl, &ece, &inl) == 0 && tc == 106 && sl == 3 && ece == 0 &&
+              inl == 0 && facts(qa[1]->qp_num, NULL, NULL, NULL, NULL) == 0,
+          "soft_verbs_qp_facts: traffic class 106 and sl 3 set at RTR, no ECE, no inline");
+  }
   for (int i = 0; i < 2; i++) to_rts(qa[i]);
   for (int i = 0; i < 65536; i++) b[i] = (char)pat((size_t)i, 7);
   memset(b + 65536, 0, 65536);
@@ -727,7 +771,14 @@ static int roce_check(void) {
   check(ibv_post_send(qa[0], &wr, &bad) == 0 && poll_cq_n(q, &wc, 1) == 1 &&
             wc.status == IBV_WC_SUCCESS && !memcmp(b, b + 65536, 65536),
         "eth: 64 KiB RDMA WRITE over the GID-addressed QPs, exact");
+  uint32_t gone = qa[0]->qp_num;
   for (int i = 0; i < 2; i++) ibv_destroy_qp(qa[i]);
+  if (facts) {
+    uint32_t tc = 7;
+    check(facts(gone, &tc, NULL, NULL, NULL) == ENOENT && tc == 7 &&
+              facts(gone & ~0x3ffu, NULL, NULL, NULL, NULL) == ENOENT,
+          "soft_verbs_qp_facts: ENOENT for a destroyed QP and a number never given");
+  }
   ibv_dereg_mr(m);
   ibv_destroy_cq(q);
   ibv_dealloc_pd(p);
@@ -769,9 +820,257 @@ static int port_down_check(void) {
   return failed ? 1 : 0;
 }
 
+/* ---- ECE and inline sends: two fresh processes with different SOFT_VERBS_ECE ---- */
+
+#define ECE_NQP 3 /* 0 negotiated as NCCL does, 1 ECE set on side B only, 2 legacy + inline */
+#define ECE_BUF 65536
+
+struct ece_info {
+  uint16_t lid;
+  uint32_t qpn[ECE_NQP];
+  uint64_t buf;
+  uint32_t rkey;
+  struct ibv_ece ece; /* A: its QP 0's offer; B: what its QP 0 accepted */
+};
+
+static int ece_query(struct ibv_qp *q, uint32_t *options) {
+  struct ibv_ece e;
+  memset(&e, 0xff, sizeof e);
+  int rc = ibv_query_ece(q, &e);
+  *options = e.options;
+  return rc || e.vendor_id != 0x15b3 || e.comp_mask != 0;
+}
+
+/* Moves q to RTR towards QP dqpn at dlid (service level 5; a traffic class that a non-global
+ * address does not carry), then to RTS. */
+static void ib_connect(struct ibv_qp *q, uint16_t dlid, uint32_t dqpn) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dqpn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.dlid = dlid;
+  a.ah_attr.sl = 5;
+  a.ah_attr.grh.traffic_class = 99; /* ignored: not global */
+  a.ah_attr.port_num = 1;
+  if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    die("modify RTR");
+  to_rts(q);
+}
+
+static void ece_connect(const struct ece_info *peer) {
+  for (int i = 0; i < ECE_NQP; i++) ib_connect(qp[i], peer->lid, peer->qpn[i]);
+}
+
+/* A QP of side A connected to itself with ECE set (accepting all of A's 0x7): the rule holds
+ * within one process too, so its write goes through. */
+static void ece_self(const struct ece_info *me) {
+  struct ibv_qp *q = rc_qp(pd, cq, 16);
+  to_init(q, IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_ece all = {0x15b3, 0xffffffffu, 0};
+  uint32_t opt = 0;
+  check(ibv_set_ece(q, &all) == 0 && ece_query(q, &opt) == 0 && opt == 0x7,
+        "ibv_set_ece of all options on side A accepts its 0x7");
+  ib_connect(q, me->lid, q->qp_num);
+  for (int i = 0; i < 256; i++) buf[32768 + i] = (char)i;
+  struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf + 32768), 256, mr->lkey};
+  struct ibv_send_wr wr, *badwr;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = 6;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)(buf + 40960);
+  wr.wr.rdma.rkey = mr->rkey;
+  struct ibv_wc wc;
+  check(ibv_post_send(q, &wr, &badwr) == 0 && poll_n(&wc, 1) == 1 && wc.wr_id == 6 &&
+            wc.status == IBV_WC_SUCCESS && !memcmp(buf + 32768, buf + 40960, 256),
+        "a QP with ECE 0x7 connected to itself: RDMA WRITE exact");
+  ibv_destroy_qp(q);
+}
+
+/* Side A (SOFT_VERBS_ECE=0x7): offers, then takes B's answer before its RTR; the requester of
+ * the data checks; then a QP of its own connected to itself. */
+static void ece_side_a(struct ece_info *me) {
+  struct ece_info peer;
+  uint32_t opt = 0;
+  check(ece_query(qp[0], &opt) == 0 && opt == 0x7,
+        "SOFT_VERBS_ECE=0x7: ibv_query_ece offers {0x15b3, 0x7, 0}");
+  struct ibv_ece bad = {0x02c9, 0x7, 0};
+  struct ibv_ece comp = {0x15b3, 0x7, 1};
+  errno = 0;
+  check(ibv_set_ece(qp[2], NULL) == EINVAL && ibv_set_ece(qp[2], &bad) == EINVAL &&
+            errno == EINVAL && ibv_set_ece(qp[2], &comp) == EINVAL,
+        "ibv_set_ece: NULL, another vendor id, a comp_mask: EINVAL");
+  memset(&me->ece, 0, sizeof me->ece);
+  ibv_query_ece(qp[0], &me->ece);
+  put(me, sizeof *me);
+  get(&peer, sizeof peer);
+  check(ibv_set_ece(qp[0], &peer.ece) == 0 && ece_query(qp[0], &opt) == 0 && opt == 0x5,
+        "ibv_set_ece of B's answer (0x5) in INIT; ibv_query_ece then gives 0x5");
+  ece_connect(&peer);
+  struct ibv_ece late = {0x15b3, 0x7, 0};
+  check(ibv_set_ece(qp[0], &late) == EINVAL && ece_query(qp[0], &opt) == 0 && opt == 0x5,
+        "ibv_set_ece past RTR: EINVAL, options unchanged");
+  sync_with_peer('c'); /* both sides RTS */
+
+  struct ibv_wc wc[2];
+  for (int i = 0; i < 4096; i++) buf[i] = (char)pat((size_t)i, 9);
+  int rc = post_rdma(0, IBV_WR_RDMA_WRITE, 1, 0, 4096, peer.buf, peer.rkey, 1, 0);
+  check(rc == 0 && poll_n(wc, 1) == 1 && wc[0].wr_id == 1 && wc[0].status == IBV_WC_SUCCESS,
+        "ECE 0x5 on both ends: RDMA WRITE completes");
+  rc = post_rdma(1, IBV_WR_RDMA_WRITE, 2, 0, 4096, peer.buf + 8192, peer.rkey, 1, 0);
+  check(rc == 0 && poll_n(wc, 1) == 1 && wc[0].wr_id == 2 &&
+            wc[0].status == IBV_WC_RETRY_EXC_ERR,
+        "ECE set on the target only: the write completes with RETRY_EXC_ERR");
+
+  /* inline: 48 bytes from an unregistered stack buffer, no lkey */
+  char small[65];
+  for (int i = 0; i < 65; i++) small[i] = (char)(0x40 + i);
+  struct ibv_sge sge = {(uint64_t)(uintptr_t)small, 48, 0};
+  struct ibv_send_wr wr, *badwr = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = 3;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  wr.wr.rdma.remote_addr = peer.buf + 16384;
+  wr.wr.rdma.rkey = peer.rkey;
+  rc = ibv_post_send(qp[2], &wr, &badwr);
+  memset(small, 0, 48); /* inline: the data was taken at post time */
+  check(rc == 0 && poll_n(wc, 1) == 1 && wc[0].wr_id == 3 && wc[0].status == IBV_WC_SUCCESS,
+        "inline 48-byte write (max_inline_data 64) from an unregistered stack buffer, lkey 0");
+  sge.length = 65;
+  wr.wr_id = 4;
+  badwr = NULL;
+  check(ibv_post_send(qp[2], &wr, &badwr) == EINVAL && badwr == &wr &&
+            ibv_poll_cq(cq, 1, wc) == 0,
+        "inline 65-byte write past max_inline_data 64: EINVAL, bad_wr, nothing posted");
+  sync_with_peer('w'); /* B checks what landed */
+  ece_self(me);
+}
+
+/* Side B (SOFT_VERBS_ECE=0x5): answers A's offer with what it accepts, before A's RTR. */
+static void ece_side_b(struct ece_info *me) {
+  struct ece_info peer;
+  uint32_t opt = 0;
+  get(&peer, sizeof peer);
+  check(ibv_set_ece(qp[0], &peer.ece) == 0 && ece_query(qp[0], &opt) == 0 && opt == 0x5,
+        "SOFT_VERBS_ECE=0x5: ibv_set_ece of A's offer 0x7 accepts 0x5");
+  check(ibv_set_ece(qp[1], &peer.ece) == 0, "ibv_set_ece on QP 1 (A leaves its QP 1 legacy)");
+  ece_connect(&peer); /* RTS, connecting to A's QPs still in INIT */
+  check(ece_query(qp[0], &opt) == 0 && opt == 0x5, "ibv_query_ece at RTS: 0x5");
+  memset(&me->ece, 0, sizeof me->ece);
+  ibv_query_ece(qp[0], &me->ece);
+  put(me, sizeof *me);
+  sync_with_peer('c');
+  struct ibv_wc wc[1];
+  int rc = post_rdma(1, IBV_WR_RDMA_WRITE, 5, 0, 64, peer.buf, peer.rkey, 1, 0);
+  check(rc == 0 && poll_n(wc, 1) == 1 && wc[0].wr_id == 5 &&
+            wc[0].status == IBV_WC_RETRY_EXC_ERR,
+        "ECE set on the requester only: the write completes with RETRY_EXC_ERR");
+  sync_with_peer('w');
+  int same = 1;
+  for (int i = 0; i < 4096 && same; i++) same = (uint8_t)buf[i] == pat((size_t)i, 9);
+  check(same, "the write over the ECE 0x5 connection landed exactly");
+  int zero = 1;
+  for (int i = 8192; i < 8192 + 4096 && zero; i++) zero = buf[i] == 0;
+  check(zero, "nothing landed through the refused connection");
+  same = 1;
+  for (int i = 0; i < 48 && same; i++) same = buf[16384 + i] == (char)(0x40 + i);
+  check(same && buf[16384 + 48] == 0, "the inline write's 48 bytes landed exactly");
+}
+
+/* A fresh process that forks, before either side opens the device, into side A
+ * (SOFT_VERBS_ECE=0x7) and side B (0x5), each with three QPs towards the other's: QP 0
+ * negotiates ECE as NVIDIA's NCCL does (A offers, B sets A's offer in INIT and answers what it
+ * accepted after its RTS, A sets that before its RTR); QP 1 has ECE set on B only, a mismatch
+ * both directions refuse; QP 2 is legacy (no ECE) with max_inline_data 64, for inline sends. */
+static int ece_check(void) {
+  int p2c[2], c2p[2];
+  if (pipe(p2c) || pipe(c2p)) return 2;
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) return 2;
+  int side_b = pid == 0;
+  who = side_b ? "ece-b" : "ece-a";
+  wfd = side_b ? c2p[1] : p2c[1];
+  rfd = side_b ? p2c[0] : c2p[0];
+  setenv("SOFT_VERBS_ECE", side_b ? "0x5" : "0x7", 1);
+  struct ibv_device **list = ibv_get_device_list(NULL);
+  if (!list || !list[0]) die("no device");
+  ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!ctx) die("ibv_open_device");
+  pd = ibv_alloc_pd(ctx);
+  cq = pd ? ibv_create_cq(ctx, 64, NULL, NULL, 0) : NULL;
+  buf = aligned_alloc(4096, ECE_BUF);
+  if (!cq || !buf) die("pd, cq, buffer");
+  memset(buf, 0, ECE_BUF);
+  mr = ibv_reg_mr(pd, buf, ECE_BUF, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr) die("ibv_reg_mr");
+  struct ibv_qp_cap got;
+  errno = 0;
+  check(rc_qp_inline(pd, cq, 16, 1024, NULL) == NULL && errno == EINVAL,
+        "max_inline_data 1024 (above 256): ibv_create_qp fails with EINVAL");
+  struct ece_info me;
+  memset(&me, 0, sizeof me);
+  for (int i = 0; i < ECE_NQP; i++) {
+    qp[i] = rc_qp_inline(pd, cq, 16, i == 2 ? 64 : 0, &got);
+    if (!qp[i]) die("ibv_create_qp");
+    to_init(qp[i], IBV_ACCESS_REMOTE_WRITE);
+    me.qpn[i] = qp[i]->qp_num;
+  }
+  struct ibv_qp_attr qa;
+  struct ibv_qp_init_attr qi;
+  check(got.max_inline_data == 64 && ibv_query_qp(qp[2], &qa, IBV_QP_CAP, &qi) == 0 &&
+            qa.cap.max_inline_data == 64 && qi.cap.max_inline_data == 64,
+        "max_inline_data 64: reported by ibv_create_qp and ibv_query_qp");
+  struct ibv_port_attr pa;
+  if (ibv_query_port(ctx, 1, &pa)) die("ibv_query_port");
+  me.lid = pa.lid;
+  me.buf = (uint64_t)(uintptr_t)buf;
+  me.rkey = mr->rkey;
+  if (side_b) ece_side_b(&me); else ece_side_a(&me);
+
+  qp_facts_fn facts = qp_facts();
+  if (facts) {
+    uint32_t f[ECE_NQP][4];
+    int rc = 0;
+    for (int i = 0; i < ECE_NQP; i++)
+      rc |= facts(qp[i]->qp_num, &f[i][0], &f[i][1], &f[i][2], &f[i][3]);
+    check(rc == 0 && f[0][0] == 0 && f[0][1] == 5 && f[0][2] == 0x5 && f[0][3] == 0,
+          "soft_verbs_qp_facts: negotiated QP has ECE 0x5, sl 5, traffic class 0 (not global)");
+    check(f[1][2] == (side_b ? 0x5u : 0u) && f[2][2] == 0 && f[2][3] == 64,
+          "soft_verbs_qp_facts: ECE wire options 0 when never set, max_inline 64");
+  }
+  sync_with_peer('e');
+  for (int i = 0; i < ECE_NQP; i++) ibv_destroy_qp(qp[i]);
+  ibv_dereg_mr(mr);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  free(buf);
+  if (side_b) {
+    printf("ece-b: %d passed, %d failed\n", passed, failed);
+    fflush(stdout);
+    return failed ? 1 : 0;
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "side B exited cleanly with no failures");
+  return failed ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "ports") == 0) return port_down_check();
   if (argc > 1 && strcmp(argv[1], "roce") == 0) return roce_check();
+  if (argc > 1 && strcmp(argv[1], "ece") == 0) return ece_check();
   setenv("SOFT_VERBS_RATE_GBPS", "100", 1);
   int p2c[2], c2p[2];
   if (pipe(p2c) || pipe(c2p)) return 2;
@@ -821,6 +1120,16 @@ int main(int argc, char **argv) {
   st = 0;
   waitpid(pid, &st, 0);
   check(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "RoCE checks in a fresh process");
+  fflush(stdout);
+  pid = fork();
+  if (pid == 0) {
+    execl("/proc/self/exe", argv[0], "ece", (char *)NULL);
+    _exit(3);
+  }
+  st = 0;
+  waitpid(pid, &st, 0);
+  check(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+        "ECE and inline checks in two fresh processes");
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

@@ -161,6 +161,18 @@ registry! {
         "Bytes above which a message uses the adaptive-routing path");
     GDR_FLUSH_DISABLE = Param::boolean("NCCL_GDR_FLUSH_DISABLE", false,
         "Do not flush GPU memory received by GPU Direct RDMA with an RDMA read");
+    IBVERBS_LIB = Param::text("NCCL_IBVERBS_LIB", None,
+        "The verbs library to open first (then libibverbs.so, libibverbs.so.1)");
+    IB_ADDR_RANGE = Param::text("NCCL_IB_ADDR_RANGE", None,
+        "Subnet (address/prefix length, of NCCL_IB_ADDR_FAMILY) the RoCE GID chosen automatically must be in");
+    IB_FIFO_TC = Param::integer("NCCL_IB_FIFO_TC", -1,
+        "RoCE traffic class of the receiver's queue pairs, which carry the clear-to-send writes (-1: the sender's NCCL_IB_TC)");
+    IB_USE_INLINE = Param::boolean("NCCL_IB_USE_INLINE", false,
+        "Post the clear-to-send writes as inline data");
+    IB_ECE_ENABLE = Param::boolean("NCCL_IB_ECE_ENABLE", true,
+        "Negotiate Enhanced Connection Establishment options between the queue pairs where the device supports it");
+    IB_RETURN_ASYNC_EVENTS = Param::boolean("NCCL_IB_RETURN_ASYNC_EVENTS", true,
+        "A fatal async event of a device (port error, device fatal) fails its connections' requests (0: only logged)");
 
     // ---- channels, threads, algorithms ----
     NTHREADS = Param::integer("NCCL_NTHREADS", 0,

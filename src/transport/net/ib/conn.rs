@@ -6,6 +6,11 @@
 //! non-blocking state machines (connect and accept answer None until done); the TCP socket
 //! stays open as the connection's side channel (`fifo::Conn::check_peer`).
 //!
+//! The receiver's QPs take the sender's traffic class and service level (on RoCE the traffic
+//! class `NCCL_IB_FIFO_TC` where set: they carry only clear-to-send writes), as NVIDIA's. With
+//! `NCCL_IB_ECE_ENABLE` the sender offers each QP's ECE options, the receiver sets them on its
+//! QP and answers with what it accepted, which the sender sets before RTR.
+//!
 //! A merged device describes each member port (LID, GID, MTU, its key of the FIFO). As
 //! NVIDIA's, ends of different shapes connect: the listen handle says how many member ports
 //! the receiver has, the sender makes `NCCL_IB_QPS_PER_CONNECTION` QPs for each member port
@@ -15,7 +20,7 @@
 
 use super::devices::{Port, MAX_MEMBERS};
 use super::fifo::{qp_routes, Conn, Cts, DataPath, QpRoute, RemoteFifo, MAX_QPS, SLOTS};
-use super::verbs::{self, Cq, Gid, Mr, Qp, QpAttr, QpCap};
+use super::verbs::{self, Cq, Ece, Gid, Mr, Qp, QpAttr, QpCap};
 use crate::error::{Error, Result};
 use crate::transport::net::api::Handle;
 use std::collections::HashMap;
@@ -26,19 +31,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HANDLE_MAGIC: u64 = 0x3154_454e_4249_584f; // "OXIBNET1"
-const INFO_MAGIC: u64 = 0x324f_464e_4942_584f; // "OXBINFO2"
+const INFO_MAGIC: u64 = 0x334f_464e_4942_584f; // "OXBINFO3"
 /// Bytes of the device name a description carries.
 const NAME_BYTES: usize = 128;
 const MEMBERS_AT: usize = 24 + NAME_BYTES;
 const MEMBER_BYTES: usize = 24;
 const QPNS_AT: usize = MEMBERS_AT + MEMBER_BYTES * MAX_MEMBERS;
-const INFO_BYTES: usize = QPNS_AT + 4 * MAX_QPS;
+const ECES_AT: usize = QPNS_AT + 4 * MAX_QPS;
+/// Per QP: whether ECE is offered or accepted, then `struct ibv_ece`.
+const ECE_BYTES: usize = 16;
+const INFO_BYTES: usize = ECES_AT + ECE_BYTES * MAX_QPS;
 /// How long either side of a setup waits for the other.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 const READY: u8 = 0x5a;
 
 /// What the QP attributes take from the settings (`NCCL_IB_TC`, `_SL`, `_TIMEOUT`,
-/// `_RETRY_CNT`, `_PKEY`).
+/// `_RETRY_CNT`, `_PKEY`, `_FIFO_TC`, `_ECE_ENABLE`).
 #[derive(Clone, Copy, Debug)]
 pub struct QpSettings {
     pub traffic_class: u8,
@@ -46,6 +54,10 @@ pub struct QpSettings {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub pkey_index: u16,
+    /// The RoCE traffic class of the receiver's QPs; None: the sender's.
+    pub fifo_traffic_class: Option<u8>,
+    /// Offer the QPs' ECE options to the receiver.
+    pub ece: bool,
 }
 
 /// The listener's address in a handle, with how many member ports its device has (the
@@ -118,9 +130,14 @@ pub struct Info {
     pub fifo_addr: u64,
     /// The sender stripes each message over the QPs (the receiver follows it).
     pub split: bool,
+    /// The side's traffic class and service level (the receiver takes the sender's).
+    pub traffic_class: u8,
+    pub service_level: u8,
     /// The device's member ports (one unless merged).
     pub members: Vec<MemberInfo>,
     pub qpns: Vec<u32>,
+    /// Per QP: the sender's ECE offer, the receiver's accepted options; None: no ECE.
+    pub eces: Vec<Option<Ece>>,
 }
 
 impl Info {
@@ -130,6 +147,8 @@ impl Info {
         b[8..10].copy_from_slice(&(self.qpns.len() as u16).to_le_bytes());
         b[10] = self.members.len() as u8;
         b[11] = self.split as u8;
+        b[12] = self.traffic_class;
+        b[13] = self.service_level;
         b[16..24].copy_from_slice(&self.fifo_addr.to_le_bytes());
         let name = &self.name.as_bytes()[..self.name.len().min(NAME_BYTES - 1)];
         b[24..24 + name.len()].copy_from_slice(name);
@@ -143,6 +162,16 @@ impl Info {
         }
         for (i, q) in self.qpns.iter().enumerate() {
             b[QPNS_AT + 4 * i..QPNS_AT + 4 * i + 4].copy_from_slice(&q.to_le_bytes());
+        }
+        for (i, e) in self.eces.iter().enumerate() {
+            let Some(e) = e else { continue };
+            let at = ECES_AT + ECE_BYTES * i;
+            for (k, v) in [1, e.vendor_id, e.options, e.comp_mask]
+                .into_iter()
+                .enumerate()
+            {
+                b[at + 4 * k..at + 4 * k + 4].copy_from_slice(&v.to_le_bytes());
+            }
         }
         b
     }
@@ -167,6 +196,8 @@ impl Info {
             name: String::from_utf8_lossy(&name[..name_len]).into_owned(),
             fifo_addr: u64::from_le_bytes(b[16..24].try_into().unwrap()),
             split: b[11] != 0,
+            traffic_class: b[12],
+            service_level: b[13],
             members: (0..members)
                 .map(|i| {
                     let at = MEMBERS_AT + MEMBER_BYTES * i;
@@ -180,6 +211,16 @@ impl Info {
                 })
                 .collect(),
             qpns: (0..n).map(|i| u32_at(QPNS_AT + 4 * i)).collect(),
+            eces: (0..n)
+                .map(|i| {
+                    let at = ECES_AT + ECE_BYTES * i;
+                    (u32_at(at) != 0).then(|| Ece {
+                        vendor_id: u32_at(at + 4),
+                        options: u32_at(at + 8),
+                        comp_mask: u32_at(at + 12),
+                    })
+                })
+                .collect(),
         })
     }
 }
@@ -226,20 +267,25 @@ fn sys(peer: &str, what: &str) -> impl Fn(std::io::Error) -> Error {
     move |e| Error::system(format!("NET/IB : {what} (peer {peer}): {e}"))
 }
 
-/// Room on each QP: per message two writes on each QP and a CTS, `SLOTS` messages in flight.
-fn qp_cap() -> QpCap {
+/// Room on each QP: per message two writes on each QP and a CTS, `SLOTS` messages in flight;
+/// a CTS entry inline where they are posted inline.
+fn qp_cap(inline_cts: bool) -> QpCap {
     QpCap {
         max_send_wr: 4 * SLOTS as u32 + 64,
         max_recv_wr: SLOTS as u32 + 32,
         max_send_sge: 1,
         max_recv_sge: 1,
-        max_inline_data: 0,
+        max_inline_data: if inline_cts {
+            std::mem::size_of::<Cts>() as u32
+        } else {
+            0
+        },
     }
 }
 
 /// One CQ per member port of `site` and a QP per route on its local member, in INIT.
 fn make_qps(site: &Site<'_>, routes: &[QpRoute]) -> Result<(Vec<Cq>, Vec<Qp>)> {
-    let cap = qp_cap();
+    let cap = qp_cap(site.path.inline_cts);
     let mut cqs = Vec::with_capacity(site.ports.len());
     for (m, port) in site.ports.iter().enumerate() {
         let on_member = routes.iter().filter(|r| r.local == m).count();
@@ -270,6 +316,33 @@ fn to_init(qp: &Qp, port: &Port, qs: &QpSettings) -> Result<()> {
     )
 }
 
+/// How a QP addresses its packets: traffic class (RoCE) and service level.
+#[derive(Clone, Copy, Debug)]
+struct Marking {
+    traffic_class: u8,
+    service_level: u8,
+}
+
+impl Marking {
+    fn own(qs: &QpSettings) -> Marking {
+        Marking {
+            traffic_class: qs.traffic_class,
+            service_level: qs.service_level,
+        }
+    }
+
+    /// The receiver's: the sender's, with `NCCL_IB_FIFO_TC` on RoCE where set.
+    fn receiver(qs: &QpSettings, sender: &Info, roce: bool) -> Marking {
+        Marking {
+            traffic_class: match qs.fifo_traffic_class {
+                Some(tc) if roce => tc,
+                _ => sender.traffic_class,
+            },
+            service_level: sender.service_level,
+        }
+    }
+}
+
 /// Bring `qp` to RTR then RTS against the remote QP `remote_qpn` on the port `remote`.
 fn to_rts(
     qp: &Qp,
@@ -277,6 +350,7 @@ fn to_rts(
     remote: &MemberInfo,
     remote_qpn: u32,
     qs: &QpSettings,
+    mark: Marking,
 ) -> Result<()> {
     let mut a = QpAttr {
         qp_state: verbs::QPS_RTR,
@@ -287,14 +361,14 @@ fn to_rts(
         min_rnr_timer: 12,
         ..QpAttr::default()
     };
-    a.ah_attr.sl = qs.service_level;
+    a.ah_attr.sl = mark.service_level;
     a.ah_attr.port_num = port.port;
     if remote.link_layer == verbs::LINK_LAYER_ETHERNET {
         a.ah_attr.is_global = 1;
         a.ah_attr.grh.dgid = remote.gid;
         a.ah_attr.grh.sgid_index = port.gid_index as u8;
         a.ah_attr.grh.hop_limit = 255;
-        a.ah_attr.grh.traffic_class = qs.traffic_class;
+        a.ah_attr.grh.traffic_class = mark.traffic_class;
     } else {
         a.ah_attr.dlid = remote.lid;
     }
@@ -339,12 +413,22 @@ fn member_info(port: &Port, fifo_rkey: u32) -> MemberInfo {
     }
 }
 
-/// This side's description: its member ports, QPs and FIFO (`fifo_addr` 0: not for the peer).
-fn local_info(site: &Site<'_>, parts: &Parts, fifo_addr: u64, split: bool) -> Info {
+/// This side's description: its member ports, QPs and FIFO (`fifo_addr` 0: not for the peer),
+/// with the ECE options of each QP.
+fn local_info(
+    site: &Site<'_>,
+    parts: &Parts,
+    fifo_addr: u64,
+    split: bool,
+    eces: Vec<Option<Ece>>,
+) -> Info {
     Info {
         name: site.name.clone(),
         fifo_addr,
         split,
+        traffic_class: site.qp.traffic_class,
+        service_level: site.qp.service_level,
+        eces,
         members: site
             .ports
             .iter()
@@ -395,16 +479,66 @@ fn check_link_layers(site: &Site<'_>, remote: &Info, peer: &str) -> Result<()> {
     }
 }
 
-/// Bring every QP of `parts` to RTS against the peer's QPs `remote` describes.
-fn connect_qps(site: &Site<'_>, parts: &Parts, remote: &Info) -> Result<()> {
+/// Bring every QP of `parts` to RTS against the peer's QPs `remote` describes; the receiver
+/// marks its packets as the sender does.
+fn connect_qps(site: &Site<'_>, parts: &Parts, remote: &Info, receiver: bool) -> Result<()> {
     for ((qp, r), &rq) in parts.qps.iter().zip(&parts.routes).zip(&remote.qpns) {
-        to_rts(
-            qp,
-            site.ports[r.local],
-            &remote.members[r.remote],
-            rq,
-            &site.qp,
-        )?;
+        let port = site.ports[r.local];
+        let mark = if receiver {
+            Marking::receiver(&site.qp, remote, port.is_roce())
+        } else {
+            Marking::own(&site.qp)
+        };
+        to_rts(qp, port, &remote.members[r.remote], rq, &site.qp, mark)?;
+    }
+    Ok(())
+}
+
+/// The sender's ECE offer of each QP (None: ECE off or not supported).
+fn ece_offers(qs: &QpSettings, qps: &[Qp]) -> Result<Vec<Option<Ece>>> {
+    qps.iter()
+        .map(|qp| if qs.ece { qp.query_ece() } else { Ok(None) })
+        .collect()
+}
+
+/// The receiver takes the sender's offers on its QPs (in INIT); which QPs accepted one.
+fn accept_eces(qps: &[Qp], offers: &[Option<Ece>]) -> Result<Vec<bool>> {
+    qps.iter()
+        .zip(offers)
+        .map(|(qp, offer)| match offer {
+            Some(e) => qp.set_ece(*e),
+            None => Ok(false),
+        })
+        .collect()
+}
+
+/// The options each receiver QP that accepted an offer ended with (after RTR).
+fn accepted_eces(qps: &[Qp], accepted: &[bool]) -> Result<Vec<Option<Ece>>> {
+    qps.iter()
+        .zip(accepted)
+        .map(|(qp, &ok)| if ok { qp.query_ece() } else { Ok(None) })
+        .collect()
+}
+
+/// The sender sets the options the receiver accepted on each QP it offered ECE on.
+fn set_accepted_eces(
+    qps: &[Qp],
+    offers: &[Option<Ece>],
+    answers: &[Option<Ece>],
+    device: &str,
+) -> Result<()> {
+    for ((qp, offer), answer) in qps.iter().zip(offers).zip(answers) {
+        if let (Some(_), Some(e)) = (offer, answer) {
+            crate::info!(
+                NET,
+                "NET/IB : {device} qp_num {} set ECE vendor_id {:#x} options {:#x} comp_mask {:#x}",
+                qp.num(),
+                e.vendor_id,
+                e.options,
+                e.comp_mask
+            );
+            qp.set_ece(*e)?;
+        }
     }
     Ok(())
 }
@@ -491,6 +625,8 @@ pub struct Connecting {
     /// The receiver's member port count, from its handle.
     remote_members: usize,
     parts: Parts,
+    /// The ECE options offered on each QP.
+    offers: Vec<Option<Ece>>,
     inbox: Inbox,
     since: Instant,
 }
@@ -515,7 +651,8 @@ impl Connecting {
         let nqps = (qps_per_member * local.max(remote_members)).min(MAX_QPS);
         let mut parts = Parts::new(site, qp_routes(nqps, local, remote_members))?;
         let fifo_addr = parts.fifo.as_mut_ptr() as u64;
-        let info = local_info(site, &parts, fifo_addr, site.path.split);
+        let offers = ece_offers(&site.qp, &parts.qps)?;
+        let info = local_info(site, &parts, fifo_addr, site.path.split, offers.clone());
         stream
             .write_all(&info.encode())
             .map_err(sys(&peer, "sending the connection description"))?;
@@ -527,6 +664,7 @@ impl Connecting {
             peer,
             remote_members,
             parts,
+            offers,
             inbox: Inbox::new(INFO_BYTES),
             since: Instant::now(),
         })
@@ -559,7 +697,8 @@ impl Connecting {
             )));
         }
         check_link_layers(site, &remote, &self.peer)?;
-        connect_qps(site, &self.parts, &remote)?;
+        set_accepted_eces(&self.parts.qps, &self.offers, &remote.eces, &site.label())?;
+        connect_qps(site, &self.parts, &remote, false)?;
         self.stream
             .set_nonblocking(false)
             .map_err(sys(&self.peer, "set_nonblocking"))?;
@@ -697,8 +836,10 @@ impl Listening {
                 let remote = Info::decode(&inbox.buf, &peer)?;
                 check_link_layers(site, &remote, &peer)?;
                 let parts = Parts::new(site, receiver_routes(site, &remote, &peer)?)?;
-                connect_qps(site, &parts, &remote)?;
-                let info = local_info(site, &parts, 0, remote.split);
+                let accepted = accept_eces(&parts.qps, &remote.eces)?;
+                connect_qps(site, &parts, &remote, true)?;
+                let eces = accepted_eces(&parts.qps, &accepted)?;
+                let info = local_info(site, &parts, 0, remote.split, eces);
                 stream
                     .set_nonblocking(false)
                     .map_err(sys(&peer, "set_nonblocking"))?;
@@ -769,9 +910,10 @@ fn timed_out(since: Instant, peer: &str) -> Result<()> {
 /// A QP connected to itself on `port` (the first member port), for flushes (RDMA reads of
 /// received data), with the buffer its reads land in registered.
 pub fn add_flush_qp(conn: &mut Conn, port: &Port, qs: &QpSettings) -> Result<()> {
-    let qp = port.ctx.create_qp(&conn.cqs[0], qp_cap())?;
+    let qp = port.ctx.create_qp(&conn.cqs[0], qp_cap(false))?;
     to_init(&qp, port, qs)?;
-    to_rts(&qp, port, &member_info(port, 0), qp.num(), qs)?;
+    let mark = Marking::own(qs);
+    to_rts(&qp, port, &member_info(port, 0), qp.num(), qs, mark)?;
     let mr = port
         .ctx
         .reg_mr(conn.flush_buf.as_mut_ptr(), conn.flush_buf.len())?;
@@ -801,12 +943,20 @@ mod tests {
             gid: [7; 16],
             fifo_rkey: rkey,
         };
+        let ece = |options| Ece {
+            vendor_id: 0x15b3,
+            options,
+            comp_mask: 0,
+        };
         let info = Info {
             name: "mlx5_0+mlx5_1".into(),
             fifo_addr: 0xdead_beef_0000,
             split: true,
+            traffic_class: 106,
+            service_level: 3,
             members: vec![member(0x1234, 0x55), member(0x1235, 0x66)],
             qpns: vec![0x401, 0x402, 0x403, 0x404],
+            eces: vec![Some(ece(5)), None, Some(ece(0)), None],
         };
         assert_eq!(Info::decode(&info.encode(), "p").unwrap(), info);
         let mut bad = info.encode();

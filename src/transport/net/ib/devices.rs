@@ -126,47 +126,114 @@ pub struct GidChoice {
     pub roce_version: i64,
     /// `NCCL_IB_ADDR_FAMILY` is AF_INET6 (else AF_INET).
     pub ipv6: bool,
+    /// `NCCL_IB_ADDR_RANGE`: the subnet the chosen GID's address must be in.
+    pub range: Option<Subnet>,
 }
 
-/// Whether a GID is an IPv4-mapped address (`::ffff:a.b.c.d`).
-fn is_v4_mapped(g: &Gid) -> bool {
-    g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff
+/// An address prefix: `bits` leading bits of `addr` (an IPv4 subnet is the IPv4-mapped form,
+/// its prefix length counted from the mapped address's first bit, as a GID holds it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Subnet {
+    pub addr: Gid,
+    pub bits: u32,
 }
 
-/// Whether a GID is the unused all-zero entry, or an IPv6 link-local one that carries no
-/// routable address (`fe80::/64` without an address of the family).
-fn is_unusable(g: &Gid) -> bool {
-    g.iter().all(|&b| b == 0)
+impl Subnet {
+    /// `address/length` of the family (`ipv6`), as `NCCL_IB_ADDR_RANGE` gives it; None, said in
+    /// an INFO line, for what does not parse (NVIDIA's library then ignores the setting too).
+    pub fn parse(spec: &str, ipv6: bool) -> Option<Subnet> {
+        let (addr, len) = spec.trim().split_once('/')?;
+        let family = if ipv6 { "AF_INET6" } else { "AF_INET" };
+        let parsed: Option<Gid> = if ipv6 {
+            addr.parse::<std::net::Ipv6Addr>().ok().map(|a| a.octets())
+        } else {
+            addr.parse::<std::net::Ipv4Addr>()
+                .ok()
+                .map(|a| a.to_ipv6_mapped().octets())
+        };
+        let Some(addr) = parsed else {
+            crate::info!(
+                INIT | NET,
+                "NET/IB: Ip address '{addr}' is invalid for family {family}, ignoring address"
+            );
+            return None;
+        };
+        let max = if ipv6 { 128 } else { 32 };
+        match len.trim().parse::<u32>() {
+            Ok(bits) if bits <= max => Some(Subnet {
+                addr,
+                bits: bits + 128 - max,
+            }),
+            _ => {
+                crate::info!(
+                    INIT | NET,
+                    "NET/IB: Ip address mask '{len}' is invalid for family {family}, ignoring mask"
+                );
+                None
+            }
+        }
+    }
+
+    /// Whether `g` is in the subnet.
+    pub fn contains(&self, g: &Gid) -> bool {
+        let (a, b) = (u128::from_be_bytes(self.addr), u128::from_be_bytes(*g));
+        let mask = u128::MAX.checked_shl(128 - self.bits).unwrap_or(0);
+        (a ^ b) & mask == 0
+    }
 }
 
-/// The GID index to use among `gids` (index, GID, `GID_TYPE_*`) of a RoCE port: the set one,
-/// else the first of the wanted RoCE version whose address is of the wanted family (IPv4:
-/// v4-mapped; IPv6: not v4-mapped and not link-local), else the first of the version, else 0.
+/// Whether a GID holds an IPv4 address: IPv4-mapped (`::ffff:a.b.c.d`) or an IPv4-mapped
+/// multicast address (`ff0e::ffff:a.b.c.d`).
+fn is_v4(g: &Gid) -> bool {
+    let mapped_tail = g[4..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff;
+    mapped_tail && (g[..4] == [0, 0, 0, 0] || g[..4] == [0xff, 0x0e, 0, 0])
+}
+
+/// Whether a GID is a configured address that is not link-local: not all zero, not
+/// `fe80::` alone, and not in `fe80::/64`.
+fn is_valid(g: &Gid) -> bool {
+    let link_local_prefix = g[..4] == [0xfe, 0x80, 0, 0];
+    let unset = g.iter().all(|&b| b == 0) || (link_local_prefix && g[4..].iter().all(|&b| b == 0));
+    let link_local = link_local_prefix && g[4..8] == [0, 0, 0, 0];
+    !unset && !link_local
+}
+
+/// The RoCE version of a GID type.
+fn roce_version(gid_type: u32) -> i64 {
+    if gid_type == verbs::GID_TYPE_ROCE_V2 {
+        2
+    } else {
+        1
+    }
+}
+
+/// The GID index to use among `gids` (index, GID, `GID_TYPE_*`, in table order) of a RoCE
+/// port: the set one, else NVIDIA's choice (`ncclIbGetGidIndex`) re-derived: starting from
+/// the first entry, each later one replaces the current choice when it brings the wanted
+/// address family (and subnet) where the current one has the other family, or, being of the
+/// wanted family, valid and in the subnet, the wanted RoCE version where the current one has
+/// another version or is not valid. In effect the first valid GID of the wanted family,
+/// subnet and version; else the first entry.
 pub fn choose_gid(gids: &[(i32, Gid, u32)], choice: GidChoice) -> i32 {
     if choice.index >= 0 {
         return choice.index as i32;
     }
-    let want_type = if choice.roce_version == 1 {
-        verbs::GID_TYPE_ROCE_V1
-    } else {
-        verbs::GID_TYPE_ROCE_V2
+    let wanted_v4 = !choice.ipv6;
+    let in_range = |g: &Gid| choice.range.is_none_or(|r| r.contains(g));
+    let Some(mut current) = gids.first() else {
+        return 0;
     };
-    let of_version = || {
-        gids.iter()
-            .filter(|(_, g, t)| *t == want_type && !is_unusable(g))
-    };
-    let family_ok = |g: &Gid| {
-        if choice.ipv6 {
-            let link_local = g[0] == 0xfe && g[1] & 0xc0 == 0x80;
-            !(is_v4_mapped(g) || link_local)
-        } else {
-            is_v4_mapped(g)
+    for cand in &gids[1..] {
+        let (g, c) = (&current.1, &cand.1);
+        let brings_family = is_v4(c) != is_v4(g) && is_v4(c) == wanted_v4 && in_range(c);
+        let eligible = is_v4(c) == wanted_v4 && is_valid(c) && in_range(c);
+        let brings_version = (roce_version(current.2) != roce_version(cand.2) || !is_valid(g))
+            && roce_version(cand.2) == choice.roce_version;
+        if brings_family || (eligible && brings_version) {
+            current = cand;
         }
-    };
-    of_version()
-        .find(|(_, g, _)| family_ok(g))
-        .or_else(|| of_version().next())
-        .map_or(0, |(i, _, _)| *i)
+    }
+    current.0
 }
 
 /// One usable port of a device: a device of the IB network.
@@ -479,6 +546,7 @@ mod tests {
             index: -1,
             roce_version: 2,
             ipv6: false,
+            range: None,
         };
         assert_eq!(choose_gid(&gids, auto), 3, "RoCE v2, IPv4");
         assert_eq!(
@@ -493,12 +561,55 @@ mod tests {
         );
         assert_eq!(choose_gid(&gids, GidChoice { ipv6: true, ..auto }), 5);
         assert_eq!(choose_gid(&gids, GidChoice { index: 4, ..auto }), 4);
-        // No address of the family: the first GID of the version; no GID of it: 0.
-        assert_eq!(choose_gid(&gids[..2], auto), 1);
+        // No address of the family: the first entry, as NVIDIA's.
+        assert_eq!(choose_gid(&gids[..2], auto), 0);
         assert_eq!(choose_gid(&gids[..1], auto), 0);
         assert_eq!(choose_gid(&[], auto), 0);
         // Empty entries are skipped.
         let with_empty = vec![(0, [0; 16], V2), (1, v4([1, 2, 3, 4]), V2)];
         assert_eq!(choose_gid(&with_empty, auto), 1);
+    }
+
+    #[test]
+    fn the_address_range_picks_the_gid_in_its_subnet() {
+        use verbs::GID_TYPE_ROCE_V2 as V2;
+        let gids = vec![
+            (0, v6(0xfe), V2),
+            (1, v4([10, 1, 0, 7]), V2),
+            (2, v4([192, 168, 5, 7]), V2),
+            (3, v6(0x20), V2),
+        ];
+        let v4_range = |spec| GidChoice {
+            index: -1,
+            roce_version: 2,
+            ipv6: false,
+            range: Subnet::parse(spec, false),
+        };
+        assert_eq!(choose_gid(&gids, v4_range("0.0.0.0/0")), 1);
+        assert_eq!(choose_gid(&gids, v4_range("192.168.0.0/16")), 2);
+        assert_eq!(choose_gid(&gids, v4_range("192.168.5.7/32")), 2);
+        assert_eq!(choose_gid(&gids, v4_range("10.0.0.0/8")), 1);
+        assert_eq!(choose_gid(&gids, v4_range("10.1.0.0/24")), 1);
+        assert_eq!(
+            choose_gid(&gids, v4_range("10.2.0.0/16")),
+            0,
+            "nothing in range: the first entry"
+        );
+        // What does not parse is ignored, as NVIDIA's.
+        assert_eq!(Subnet::parse("10.0.0.0", false), None);
+        assert_eq!(Subnet::parse("10.0.0/8", false), None);
+        assert_eq!(Subnet::parse("10.0.0.0/33", false), None);
+        assert_eq!(Subnet::parse("2001:db8::/129", true), None);
+        let v6_range = GidChoice {
+            ipv6: true,
+            range: Subnet::parse("2000::/8", true),
+            ..v4_range("")
+        };
+        assert_eq!(choose_gid(&gids, v6_range), 3);
+        let elsewhere = GidChoice {
+            range: Subnet::parse("2001:db8::/32", true),
+            ..v6_range
+        };
+        assert_eq!(choose_gid(&gids, elsewhere), 0);
     }
 }

@@ -68,6 +68,8 @@ pub struct DataPath {
     pub split: bool,
     pub adaptive_routing: bool,
     pub ar_threshold: usize,
+    /// CTS entries go as inline data (`NCCL_IB_USE_INLINE`).
+    pub inline_cts: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -449,10 +451,15 @@ impl Conn {
             lkey: self.fifo_mrs[route.local].lkey(),
         };
         let (fifo_addr, fifo_rkey) = (self.remote_fifo.addr, self.remote_fifo.rkeys[route.remote]);
+        let inline = if self.path.inline_cts {
+            verbs::SEND_INLINE
+        } else {
+            0
+        };
         let mut wr = SendWr {
             wr_id: id,
             opcode: verbs::WR_RDMA_WRITE,
-            send_flags: verbs::SEND_SIGNALED,
+            send_flags: verbs::SEND_SIGNALED | inline,
             sg_list: &mut sge,
             num_sge: 1,
             remote_addr: fifo_addr + (slot * std::mem::size_of::<Cts>()) as u64,

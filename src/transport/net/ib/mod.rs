@@ -7,7 +7,8 @@
 //! why in an INFO line.
 //!
 //! Each device context has a thread reading its async events: they are logged as WARN, and a
-//! port that goes down fails every request of its connections.
+//! port that goes down fails every request of its connections (unless
+//! `NCCL_IB_RETURN_ASYNC_EVENTS=0`: then they are only logged).
 
 pub mod conn;
 pub mod devices;
@@ -33,8 +34,26 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use verbs::{Lib, Mr};
 
-/// The verbs library the network opens (found as `dlopen` finds it).
-pub const LIBRARY: &str = "libibverbs.so.1";
+/// The verbs libraries the network tries, in order, after `NCCL_IBVERBS_LIB` (found as
+/// `dlopen` finds them).
+pub const LIBRARIES: [&str; 2] = ["libibverbs.so", "libibverbs.so.1"];
+
+/// The first verbs library that opens: `NCCL_IBVERBS_LIB` if set, then `LIBRARIES`; the
+/// error of the last one tried when none does.
+fn open_library() -> Result<Arc<Lib>> {
+    let chosen = reg::IBVERBS_LIB.get().filter(|p| !p.is_empty());
+    if let Some(p) = &chosen {
+        crate::info!(ENV | INIT, "NCCL_IBVERBS_LIB set by environment to {p}");
+    }
+    let mut last = None;
+    for path in chosen.iter().map(String::as_str).chain(LIBRARIES) {
+        match Lib::open(path) {
+            Ok(lib) => return Ok(lib),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("at least one library is tried"))
+}
 
 /// The `NCCL_IB_*` settings the network follows.
 #[derive(Clone, Debug)]
@@ -56,19 +75,30 @@ pub struct Settings {
     pub relaxed_ordering: i64,
     /// `NCCL_IB_MERGE_NICS`: the ports of one physical NIC make one device.
     pub merge_nics: bool,
+    /// `NCCL_IB_USE_INLINE`: CTS entries go as inline data.
+    pub inline_cts: bool,
+    /// `NCCL_IB_RETURN_ASYNC_EVENTS`: a port error fails its connections' requests.
+    pub async_events_fail: bool,
     /// Where sysfs lists the verbs devices and their PCI functions.
     pub sysfs: PathBuf,
 }
 
 impl Settings {
     pub fn from_env() -> Settings {
-        let family = reg::IB_ADDR_FAMILY.string();
+        let ipv6 = reg::IB_ADDR_FAMILY
+            .string()
+            .trim()
+            .eq_ignore_ascii_case("AF_INET6");
         Settings {
             hca: HcaFilter::parse(reg::IB_HCA.get().as_deref()),
             gid: GidChoice {
                 index: reg::IB_GID_INDEX.int(),
                 roce_version: reg::IB_ROCE_VERSION_NUM.int(),
-                ipv6: family.trim().eq_ignore_ascii_case("AF_INET6"),
+                ipv6,
+                range: reg::IB_ADDR_RANGE.get().and_then(|r| {
+                    crate::info!(ENV, "NCCL_IB_ADDR_RANGE set by environment to {r}");
+                    devices::Subnet::parse(&r, ipv6)
+                }),
             },
             qp: QpSettings {
                 traffic_class: reg::IB_TC.int().clamp(0, 255) as u8,
@@ -76,6 +106,11 @@ impl Settings {
                 timeout: reg::IB_TIMEOUT.int().clamp(1, 31) as u8,
                 retry_cnt: reg::IB_RETRY_CNT.int().clamp(0, 7) as u8,
                 pkey_index: reg::IB_PKEY.int().clamp(0, 0xffff) as u16,
+                fifo_traffic_class: match reg::IB_FIFO_TC.int() {
+                    tc @ 0..=255 => Some(tc as u8),
+                    _ => None,
+                },
+                ece: reg::IB_ECE_ENABLE.flag(),
             },
             qps_per_connection: reg::IB_QPS_PER_CONNECTION
                 .int()
@@ -87,6 +122,8 @@ impl Settings {
             peer_memory: peer_memory_loaded(),
             relaxed_ordering: reg::IB_PCI_RELAXED_ORDERING.int(),
             merge_nics: reg::IB_MERGE_NICS.flag(),
+            inline_cts: reg::IB_USE_INLINE.flag(),
+            async_events_fail: reg::IB_RETURN_ASYNC_EVENTS.flag(),
             sysfs: PathBuf::from(devices::SYSFS_INFINIBAND),
         }
     }
@@ -109,6 +146,7 @@ impl Settings {
             split: self.split_data,
             adaptive_routing: ar,
             ar_threshold: self.ar_threshold,
+            inline_cts: self.inline_cts,
         }
     }
 }
@@ -164,7 +202,7 @@ impl IbNet {
     /// The network as the environment sets it up, or None (said in an INFO line) when the
     /// verbs library or a usable port is missing.
     pub fn from_env() -> Result<Option<IbNet>> {
-        let lib = match Lib::open(LIBRARY) {
+        let lib = match open_library() {
             Ok(l) => l,
             Err(e) => {
                 crate::info!(INIT | NET, "Failed to open libibverbs.so[.1]");
@@ -250,12 +288,13 @@ impl IbNet {
                 .map(|(q, d)| (q.port, d.clone()))
                 .collect();
             let (ctx, name, stop) = (p.ctx.clone(), p.dev_name.clone(), self.stop.clone());
+            let fail = self.settings.async_events_fail;
             let t = std::thread::Builder::new()
                 .name(format!("oxccl-ib-async-{name}"))
                 .spawn(move || {
                     while !stop.load(Ordering::Acquire) {
                         if let Some(ev) = ctx.next_async_event(100) {
-                            on_async_event(&name, &ports, ev);
+                            on_async_event(&name, &ports, ev, fail);
                         }
                     }
                 })
@@ -336,6 +375,14 @@ impl IbNet {
             .get(&c.0)
             .cloned()
             .ok_or_else(|| Error::internal(format!("NET/IB : no comm {}", c.0)))
+    }
+
+    /// The numbers of a comm's data QPs (tests: the stand-in's facts about them).
+    #[cfg(test)]
+    fn qp_nums(&self, c: Comm) -> Vec<u32> {
+        let (_, conn) = self.comm(c).unwrap();
+        let nums = conn.lock().qps.iter().map(verbs::Qp::num).collect();
+        nums
     }
 
     fn keys(&self, mh: MemHandle) -> Result<(MemKeys, MemType)> {
@@ -425,12 +472,15 @@ fn merged_devices(ports: &[Port], merge: bool) -> Vec<Device> {
 /// the bit of plane index 0.
 const PLANE_VIRTUAL: i32 = (1 << 14) | 1;
 
-/// Log an async event of device `dev` and fail the ports it took down.
-fn on_async_event(dev: &str, ports: &[(u8, Arc<AtomicBool>)], ev: verbs::AsyncEvent) {
+/// Log an async event of device `dev` and, with `fail`, fail the ports it took down.
+fn on_async_event(dev: &str, ports: &[(u8, Arc<AtomicBool>)], ev: verbs::AsyncEvent, fail: bool) {
     let words = verbs::event_str(ev.event_type);
     if ev.event_type == verbs::EVENT_PORT_ERR {
         let port = ev.element as u32;
         crate::warn!("NET/IB : Got async event : {words} ({dev}:{port})");
+        if !fail {
+            return;
+        }
         for (p, down) in ports {
             if *p as u32 == port {
                 down.store(true, Ordering::Release);

@@ -28,6 +28,11 @@ use std::time::{Duration, Instant};
 const VERBS_H: &str = "/usr/include/infiniband/verbs.h";
 const CHILD_ENV: &str = "OX_IB_TEST_CHILD";
 const STAND_IN_ENV: &str = "OX_IB_TEST_STAND_IN";
+/// A `port_down` child with this set (ms) watches its receive that long and says it is still
+/// pending.
+const PORT_DOWN_WAIT_ENV: &str = "OX_IB_TEST_PORT_DOWN_WAIT_MS";
+/// What a `recv` child sets in the environment of the sender it starts.
+const SENDER_ENV: &str = "OX_IB_TEST_SENDER_ENV";
 /// The fake sysfs directory a child uses.
 const SYSFS_ENV: &str = "OX_IB_TEST_SYSFS";
 
@@ -89,7 +94,12 @@ fn build_stand_in(variant: &str, devices: usize) -> Option<PathBuf> {
             "the software verbs device does not build:\n{}",
             String::from_utf8_lossy(&o.stderr)
         ),
-        Ok(_) => Some(lib),
+        Ok(_) => {
+            // NVIDIA's library, and ours, open libibverbs.so before libibverbs.so.1.
+            let _ = std::fs::remove_file(dir.join("libibverbs.so"));
+            std::os::unix::fs::symlink("libibverbs.so.1", dir.join("libibverbs.so")).ok()?;
+            Some(lib)
+        }
     }
 }
 
@@ -493,6 +503,12 @@ fn c_structs_match_rdma_cores_header() {
             ACCESS_RELAXED_ORDERING as usize,
         ),
         ("sizeof(struct ibv_gid_entry)", size_of::<GidEntry>()),
+        ("sizeof(struct ibv_ece)", size_of::<Ece>()),
+        (
+            "offsetof(struct ibv_ece, options)",
+            offset_of!(Ece, options),
+        ),
+        ("IBV_SEND_INLINE", SEND_INLINE as usize),
         ("IBV_WC_RECV_RDMA_WITH_IMM", 129),
         ("IBV_WC_WR_FLUSH_ERR", 5),
         ("IBV_EVENT_PORT_ERR", EVENT_PORT_ERR as usize),
@@ -647,6 +663,16 @@ fn child() {
             let mut b = vec![0u8; 64];
             let mh = net.reg_mr(r, b.as_mut_ptr(), 64, MemType::Host).unwrap();
             let rr = net.irecv(r, b.as_mut_ptr(), 64, 0, mh).unwrap().unwrap();
+            if let Ok(ms) = std::env::var(PORT_DOWN_WAIT_ENV) {
+                // Only watch the receive for that long: it must neither fail nor complete.
+                let end = Instant::now() + Duration::from_millis(ms.parse().unwrap());
+                while Instant::now() < end {
+                    assert!(net.test(rr).unwrap().is_none(), "nobody sent");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                println!("CHILD_PENDING");
+                std::process::exit(0);
+            }
             let e = until("the port's failure", || match net.test(rr) {
                 Ok(None) => Ok(None),
                 Ok(Some(_)) => panic!("a receive nobody sent completed"),
@@ -668,7 +694,13 @@ fn child() {
             );
         }
         "recv" => {
-            let (ok, out, error, _) = receive_from_child(&[]);
+            // OX_IB_TEST_SENDER_ENV: "K=V;K=V" for the sending child only.
+            let sender = std::env::var(SENDER_ENV).unwrap_or_default();
+            let env: Vec<(&str, &str)> = sender
+                .split(';')
+                .filter_map(|kv| kv.split_once('='))
+                .collect();
+            let (ok, out, error, _) = receive_from_child(&env);
             println!("CHILD_RECV {ok} {error:?}\n{out}");
             assert!(ok && out.contains("CHILD_OK") && error.is_none());
             println!("CHILD_OK");
@@ -686,6 +718,7 @@ fn child() {
                 Err(e) => println!("CHILD_IB_ERROR {}", e.msg),
             }
         }
+        "marks" => print_marks(&lib),
         other => panic!("unknown child mode {other}"),
     }
 }
@@ -860,6 +893,22 @@ fn ib_is_chosen_before_sockets_unless_excluded_or_disabled() {
         } else {
             "Failed to open libibverbs.so"
         }),
+        "{out}"
+    );
+    // NCCL_IBVERBS_LIB names the library to open before the usual names.
+    let lib = stand_in().unwrap();
+    let out = run(&[
+        ("LD_LIBRARY_PATH", "/nonexistent"),
+        (STAND_IN_ENV, "/nonexistent"),
+        ("NCCL_DEBUG_SUBSYS", "INIT,NET,ENV"),
+        ("NCCL_IBVERBS_LIB", lib.to_str().unwrap()),
+    ]);
+    assert!(out.contains("CHILD_NET IB"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "NCCL_IBVERBS_LIB set by environment to {}",
+            lib.display()
+        )),
         "{out}"
     );
 }
@@ -1098,12 +1147,20 @@ fn roce_ports_get_the_gid_nvidia_chooses() {
     assert!(ipv4(&gid), "{gid}");
     let (index, gid) = roce_gid(&[("NCCL_IB_ADDR_FAMILY", "AF_INET6")]);
     assert_eq!(
-        index, 1,
-        "RoCE v2; IPv6: only link-local, so the first of v2"
+        index, 0,
+        "IPv6: only link-local GIDs, so the first entry, as NVIDIA's"
     );
     assert!(gid.starts_with("fe80"), "{gid}");
     let (index, gid) = roce_gid(&[("NCCL_IB_GID_INDEX", "1")]);
     assert_eq!(index, 1, "the index set");
+    assert!(gid.starts_with("fe80"), "{gid}");
+    let (index, _) = roce_gid(&[("NCCL_IB_ADDR_RANGE", "10.0.0.0/8")]);
+    assert_eq!(index, 3, "the IPv4 address is in 10.0.0.0/8");
+    let (index, gid) = roce_gid(&[("NCCL_IB_ADDR_RANGE", "192.168.0.0/16")]);
+    assert_eq!(
+        index, 0,
+        "no address in range: the first entry, as NVIDIA's"
+    );
     assert!(gid.starts_with("fe80"), "{gid}");
 }
 
@@ -1137,4 +1194,150 @@ fn every_size_arrives_exactly_between_two_processes_over_roce_v2() {
     }
     let out = on_roce("recv", &[], Duration::from_secs(60));
     assert!(out.contains("CHILD_OK"), "{out}");
+}
+
+/// The stand-in's facts about every data QP of `c` on `net`.
+fn facts(lib: &Path, net: &IbNet, c: Comm) -> Vec<super::verbs::QpFacts> {
+    let l = super::verbs::Lib::open(lib.to_str().unwrap()).unwrap();
+    net.qp_nums(c)
+        .into_iter()
+        .map(|q| {
+            l.stand_in_qp_facts(q)
+                .unwrap_or_else(|| panic!("the stand-in knows QP {q:#x}"))
+        })
+        .collect()
+}
+
+/// A sender with traffic class 106 and service level 3 connects to a receiver with 0 and 5
+/// (both otherwise as the environment says); data moves exactly, and every QP's facts are
+/// printed: `CHILD_MARKS send|recv tc sl ece inline`.
+fn print_marks(lib: &Path) {
+    let mut ss = settings(2, false, 0);
+    (ss.qp.traffic_class, ss.qp.service_level) = (106, 3);
+    let mut rs = settings(2, false, 0);
+    (rs.qp.traffic_class, rs.qp.service_level) = (0, 5);
+    let (snet, rnet) = (open(lib, ss), open(lib, rs));
+    let (s, r) = pair_between(&snet, 0, &rnet, 0);
+    exchange_between(&snet, s, &rnet, r, &[0, 8, 65536 + 3, 1 << 20], 4);
+    for (side, net, c) in [("send", &snet, s), ("recv", &rnet, r)] {
+        for f in facts(lib, net, c) {
+            println!(
+                "CHILD_MARKS {side} {} {} {:#x} {}",
+                f.traffic_class, f.service_level, f.ece_options, f.max_inline
+            );
+        }
+    }
+    snet.close_send(s).unwrap();
+    rnet.close_recv(r).unwrap();
+}
+
+/// The distinct `CHILD_MARKS` lines of a side in `out`: (tc, sl, ece, inline).
+fn marks(out: &str, side: &str) -> Vec<String> {
+    let mut v: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("CHILD_MARKS {side} ")))
+        .map(str::to_string)
+        .collect();
+    assert!(!v.is_empty(), "{out}");
+    v.sort();
+    v.dedup();
+    v
+}
+
+#[test]
+fn the_receiver_marks_its_packets_as_the_sender_or_with_the_fifo_traffic_class() {
+    if stand_in().is_none() {
+        return;
+    }
+    // InfiniBand: no GRH, so no traffic class; the receiver's QPs take the sender's level.
+    let (ok, out) = finish_child(spawn_child("marks", None, &[]), Duration::from_secs(30));
+    assert!(ok, "{out}");
+    assert_eq!(marks(&out, "send"), ["0 3 0x0 0"], "{out}");
+    assert_eq!(marks(&out, "recv"), ["0 3 0x0 0"], "{out}");
+    let out = on_roce("marks", &[], Duration::from_secs(30));
+    assert_eq!(marks(&out, "send"), ["106 3 0x0 0"], "{out}");
+    assert_eq!(marks(&out, "recv"), ["106 3 0x0 0"], "{out}");
+    let out = on_roce(
+        "marks",
+        &[("NCCL_IB_FIFO_TC", "34")],
+        Duration::from_secs(30),
+    );
+    assert_eq!(marks(&out, "send"), ["106 3 0x0 0"], "{out}");
+    assert_eq!(marks(&out, "recv"), ["34 3 0x0 0"], "{out}");
+}
+
+#[test]
+fn cts_entries_go_inline_where_asked() {
+    if stand_in().is_none() {
+        return;
+    }
+    // The stand-in refuses an inline post longer than the QP's room, so data moving at all
+    // shows the room was asked for; the facts show it was.
+    let cts = std::mem::size_of::<super::fifo::Cts>();
+    let (ok, out) = finish_child(
+        spawn_child("marks", None, &[("NCCL_IB_USE_INLINE", "1")]),
+        Duration::from_secs(30),
+    );
+    assert!(ok, "{out}");
+    assert_eq!(marks(&out, "send"), [format!("0 3 0x0 {cts}")], "{out}");
+    assert_eq!(marks(&out, "recv"), [format!("0 3 0x0 {cts}")], "{out}");
+}
+
+#[test]
+fn ece_options_are_negotiated_as_nvidias() {
+    if stand_in().is_none() {
+        return;
+    }
+    // One process (one mask): every QP of both ends agrees on the device's options.
+    let ece = [("SOFT_VERBS_ECE", "0x7")];
+    let (ok, out) = finish_child(spawn_child("marks", None, &ece), Duration::from_secs(30));
+    assert!(ok, "{out}");
+    assert_eq!(marks(&out, "send"), ["0 3 0x7 0"], "{out}");
+    assert_eq!(marks(&out, "recv"), ["0 3 0x7 0"], "{out}");
+    let off = [("SOFT_VERBS_ECE", "0x7"), ("NCCL_IB_ECE_ENABLE", "0")];
+    let (ok, out) = finish_child(spawn_child("marks", None, &off), Duration::from_secs(30));
+    assert!(ok, "{out}");
+    assert_eq!(marks(&out, "send"), ["0 3 0x0 0"], "{out}");
+    assert_eq!(marks(&out, "recv"), ["0 3 0x0 0"], "{out}");
+    // Two processes offering different options: the stand-in refuses a connection whose ends
+    // disagree, so data moving shows the sender took the receiver's reduced options.
+    let env = [
+        ("SOFT_VERBS_ECE", "0x5"),
+        (
+            SENDER_ENV,
+            "SOFT_VERBS_ECE=0x7;NCCL_DEBUG=INFO;NCCL_DEBUG_SUBSYS=NET",
+        ),
+    ];
+    let (ok, out) = finish_child(spawn_child("recv", None, &env), Duration::from_secs(60));
+    assert!(ok && out.contains("CHILD_OK"), "{out}");
+    assert!(
+        out.contains("set ECE vendor_id 0x15b3 options 0x5 comp_mask 0x0"),
+        "{out}"
+    );
+}
+
+#[test]
+fn async_events_only_log_with_return_async_events_off() {
+    if stand_in().is_none() {
+        return;
+    }
+    let (ok, out) = finish_child(
+        spawn_child(
+            "port_down",
+            None,
+            &[
+                ("SOFT_VERBS_PORT_DOWN_AFTER_MS", "300"),
+                ("NCCL_IB_RETURN_ASYNC_EVENTS", "0"),
+                ("NCCL_DEBUG", "WARN"),
+                (PORT_DOWN_WAIT_ENV, "1500"),
+            ],
+        ),
+        Duration::from_secs(30),
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("NET/IB : Got async event : port error"),
+        "{out}"
+    );
+    assert!(out.contains("CHILD_PENDING"), "{out}");
 }

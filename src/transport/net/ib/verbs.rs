@@ -58,6 +58,26 @@ pub struct QpCap {
     pub max_inline_data: u32,
 }
 
+/// What the software verbs device reports of one of its QPs (tests).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpFacts {
+    pub traffic_class: u32,
+    pub service_level: u32,
+    /// The options both ends agreed on (0: ECE not set).
+    pub ece_options: u32,
+    pub max_inline: u32,
+}
+
+/// `struct ibv_ece`: Enhanced Connection Establishment options of a QP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ece {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
+}
+
 #[repr(C)]
 pub struct QpInitAttr {
     pub qp_context: *mut c_void,
@@ -298,6 +318,7 @@ pub const WR_RDMA_WRITE: u32 = 0;
 pub const WR_RDMA_WRITE_WITH_IMM: u32 = 1;
 pub const WR_RDMA_READ: u32 = 4;
 pub const SEND_SIGNALED: u32 = 2;
+pub const SEND_INLINE: u32 = 8;
 pub const WC_WITH_IMM: u32 = 2;
 pub const GID_TYPE_IB: u32 = 0;
 pub const GID_TYPE_ROCE_V1: u32 = 1;
@@ -386,6 +407,8 @@ type ModifyQp = unsafe extern "C" fn(*mut QpHead, *mut QpAttr, c_int) -> c_int;
 type DestroyQp = unsafe extern "C" fn(*mut QpHead) -> c_int;
 type GetAsyncEvent = unsafe extern "C" fn(*mut c_void, *mut AsyncEvent) -> c_int;
 type AckAsyncEvent = unsafe extern "C" fn(*mut AsyncEvent);
+type QueryEce = unsafe extern "C" fn(*mut QpHead, *mut Ece) -> c_int;
+type SetEce = unsafe extern "C" fn(*mut QpHead, *mut Ece) -> c_int;
 type PollCq = unsafe extern "C" fn(*mut c_void, c_int, *mut Wc) -> c_int;
 type PostSend = unsafe extern "C" fn(*mut QpHead, *mut SendWr, *mut *mut SendWr) -> c_int;
 type PostRecv = unsafe extern "C" fn(*mut QpHead, *mut RecvWr, *mut *mut RecvWr) -> c_int;
@@ -417,6 +440,9 @@ pub struct Lib {
     destroy_qp: DestroyQp,
     get_async_event: GetAsyncEvent,
     ack_async_event: AckAsyncEvent,
+    /// `ibv_query_ece` / `ibv_set_ece` (IBVERBS_1.10).
+    query_ece: Option<QueryEce>,
+    set_ece: Option<SetEce>,
 }
 
 // SAFETY: the library's functions may be called from any thread (rdma-core is thread-safe);
@@ -495,6 +521,8 @@ impl Lib {
                 destroy_qp: as_fn(need("ibv_destroy_qp", "IBVERBS_1.1")?),
                 get_async_event: as_fn(need("ibv_get_async_event", "IBVERBS_1.1")?),
                 ack_async_event: as_fn(need("ibv_ack_async_event", "IBVERBS_1.1")?),
+                query_ece: sym("ibv_query_ece", "IBVERBS_1.10").map(|p| as_fn(p)),
+                set_ece: sym("ibv_set_ece", "IBVERBS_1.10").map(|p| as_fn(p)),
             }))
         }
     }
@@ -517,6 +545,35 @@ impl Lib {
         // SAFETY: the stand-in's `uint64_t soft_verbs_rx_bytes(const char *)`; d is
         // NUL-terminated and outlives the call.
         Some(unsafe { as_fn::<RxBytes>(p)(d.as_ptr()) })
+    }
+
+    /// What the software verbs device knows of this process's QP `qp_num`
+    /// (`soft_verbs_qp_facts@SOFT_VERBS_TEST`), None for another library or QP.
+    #[cfg(test)]
+    pub fn stand_in_qp_facts(&self, qp_num: u32) -> Option<QpFacts> {
+        type Facts = unsafe extern "C" fn(u32, *mut u32, *mut u32, *mut u32, *mut u32) -> c_int;
+        let (n, v) = (
+            CString::new("soft_verbs_qp_facts").ok()?,
+            CString::new("SOFT_VERBS_TEST").ok()?,
+        );
+        // SAFETY: the live handle (never closed) and NUL-terminated names.
+        let p = unsafe { libc::dlvsym(self._handle as *mut c_void, n.as_ptr(), v.as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        let mut f = QpFacts::default();
+        // SAFETY: the stand-in's `int soft_verbs_qp_facts(uint32_t, uint32_t *, uint32_t *,
+        // uint32_t *, uint32_t *)`; every pointer is to a live u32.
+        let rc = unsafe {
+            as_fn::<Facts>(p)(
+                qp_num,
+                &mut f.traffic_class,
+                &mut f.service_level,
+                &mut f.ece_options,
+                &mut f.max_inline,
+            )
+        };
+        (rc == 0).then_some(f)
     }
 
     /// Whether registrations can ask for PCI relaxed ordering (`ibv_reg_mr_iova2`, NVIDIA's
@@ -941,6 +998,36 @@ impl Qp {
             ));
         }
         Ok(())
+    }
+
+    /// The QP's ECE options (`ibv_query_ece`): None where the library or the device has no
+    /// ECE (no symbol, or EOPNOTSUPP).
+    pub fn query_ece(&self) -> Result<Option<Ece>> {
+        let Some(query) = self.ctx.lib.query_ece else {
+            return Ok(None);
+        };
+        let mut ece = Ece::default();
+        // SAFETY: a live QP; ece outlives the call.
+        match unsafe { query(self.qp as *mut QpHead, &mut ece) } {
+            0 => Ok(Some(ece)),
+            rc if rc == libc::EOPNOTSUPP => Ok(None),
+            rc => Err(rc_error("ibv_query_ece", rc)),
+        }
+    }
+
+    /// Ask for the ECE options `ece` (`ibv_set_ece`, before RTR); false where the library or
+    /// the device has no ECE.
+    pub fn set_ece(&self, ece: Ece) -> Result<bool> {
+        let Some(set) = self.ctx.lib.set_ece else {
+            return Ok(false);
+        };
+        let mut ece = ece;
+        // SAFETY: a live QP; ece outlives the call.
+        match unsafe { set(self.qp as *mut QpHead, &mut ece) } {
+            0 => Ok(true),
+            rc if rc == libc::EOPNOTSUPP => Ok(false),
+            rc => Err(rc_error("ibv_set_ece", rc)),
+        }
     }
 
     /// Post a chain of send work requests (linked through `next`).
