@@ -220,6 +220,12 @@ registry! {
     YIELD_RESUMES = Param::integer("OXCCL_YIELD_RESUMES", -1,
         "Kernel launches after the first of a yielding operation, at most 32 (below 1: by ring size)").undocumented();
 
+    // ---- one-rank copies (`sched::cost`) ----
+    ONE_RANK_KERNEL_COPY_MAX = Param::integer("OXCCL_ONE_RANK_KERNEL_COPY_MAX", 256 << 10,
+        "Bytes from which a one-rank communicator's copies go to the copy engine instead of the kernel").undocumented();
+    ONE_RANK_COPY_CTA_BYTES = Param::integer("OXCCL_ONE_RANK_COPY_CTA_BYTES", 32 << 10,
+        "Bytes per CTA of a one-rank copy in the kernel").undocumented();
+
     // ---- diagnostics ----
     HOST_PROFILE = Param::boolean("OXCCL_HOST_PROFILE", false,
         "Time the stages of every collective call on the host and print them at exit (read once)").undocumented();

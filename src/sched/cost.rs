@@ -705,10 +705,31 @@ pub const ONE_RANK_KERNEL_COPY_MAX: u64 = 256 << 10;
 /// Bytes per CTA of a one-rank copy in the kernel: nothing else runs, so it spreads wide.
 pub const ONE_RANK_COPY_BYTES_PER_CHANNEL: u64 = 32 << 10;
 
+/// `ONE_RANK_KERNEL_COPY_MAX`, or `OXCCL_ONE_RANK_KERNEL_COPY_MAX` where set (for measuring
+/// where the copy engine starts to pay).
+pub fn one_rank_kernel_copy_max() -> u64 {
+    static MAX: crate::env::Cached<u64> = crate::env::Cached::new(|| {
+        let v =
+            crate::env::registry::ONE_RANK_KERNEL_COPY_MAX.int_or(ONE_RANK_KERNEL_COPY_MAX as i64);
+        v.max(0) as u64
+    });
+    MAX.get()
+}
+
+/// `ONE_RANK_COPY_BYTES_PER_CHANNEL`, or `OXCCL_ONE_RANK_COPY_CTA_BYTES` where set.
+fn one_rank_copy_bytes_per_channel() -> u64 {
+    static BYTES: crate::env::Cached<u64> = crate::env::Cached::new(|| {
+        let v = crate::env::registry::ONE_RANK_COPY_CTA_BYTES
+            .int_or(ONE_RANK_COPY_BYTES_PER_CHANNEL as i64);
+        v.max(1) as u64
+    });
+    BYTES.get()
+}
+
 /// Channels for a one-rank copy in the kernel of `bytes`, at most `max_channels`.
 pub fn one_rank_copy_channels(bytes: u64, max_channels: u32) -> u32 {
     let max = COPY_MAX_CHANNELS.min(max_channels).max(1) as u64;
-    (bytes.div_ceil(ONE_RANK_COPY_BYTES_PER_CHANNEL)).clamp(1, max) as u32
+    (bytes.div_ceil(one_rank_copy_bytes_per_channel())).clamp(1, max) as u32
 }
 
 /// Bytes per CTA of a copy in the kernel before another CTA is added.

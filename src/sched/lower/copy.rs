@@ -44,7 +44,7 @@ impl Lowering<'_> {
         }
         let max = self.limits.max_channels;
         if !transform {
-            if bytes >= cost::ONE_RANK_KERNEL_COPY_MAX {
+            if bytes >= cost::one_rank_kernel_copy_max() {
                 self.copies.push(LocalCopy {
                     dst: task.recvbuff,
                     src: task.sendbuff,
@@ -101,7 +101,7 @@ impl Lowering<'_> {
     /// channels.
     fn self_copy(&mut self, seq: u64, src: u64, dst: u64, bytes: u64, max: u32) {
         let engine_from = if self.nranks == 1 {
-            cost::ONE_RANK_KERNEL_COPY_MAX
+            cost::one_rank_kernel_copy_max()
         } else {
             cost::COPY_ENGINE_MIN_BYTES
         };
