@@ -189,19 +189,25 @@ static int poll_cq_n(struct ibv_cq *c, struct ibv_wc *wc, int n) {
 
 static int poll_n(struct ibv_wc *wc, int n) { return poll_cq_n(cq, wc, n); }
 
+/* A one-SGE RDMA work request `op` of sge to (raddr, rkey) with `flags`. */
+static void fill_rdma(struct ibv_send_wr *wr, enum ibv_wr_opcode op, uint64_t wr_id,
+                      struct ibv_sge *sge, uint64_t raddr, uint32_t rkey, unsigned flags) {
+  memset(wr, 0, sizeof *wr);
+  wr->wr_id = wr_id;
+  wr->sg_list = sge;
+  wr->num_sge = 1;
+  wr->opcode = op;
+  wr->send_flags = flags;
+  wr->wr.rdma.remote_addr = raddr;
+  wr->wr.rdma.rkey = rkey;
+}
+
 static int post_rdma(int q, enum ibv_wr_opcode op, uint64_t wr_id, size_t loff, uint32_t len,
                      uint64_t raddr, uint32_t rkey, int signaled, uint32_t imm) {
   struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf + loff), len, mr->lkey};
   struct ibv_send_wr wr, *bad;
-  memset(&wr, 0, sizeof wr);
-  wr.wr_id = wr_id;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = op;
-  wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+  fill_rdma(&wr, op, wr_id, &sge, raddr, rkey, signaled ? IBV_SEND_SIGNALED : 0);
   wr.imm_data = htonl(imm);
-  wr.wr.rdma.remote_addr = raddr;
-  wr.wr.rdma.rkey = rkey;
   return ibv_post_send(qp[q], &wr, &bad);
 }
 
@@ -759,14 +765,8 @@ static int roce_check(void) {
   memset(b + 65536, 0, 65536);
   struct ibv_sge sge = {(uint64_t)(uintptr_t)b, 65536, m->lkey};
   struct ibv_send_wr wr, *bad;
-  memset(&wr, 0, sizeof wr);
-  wr.wr_id = 1;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)(b + 65536);
-  wr.wr.rdma.rkey = m->rkey;
+  fill_rdma(&wr, IBV_WR_RDMA_WRITE, 1, &sge, (uint64_t)(uintptr_t)(b + 65536), m->rkey,
+            IBV_SEND_SIGNALED);
   struct ibv_wc wc;
   check(ibv_post_send(qa[0], &wr, &bad) == 0 && poll_cq_n(q, &wc, 1) == 1 &&
             wc.status == IBV_WC_SUCCESS && !memcmp(b, b + 65536, 65536),
@@ -878,14 +878,8 @@ static void ece_self(const struct ece_info *me) {
   for (int i = 0; i < 256; i++) buf[32768 + i] = (char)i;
   struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf + 32768), 256, mr->lkey};
   struct ibv_send_wr wr, *badwr;
-  memset(&wr, 0, sizeof wr);
-  wr.wr_id = 6;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)(buf + 40960);
-  wr.wr.rdma.rkey = mr->rkey;
+  fill_rdma(&wr, IBV_WR_RDMA_WRITE, 6, &sge, (uint64_t)(uintptr_t)(buf + 40960), mr->rkey,
+            IBV_SEND_SIGNALED);
   struct ibv_wc wc;
   check(ibv_post_send(q, &wr, &badwr) == 0 && poll_n(&wc, 1) == 1 && wc.wr_id == 6 &&
             wc.status == IBV_WC_SUCCESS && !memcmp(buf + 32768, buf + 40960, 256),
@@ -933,14 +927,8 @@ static void ece_side_a(struct ece_info *me) {
   for (int i = 0; i < 65; i++) small[i] = (char)(0x40 + i);
   struct ibv_sge sge = {(uint64_t)(uintptr_t)small, 48, 0};
   struct ibv_send_wr wr, *badwr = NULL;
-  memset(&wr, 0, sizeof wr);
-  wr.wr_id = 3;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-  wr.wr.rdma.remote_addr = peer.buf + 16384;
-  wr.wr.rdma.rkey = peer.rkey;
+  fill_rdma(&wr, IBV_WR_RDMA_WRITE, 3, &sge, peer.buf + 16384, peer.rkey,
+            IBV_SEND_SIGNALED | IBV_SEND_INLINE);
   rc = ibv_post_send(qp[2], &wr, &badwr);
   memset(small, 0, 48); /* inline: the data was taken at post time */
   check(rc == 0 && poll_n(wc, 1) == 1 && wc[0].wr_id == 3 && wc[0].status == IBV_WC_SUCCESS,
