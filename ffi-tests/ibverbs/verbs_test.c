@@ -1055,6 +1055,20 @@ static int ece_check(void) {
   return failed ? 1 : 0;
 }
 
+/* Runs this program again with `mode` (exec: the library's process state must start fresh);
+ * whether it exited with 0. */
+static int run_fresh(const char *self, const char *mode) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/proc/self/exe", self, mode, (char *)NULL);
+    _exit(3);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "ports") == 0) return port_down_check();
   if (argc > 1 && strcmp(argv[1], "roce") == 0) return roce_check();
@@ -1090,34 +1104,9 @@ int main(int argc, char **argv) {
   waitpid(pid, &st, 0);
   int child_ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
   check(child_ok, "rank1 exited cleanly with no failures");
-  fflush(stdout);
-  pid = fork();
-  if (pid == 0) { /* exec: the library's process state must start fresh */
-    execl("/proc/self/exe", argv[0], "ports", (char *)NULL);
-    _exit(3);
-  }
-  st = 0;
-  waitpid(pid, &st, 0);
-  check(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "port checks in a fresh process");
-  fflush(stdout);
-  pid = fork();
-  if (pid == 0) {
-    execl("/proc/self/exe", argv[0], "roce", (char *)NULL);
-    _exit(3);
-  }
-  st = 0;
-  waitpid(pid, &st, 0);
-  check(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "RoCE checks in a fresh process");
-  fflush(stdout);
-  pid = fork();
-  if (pid == 0) {
-    execl("/proc/self/exe", argv[0], "ece", (char *)NULL);
-    _exit(3);
-  }
-  st = 0;
-  waitpid(pid, &st, 0);
-  check(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
-        "ECE and inline checks in two fresh processes");
+  check(run_fresh(argv[0], "ports"), "port checks in a fresh process");
+  check(run_fresh(argv[0], "roce"), "RoCE checks in a fresh process");
+  check(run_fresh(argv[0], "ece"), "ECE and inline checks in two fresh processes");
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
