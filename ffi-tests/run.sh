@@ -14,6 +14,7 @@
 #            with rdma-core's symbol versions; ibverbs/verbs_test.c, linked with -libverbs
 #            against it, runs RC queue pairs between two processes; every versioned verbs
 #            symbol the test binds to in the real libibverbs.so.1 is exported the same way
+#   cuda     cuda host path: cuda_standin/hostpath_cpu.c on a stand-in libcuda.so.1, driver calls asserted
 # Usage: ffi-tests/run.sh [release|debug]   (default release; builds nothing with cargo)
 # Prints 'N passed, M failed' and exits non-zero on any failure.
 set -uo pipefail
@@ -229,6 +230,65 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libibver
   fi
 else
   fail "software verbs libibverbs.so.1 and verbs_test build" "see $VERBS_OUT/build.log"; cat "$VERBS_OUT/build.log"
+fi
+
+# ---- cuda host path: our library on a stand-in CUDA driver, no GPU needed ----
+# The stand-in's directory comes first on LD_LIBRARY_PATH, so the library loads it as libcuda.
+# Each one-rank collective must make the driver calls seen when this was written, or fewer:
+# out of place, one kernel launch (5 calls in all) below 256 KiB and one copy-engine copy
+# (2 calls) from 256 KiB up; in place, nothing (a send/recv to self: 1 call); a group of
+# allreduces, one launch. A 512 KiB out-of-place allreduce's copy must deliver the data.
+SI_OUT="$OUT/cuda_standin"
+mkdir -p "$SI_OUT"
+rm -f "$SI_OUT/libcuda.so.1" "$SI_OUT/libcuda.so" "$SI_OUT/hostpath_cpu"
+if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.so.1 -I "$CUDA_INC" \
+    -o "$SI_OUT/libcuda.so.1" "$ROOT/ffi-tests/cuda_standin/cuda_standin.c" -lpthread 2>"$SI_OUT/build.log" &&
+  ln -sf libcuda.so.1 "$SI_OUT/libcuda.so" &&
+  "$CC" -O2 "${WARN[@]}" -I "$ROOT/include" -I "$CUDA_INC" -o "$SI_OUT/hostpath_cpu" \
+    "$ROOT/ffi-tests/cuda_standin/hostpath_cpu.c" -L "$LIBDIR" -lnccl -ldl 2>>"$SI_OUT/build.log"; then
+  log=$SI_OUT/hostpath_cpu.log
+  LD_LIBRARY_PATH="$SI_OUT:$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 \
+    "$SI_OUT/hostpath_cpu" -n 2000 >"$log" 2>&1
+  rc=$?
+  grep -E '^(ROW|INIT|DESTROY|CALLED) ' "$log" | sed 's/^/      /'
+  # Prints the number of ROW lines, then what broke the expectations (nothing when all held).
+  verdict=$(awk '
+    /^ROW / {
+      rows++; name = $2; bytes = $3; place = $4; calls = ""; wrong = ""
+      for (i = 5; i <= NF; i++) {
+        if ($i ~ /^driver_calls=/) calls = substr($i, 14)
+        if ($i ~ /^wrong=/) wrong = substr($i, 7)
+      }
+      split("", n); total = 0
+      if (calls != "none") {
+        k = split(calls, parts, ",")
+        for (j = 1; j <= k; j++) { split(parts[j], kv, ":"); n[kv[1]] = kv[2] + 0; total += kv[2] }
+      }
+      launches = ("cuLaunchKernel" in n) ? n["cuLaunchKernel"] : 0
+      copies = ("cuMemcpyDtoDAsync_v2" in n) ? n["cuMemcpyDtoDAsync_v2"] : 0
+      if (place == "in") { wl = 0; wc = 0; most = (name == "sendrecv") ? 1 : 0 }
+      else if (bytes >= 262144 && name !~ /^group/) { wl = 0; wc = 1; most = 2 }
+      else { wl = 1; wc = 0; most = 5 }
+      if (calls == "" || launches != wl || copies != wc || total > most)
+        bad = bad sprintf(" %s %s %s: %g launches, %g copies, %g calls (want %d, %d, at most %d);",
+                          name, bytes, place, launches, copies, total, wl, wc, most)
+      if (name == "allreduce" && bytes == 524288 && place == "out") {
+        checked = 1
+        if (wrong != "0") bad = bad sprintf(" allreduce 524288 out: wrong=%s;", wrong)
+      }
+    }
+    END { if (!checked) bad = bad " no checked 512 KiB allreduce row;"; print rows + 0; print bad }' "$log")
+  nrows=$(head -n 1 <<<"$verdict")
+  broken=$(tail -n +2 <<<"$verdict")
+  small=$(awk '$1 == "ROW" && $2 == "allreduce" && $3 == 8 && $4 == "out" { print $5 }' "$log")
+  if [[ $rc == 0 && $nrows == 56 && -z ${broken// /} ]]; then
+    pass "cuda host path: our library on a stand-in CUDA driver, $nrows ROWs, driver calls per collective as expected (allreduce 8 B: $small per call)"
+  else
+    fail "cuda host path on a stand-in CUDA driver" "exit $rc, $nrows of 56 ROWs;${broken:- driver calls as expected}; see $log"
+    grep -vE '^(ROW|INIT|DESTROY|CALLED) ' "$log" | tail -n 20
+  fi
+else
+  fail "cuda stand-in libcuda.so.1 and hostpath_cpu build" "see $SI_OUT/build.log"; cat "$SI_OUT/build.log"
 fi
 
 echo

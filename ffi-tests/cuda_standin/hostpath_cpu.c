@@ -1,0 +1,319 @@
+/* hostpath_cpu.c: what one small collective costs the caller on the host, and how many CUDA
+ * driver calls it makes, with the NCCL library found on LD_LIBRARY_PATH (oxccl) running
+ * against the stand-in driver of cuda_standin.c (also found there, as libcuda.so.1). Needs no
+ * GPU: the stand-in's launches run nothing, so only what the library does on the host counts.
+ *
+ * One communicator of one rank (ncclCommInitAll on device 0) and one non-blocking stream from
+ * the driver. For each collective (allreduce, allgather, reducescatter, broadcast, reduce,
+ * alltoall, gather, scatter, and a send/recv to self in a group) at 8 B, 32 KiB and 512 KiB,
+ * out of place and in place, and for groups of 2 and 8 allreduces of 8 B: a warm-up, then N
+ * calls back to back timed with CLOCK_MONOTONIC (host_ns) and CLOCK_THREAD_CPUTIME_ID
+ * (cpu_ns), then a shorter loop between the stand-in's call counters, giving the driver calls
+ * per operation by function name (fractions when not every call makes them):
+ *   ROW <collective> <bytes> <out|in> host_ns=<per call> cpu_ns=<per call> driver_calls=<f:n,...>
+ * A group row is per group: ROW group2_allreduce 8 out ...
+ * The stand-in copies nothing for kernels; where the library copies with the driver (one-rank
+ * copies of 256 KiB and more) the data can be checked: the 512 KiB out-of-place allreduce
+ * row ends with wrong=<elements not as expected>. Such a copy is the stand-in's memcpy, done
+ * in the call: the host_ns of those rows is mostly the copy engine's work, done by the CPU.
+ * INIT and DESTROY lines list the driver calls of the whole start (this program's own
+ * cuInit, cuDevicePrimaryCtxRetain and cuCtxSetCurrent included) and of ncclCommDestroy;
+ * the CALLED line every driver function called in the whole run, in the order first called.
+ * Without the stand-in's counters (a real driver) driver_calls is n/a.
+ *
+ * usage: hostpath_cpu [-n N]   (N calls per case, default 100000)
+ * Exit 0 when every call succeeded, ncclCommDestroy too, and no element was wrong; 1
+ * otherwise; 2 on bad usage or a run past the alarm (600 s). */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_BYTES (512 << 10)
+#define WARMUP 100
+#define COUNTED_CALLS 1000
+
+/* The driver calls this program makes itself, and the stand-in's counters (optional). */
+static struct {
+  CUresult (*init)(unsigned);
+  CUresult (*primaryCtxRetain)(CUcontext *, CUdevice);
+  CUresult (*ctxSetCurrent)(CUcontext);
+  CUresult (*streamCreate)(CUstream *, unsigned);
+  CUresult (*streamSynchronize)(CUstream);
+  CUresult (*streamDestroy)(CUstream);
+  CUresult (*memAlloc)(CUdeviceptr *, size_t);
+  CUresult (*memFree)(CUdeviceptr);
+  CUresult (*memcpyHtoD)(CUdeviceptr, const void *, size_t);
+  CUresult (*memcpyDtoH)(void *, CUdeviceptr, size_t);
+  CUresult (*memsetD8)(CUdeviceptr, unsigned char, size_t);
+  unsigned long (*calls)(const char *);
+  void (*reset)(void);
+  const char *(*name)(unsigned long);
+} cu;
+
+static ncclComm_t comm;
+static cudaStream_t stream;
+static float *in, *out;
+static long iters = 100000;
+static int rows;
+
+static void onAlarm(int sig) {
+  (void)sig;
+  static const char msg[] = "FAIL hostpath_cpu: still running after 600 s (a call hangs)\n";
+  if (write(1, msg, sizeof msg - 1) < 0) _exit(2);
+  _exit(2);
+}
+
+#define CU(x)                                                     \
+  do {                                                            \
+    CUresult e_ = (x);                                            \
+    if (e_ != CUDA_SUCCESS) {                                     \
+      printf("FAIL %s: CUDA driver error %d\n", #x, (int)e_);     \
+      exit(1);                                                    \
+    }                                                             \
+  } while (0)
+
+#define NCCL(x)                                                                                    \
+  do {                                                                                             \
+    ncclResult_t r_ = (x);                                                                         \
+    if (r_ != ncclSuccess) {                                                                       \
+      printf("FAIL %s: %s (%s)\n", #x, ncclGetErrorString(r_), ncclGetLastError(comm));            \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+static void *need(void *lib, const char *name) {
+  void *f = dlsym(lib, name);
+  if (f == NULL) {
+    printf("FAIL the CUDA driver has no %s\n", name);
+    exit(1);
+  }
+  return f;
+}
+
+/* libcuda.so.1 as the library will find it: the stand-in when its directory comes first on
+ * LD_LIBRARY_PATH. */
+static void loadDriver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (lib == NULL) {
+    printf("FAIL dlopen libcuda.so.1: %s\n", dlerror());
+    exit(1);
+  }
+  *(void **)&cu.init = need(lib, "cuInit");
+  *(void **)&cu.primaryCtxRetain = need(lib, "cuDevicePrimaryCtxRetain");
+  *(void **)&cu.ctxSetCurrent = need(lib, "cuCtxSetCurrent");
+  *(void **)&cu.streamCreate = need(lib, "cuStreamCreate");
+  *(void **)&cu.streamSynchronize = need(lib, "cuStreamSynchronize");
+  *(void **)&cu.streamDestroy = need(lib, "cuStreamDestroy_v2");
+  *(void **)&cu.memAlloc = need(lib, "cuMemAlloc_v2");
+  *(void **)&cu.memFree = need(lib, "cuMemFree_v2");
+  *(void **)&cu.memcpyHtoD = need(lib, "cuMemcpyHtoD_v2");
+  *(void **)&cu.memcpyDtoH = need(lib, "cuMemcpyDtoH_v2");
+  *(void **)&cu.memsetD8 = need(lib, "cuMemsetD8_v2");
+  *(void **)&cu.calls = dlsym(lib, "cuda_standin_calls");
+  *(void **)&cu.reset = dlsym(lib, "cuda_standin_reset");
+  *(void **)&cu.name = dlsym(lib, "cuda_standin_name");
+}
+
+static double nowNs(clockid_t clock) {
+  struct timespec t;
+  clock_gettime(clock, &t);
+  return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+/* One operation: a collective, a send/recv pair to self in a group, or a group of
+ * `group` allreduces. */
+struct op {
+  const char *name;
+  size_t bytes;
+  int inplace;
+  int group; /* 0: not a group case */
+};
+
+static ncclResult_t issue1(const char *c, float *src, float *dst, size_t n) {
+  if (!strcmp(c, "allreduce")) return ncclAllReduce(src, dst, n, ncclFloat, ncclSum, comm, stream);
+  if (!strcmp(c, "allgather")) return ncclAllGather(src, dst, n, ncclFloat, comm, stream);
+  if (!strcmp(c, "reducescatter")) return ncclReduceScatter(src, dst, n, ncclFloat, ncclSum, comm, stream);
+  if (!strcmp(c, "broadcast")) return ncclBroadcast(src, dst, n, ncclFloat, 0, comm, stream);
+  if (!strcmp(c, "reduce")) return ncclReduce(src, dst, n, ncclFloat, ncclSum, 0, comm, stream);
+  if (!strcmp(c, "alltoall")) return ncclAlltoAll(src, dst, n, ncclFloat, comm, stream);
+  if (!strcmp(c, "gather")) return ncclGather(src, dst, n, ncclFloat, 0, comm, stream);
+  if (!strcmp(c, "scatter")) return ncclScatter(src, dst, n, ncclFloat, 0, comm, stream);
+  if (!strcmp(c, "sendrecv")) {
+    ncclResult_t a = ncclGroupStart();
+    if (a == ncclSuccess) a = ncclSend(src, n, ncclFloat, 0, comm, stream);
+    if (a == ncclSuccess) a = ncclRecv(dst, n, ncclFloat, 0, comm, stream);
+    ncclResult_t b = ncclGroupEnd();
+    return a != ncclSuccess ? a : b;
+  }
+  return ncclInvalidArgument;
+}
+
+/* With one rank every collective's in-place form has its input and output in one buffer. */
+static ncclResult_t issue(const struct op *o) {
+  size_t n = o->bytes / sizeof(float);
+  float *dst = o->inplace ? in : out;
+  if (o->group == 0) return issue1(o->name, in, dst, n);
+  ncclResult_t a = ncclGroupStart();
+  for (int i = 0; i < o->group && a == ncclSuccess; i++) a = issue1(o->name, in, dst, n);
+  ncclResult_t b = ncclGroupEnd();
+  return a != ncclSuccess ? a : b;
+}
+
+static void loop(const struct op *o, long k) {
+  for (long i = 0; i < k; i++) {
+    ncclResult_t r = issue(o);
+    if (r != ncclSuccess) {
+      printf("FAIL %s %zu %s (call %ld): %s (%s)\n", o->name, o->bytes, o->inplace ? "in" : "out", i,
+             ncclGetErrorString(r), ncclGetLastError(comm));
+      exit(1);
+    }
+  }
+}
+
+/* "f:n,..." for every driver function called since the last reset, n per k operations. */
+static void countsSince(long k, char *text, size_t len) {
+  if (cu.calls == NULL || cu.reset == NULL || cu.name == NULL) {
+    snprintf(text, len, "n/a");
+    return;
+  }
+  size_t at = 0;
+  text[0] = 0;
+  const char *f;
+  for (unsigned long i = 0; (f = cu.name(i)) != NULL && at < len; i++) {
+    unsigned long c = cu.calls(f);
+    if (c == 0) continue;
+    if (c % (unsigned long)k == 0)
+      at += snprintf(text + at, len - at, "%s%s:%lu", at ? "," : "", f, c / (unsigned long)k);
+    else
+      at += snprintf(text + at, len - at, "%s%s:%.3g", at ? "," : "", f, (double)c / (double)k);
+  }
+  if (at == 0) snprintf(text, len, "none");
+}
+
+/* The driver calls of k operations, per operation. */
+static void driverCalls(const struct op *o, char *text, size_t len) {
+  long k = iters < COUNTED_CALLS ? iters : COUNTED_CALLS;
+  if (cu.reset) cu.reset();
+  loop(o, k);
+  countsSince(k, text, len);
+}
+
+/* The 512 KiB out-of-place allreduce of one rank is a copy: in filled with a pattern, out
+ * zeroed, one call; the elements of out not equal to in's. */
+static long checkCopy(const struct op *o) {
+  size_t n = o->bytes / sizeof(float);
+  float *host = malloc(o->bytes), *back = malloc(o->bytes);
+  if (host == NULL || back == NULL) exit(1);
+  for (size_t i = 0; i < n; i++) host[i] = (float)(i % 1000) + 0.5f;
+  CU(cu.memcpyHtoD((CUdeviceptr)(uintptr_t)in, host, o->bytes));
+  CU(cu.memsetD8((CUdeviceptr)(uintptr_t)out, 0, o->bytes));
+  loop(o, 1);
+  CU(cu.streamSynchronize((CUstream)stream));
+  CU(cu.memcpyDtoH(back, (CUdeviceptr)(uintptr_t)out, o->bytes));
+  long wrong = 0;
+  for (size_t i = 0; i < n; i++) wrong += back[i] != host[i];
+  free(host);
+  free(back);
+  return wrong;
+}
+
+static long runCase(const struct op *o) {
+  long warm = iters < WARMUP ? iters : WARMUP;
+  loop(o, warm);
+  double m0 = nowNs(CLOCK_MONOTONIC), c0 = nowNs(CLOCK_THREAD_CPUTIME_ID);
+  loop(o, iters);
+  double m1 = nowNs(CLOCK_MONOTONIC), c1 = nowNs(CLOCK_THREAD_CPUTIME_ID);
+  CU(cu.streamSynchronize((CUstream)stream));
+  char calls[1024];
+  driverCalls(o, calls, sizeof calls);
+  CU(cu.streamSynchronize((CUstream)stream));
+  long wrong = -1;
+  if (o->group == 0 && !o->inplace && o->bytes == MAX_BYTES && !strcmp(o->name, "allreduce")) wrong = checkCopy(o);
+  char name[32];
+  if (o->group) snprintf(name, sizeof name, "group%d_%s", o->group, o->name);
+  else snprintf(name, sizeof name, "%s", o->name);
+  printf("ROW %s %zu %s host_ns=%.0f cpu_ns=%.0f driver_calls=%s", name, o->bytes, o->inplace ? "in" : "out",
+         (m1 - m0) / (double)iters, (c1 - c0) / (double)iters, calls);
+  if (wrong >= 0) printf(" wrong=%ld", wrong);
+  printf("\n");
+  fflush(stdout);
+  rows++;
+  return wrong > 0 ? wrong : 0;
+}
+
+int main(int argc, char **argv) {
+  int opt;
+  while ((opt = getopt(argc, argv, "n:")) != -1) {
+    if (opt == 'n') iters = atol(optarg);
+    else iters = 0;
+  }
+  if (iters < 1 || optind != argc) {
+    fprintf(stderr, "usage: hostpath_cpu [-n N]\n");
+    return 2;
+  }
+  signal(SIGALRM, onAlarm);
+  alarm(600);
+  loadDriver();
+  /* As cudaSetDevice(0) would: device 0's primary context current on this thread. */
+  CUcontext ctx;
+  CU(cu.init(0));
+  CU(cu.primaryCtxRetain(&ctx, 0));
+  CU(cu.ctxSetCurrent(ctx));
+  int devs[1] = {0}, version = 0;
+  NCCL(ncclGetVersion(&version));
+  NCCL(ncclCommInitAll(&comm, 1, devs));
+  char calls[2048];
+  countsSince(1, calls, sizeof calls);
+  printf("INIT driver_calls=%s\n", calls); /* since the start, this program's own calls too */
+  CUstream s;
+  CU(cu.streamCreate(&s, CU_STREAM_NON_BLOCKING));
+  stream = (cudaStream_t)s;
+  CUdeviceptr a, b;
+  CU(cu.memAlloc(&a, MAX_BYTES));
+  CU(cu.memAlloc(&b, MAX_BYTES));
+  in = (float *)(uintptr_t)a, out = (float *)(uintptr_t)b;
+  CU(cu.memsetD8(a, 0, MAX_BYTES));
+  CU(cu.memsetD8(b, 0, MAX_BYTES));
+  printf("hostpath_cpu: NCCL version code %d, 1 rank on device 0, %ld calls per case, driver counters %s\n",
+         version, iters, cu.calls ? "from the stand-in" : "absent");
+
+  static const char *colls[] = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce",
+                                "alltoall",  "gather",    "scatter",       "sendrecv"};
+  static const size_t sizes[] = {8, 32 << 10, MAX_BYTES};
+  long wrong = 0;
+  for (size_t c = 0; c < sizeof colls / sizeof colls[0]; c++)
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
+      for (int inplace = 0; inplace < 2; inplace++) {
+        struct op o = {colls[c], sizes[z], inplace, 0};
+        wrong += runCase(&o);
+      }
+  for (int g = 2; g <= 8; g *= 4) {
+    struct op o = {"allreduce", 8, 0, g};
+    wrong += runCase(&o);
+  }
+
+  CU(cu.streamSynchronize(s));
+  if (cu.reset) cu.reset();
+  NCCL(ncclCommDestroy(comm));
+  countsSince(1, calls, sizeof calls);
+  printf("DESTROY driver_calls=%s\n", calls);
+  CU(cu.memFree(a));
+  CU(cu.memFree(b));
+  CU(cu.streamDestroy(s));
+  if (cu.name) {
+    printf("CALLED");
+    const char *f;
+    for (unsigned long i = 0; (f = cu.name(i)) != NULL; i++) printf("%s%s", i ? "," : " ", f);
+    printf("\n");
+  }
+  printf("hostpath_cpu: %d rows, ncclCommDestroy ncclSuccess, %s\n", rows,
+         wrong ? "WRONG copies" : "copies right");
+  return wrong ? 1 : 0;
+}
