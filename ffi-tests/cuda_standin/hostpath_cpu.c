@@ -21,7 +21,8 @@
  * the CALLED line every driver function called in the whole run, in the order first called.
  * Without the stand-in's counters (a real driver) driver_calls is n/a.
  *
- * usage: hostpath_cpu [-n N]   (N calls per case, default 100000)
+ * usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES]   (N calls per case, default 100000;
+ * -c and -s run only the cases of that collective or size, e.g. to profile one of them)
  * Exit 0 when every call succeeded, ncclCommDestroy too, and no element was wrong; 1
  * otherwise; 2 on bad usage or a run past the alarm (600 s). */
 #define _GNU_SOURCE
@@ -250,12 +251,16 @@ static long runCase(const struct op *o) {
 
 int main(int argc, char **argv) {
   int opt;
-  while ((opt = getopt(argc, argv, "n:")) != -1) {
+  const char *only_coll = NULL;
+  long only_bytes = -1;
+  while ((opt = getopt(argc, argv, "n:c:s:")) != -1) {
     if (opt == 'n') iters = atol(optarg);
+    else if (opt == 'c') only_coll = optarg;
+    else if (opt == 's') only_bytes = atol(optarg);
     else iters = 0;
   }
   if (iters < 1 || optind != argc) {
-    fprintf(stderr, "usage: hostpath_cpu [-n N]\n");
+    fprintf(stderr, "usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES]\n");
     return 2;
   }
   signal(SIGALRM, onAlarm);
@@ -291,10 +296,12 @@ int main(int argc, char **argv) {
   for (size_t c = 0; c < sizeof colls / sizeof colls[0]; c++)
     for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
       for (int inplace = 0; inplace < 2; inplace++) {
+        if ((only_coll && strcmp(only_coll, colls[c])) || (only_bytes >= 0 && (size_t)only_bytes != sizes[z]))
+          continue;
         struct op o = {colls[c], sizes[z], inplace, 0};
         wrong += runCase(&o);
       }
-  for (int g = 2; g <= 8; g *= 4) {
+  for (int g = 2; g <= 8 && !only_coll && only_bytes < 0; g *= 4) {
     struct op o = {"allreduce", 8, 0, g};
     wrong += runCase(&o);
   }

@@ -16,7 +16,6 @@ use crate::sched::Task;
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// One collected operation: the communicator, the task and the user's stream.
 /// A communicator creation to run, as `lifecycle` hands it over (the group machinery knows
 /// nothing of how a communicator is built).
 pub struct InitWork {
@@ -26,6 +25,7 @@ pub struct InitWork {
     pub run: Box<dyn FnOnce() -> Result<()> + Send>,
 }
 
+/// One collected operation: the communicator, the task and the user's stream.
 struct Op {
     comm: Arc<Comm>,
     task: Task,
@@ -43,6 +43,26 @@ struct CommOps {
     events: Vec<(usize, usize)>,
 }
 
+impl CommOps {
+    fn view(&self) -> CommView<'_> {
+        CommView {
+            comm: &self.comm,
+            tasks: &self.tasks,
+            streams: &self.streams,
+            events: &self.events,
+        }
+    }
+}
+
+/// What one communicator launches: `CommOps` borrowed, or a single call's operation (which
+/// so costs no allocation).
+struct CommView<'a> {
+    comm: &'a Arc<Comm>,
+    tasks: &'a [Task],
+    streams: &'a [usize],
+    events: &'a [(usize, usize)],
+}
+
 #[derive(Default)]
 struct Pending {
     depth: usize,
@@ -54,8 +74,18 @@ struct Pending {
     noop_events: Vec<(usize, usize)>,
 }
 
+/// A group's operations on its one communicator laid out as `launch_all` takes them; kept
+/// per thread between groups, so a group of the usual shape allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    tasks: Vec<Task>,
+    streams: Vec<usize>,
+    events: Vec<(usize, usize)>,
+}
+
 thread_local! {
     static GROUP: RefCell<Pending> = RefCell::new(Pending::default());
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// Open a (possibly nested) group on this thread.
@@ -157,7 +187,23 @@ pub fn submit_op(comm: &Arc<Comm>, task: Task, stream: usize, event: usize) -> R
         GROUP.with(|g| g.borrow_mut().ops.push(op));
         return Ok(());
     }
-    execute(Vec::new(), vec![op], Vec::new())
+    execute_one(op)
+}
+
+/// A call outside a group: its operation launched on its own.
+fn execute_one(op: Op) -> Result<()> {
+    if check::enabled() {
+        return execute(Vec::new(), vec![op], Vec::new());
+    }
+    let _span = crate::profile::span(crate::profile::Stage::GroupExecute);
+    let event = [(op.stream, op.event)];
+    let view = CommView {
+        comm: &op.comm,
+        tasks: std::slice::from_ref(&op.task),
+        streams: std::slice::from_ref(&op.stream),
+        events: if op.event != 0 { &event } else { &[] },
+    };
+    launch_all(std::slice::from_ref(&view))
 }
 
 /// The launch event `event` (0: none) of a no-op call on `stream`: recorded now outside a
@@ -200,6 +246,10 @@ pub fn check_noop(comm: &Arc<Comm>) -> Result<()> {
 }
 
 fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result<()> {
+    let one_comm = ops.windows(2).all(|w| Arc::ptr_eq(&w[0].comm, &w[1].comm));
+    if inits.is_empty() && checks.is_empty() && !ops.is_empty() && one_comm && !check::enabled() {
+        return execute_on_one_comm(ops);
+    }
     let _span = crate::profile::span(crate::profile::Stage::GroupExecute);
     if !inits.is_empty() {
         let nonblocking = inits.iter().any(|j| !j.blocking);
@@ -243,8 +293,45 @@ fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result
     if per_comm.is_empty() {
         return check_failure.map_or(Ok(()), Err);
     }
-    launch_all(per_comm)?;
+    let views: Vec<CommView<'_>> = per_comm.iter().map(CommOps::view).collect();
+    launch_all(&views)?;
     check_failure.map_or(Ok(()), Err)
+}
+
+/// A group whose operations are all on one communicator (and nothing else to do): launched
+/// from the thread's `Scratch`, and `ops` handed back to the thread's next group, so neither
+/// allocates.
+fn execute_on_one_comm(mut ops: Vec<Op>) -> Result<()> {
+    let _span = crate::profile::span(crate::profile::Stage::GroupExecute);
+    // Taken out while launching: nothing under `launch_all` opens a group, but a borrow held
+    // across it would turn such a change into a panic.
+    let mut s = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    for op in &ops {
+        s.tasks.push(op.task);
+        s.streams.push(op.stream);
+        if op.event != 0 {
+            s.events.push((op.stream, op.event));
+        }
+    }
+    let view = CommView {
+        comm: &ops[0].comm,
+        tasks: &s.tasks,
+        streams: &s.streams,
+        events: &s.events,
+    };
+    let launched = launch_all(std::slice::from_ref(&view));
+    s.tasks.clear();
+    s.streams.clear();
+    s.events.clear();
+    ops.clear();
+    SCRATCH.with(|c| *c.borrow_mut() = s);
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.ops.capacity() == 0 {
+            g.ops = ops;
+        }
+    });
+    launched
 }
 
 /// The collective check of every communicator of the group with operations noted for it
@@ -276,12 +363,32 @@ fn check_group(per_comm: &mut Vec<CommOps>, noop_only: Vec<Arc<Comm>>) -> Option
 }
 
 /// Connect and launch each communicator's operations, then record its calls' launch events.
-fn launch_all(per_comm: Vec<CommOps>) -> Result<()> {
+fn launch_all(per_comm: &[CommView<'_>]) -> Result<()> {
     if per_comm.len() > 1 {
-        check_rank_streams(&per_comm)?;
+        check_rank_streams(per_comm)?;
+        connect_in_parallel(per_comm)?;
     }
-    // Connection setup waits on peers: when any communicator needs it and the group spans
-    // several, set up in parallel threads. Launches then go out from this thread.
+    for c in per_comm {
+        let comm = c.comm;
+        with_runtime(comm, |rt| {
+            rt.connect_for(comm.rank(), comm.nranks(), c.tasks)?;
+            rt.launch_group(comm.rank(), comm.nranks(), c.tasks, c.streams, &comm.abort)?;
+            // Under the runtime's lock, so the watchdog sees the launch and its count together.
+            comm.progress.mark_launched();
+            rt.note_launched(comm.progress.launched());
+            if let Some(done) = rt.completed_after_wait() {
+                comm.progress.set_completed(done);
+            }
+            Ok(())
+        })?;
+        record_events(c.events)?;
+    }
+    Ok(())
+}
+
+/// Connection setup waits on peers: when a group spans several communicators and any needs
+/// it, they set up in parallel threads (launches then go out from the calling thread).
+fn connect_in_parallel(per_comm: &[CommView<'_>]) -> Result<()> {
     let needs_span = crate::profile::span(crate::profile::Stage::NeedsConnect);
     let needs_connect: Vec<bool> = per_comm
         .iter()
@@ -290,18 +397,18 @@ fn launch_all(per_comm: Vec<CommOps>) -> Result<()> {
                 .rt
                 .lock()
                 .as_ref()
-                .is_some_and(|rt| rt.needs_connect(c.comm.rank(), c.comm.nranks(), &c.tasks))
+                .is_some_and(|rt| rt.needs_connect(c.comm.rank(), c.comm.nranks(), c.tasks))
         })
         .collect();
     drop(needs_span);
-    if per_comm.len() > 1 && needs_connect.contains(&true) {
+    if needs_connect.contains(&true) {
         let results: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = per_comm
                 .iter()
                 .zip(&needs_connect)
                 .filter(|(_, &n)| n)
                 .map(|(c, _)| {
-                    let (comm, tasks) = (&c.comm, &c.tasks);
+                    let (comm, tasks) = (c.comm, c.tasks);
                     s.spawn(move || {
                         with_runtime(comm, |rt| rt.connect_for(comm.rank(), comm.nranks(), tasks))
                     })
@@ -317,27 +424,6 @@ fn launch_all(per_comm: Vec<CommOps>) -> Result<()> {
         });
         results.into_iter().collect::<Result<()>>()?;
     }
-    for c in &per_comm {
-        let comm = &c.comm;
-        with_runtime(comm, |rt| {
-            rt.connect_for(comm.rank(), comm.nranks(), &c.tasks)?;
-            rt.launch_group(
-                comm.rank(),
-                comm.nranks(),
-                &c.tasks,
-                &c.streams,
-                &comm.abort,
-            )?;
-            // Under the runtime's lock, so the watchdog sees the launch and its count together.
-            comm.progress.mark_launched();
-            rt.note_launched(comm.progress.launched());
-            if let Some(done) = rt.completed_after_wait() {
-                comm.progress.set_completed(done);
-            }
-            Ok(())
-        })?;
-        record_events(&c.events)?;
-    }
     Ok(())
 }
 
@@ -345,15 +431,15 @@ fn launch_all(per_comm: Vec<CommOps>) -> Result<()> {
 /// would queue behind the other's, which waits for it — forever (ranks sharing a GPU, or a
 /// stream handed to the wrong rank). Nor may one of two ranks on one GPU use the legacy
 /// default stream while the other uses a blocking stream, which waits for it implicitly.
-fn check_rank_streams(per_comm: &[CommOps]) -> Result<()> {
+fn check_rank_streams(per_comm: &[CommView<'_>]) -> Result<()> {
     let ids: Vec<Option<u64>> = per_comm
         .iter()
         .map(|c| c.comm.rt.lock().as_ref().map(|rt| rt.comm_hash()))
         .collect();
     for i in 0..per_comm.len() {
         for j in i + 1..per_comm.len() {
-            let (a, sa) = (&per_comm[i].comm, &per_comm[i].streams);
-            let (b, sb) = (&per_comm[j].comm, &per_comm[j].streams);
+            let (a, sa) = (per_comm[i].comm, per_comm[i].streams);
+            let (b, sb) = (per_comm[j].comm, per_comm[j].streams);
             if ids[i].is_none() || ids[i] != ids[j] {
                 continue;
             }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod enqueue;
 pub mod group;
 pub mod grow;
+pub mod int_map;
 pub mod lifecycle;
 pub mod memory;
 pub mod progress;
@@ -21,9 +22,9 @@ pub use crate::sched::redop;
 
 use crate::abi::{ncclComm, ncclComm_t, ncclResult_t};
 use crate::error::{Error, LastError, Result};
+use int_map::IntMap;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -70,7 +71,9 @@ pub struct Comm {
     destroyed: AtomicBool,
 }
 
-static REGISTRY: Lazy<Mutex<HashMap<usize, Arc<Comm>>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+/// The live communicators by handle. Every call looks its handle up here: an `IntMap`.
+static REGISTRY: Lazy<Mutex<IntMap<usize, Arc<Comm>>>> =
+    Lazy::new(|| Mutex::new(IntMap::default()));
 
 impl Comm {
     /// A communicator with no transport yet (filled in by init).

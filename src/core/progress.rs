@@ -10,11 +10,12 @@
 //! kept with what they were, for reports that name the operation a rank waits in and the
 //! ranks behind it.
 
+use super::int_map::IntMap;
 use crate::abi::ncclDataType_t;
 use crate::sched::redop::RedOp;
 use crate::sched::{CollKind, Task};
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Operations kept per communicator.
@@ -48,7 +49,7 @@ impl OpRecord {
 pub struct Counts {
     pub collectives: u64,
     /// (peer, is a send) -> operations.
-    pub p2p: HashMap<(i32, bool), u64>,
+    pub p2p: IntMap<(i32, bool), u64>,
 }
 
 impl Counts {

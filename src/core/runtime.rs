@@ -5,6 +5,7 @@
 
 use super::yielding;
 use crate::bootstrap::Bootstrap;
+use crate::cuda::module::{Kernel, Kernels};
 use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
 use crate::profile::{self, Stage};
@@ -133,6 +134,8 @@ pub fn wait_event(ev: &Event, abort: &AtomicBool, what: &str) -> Result<()> {
 /// Everything a live communicator owns on the device side.
 pub struct Runtime {
     pub ctx: CUcontext,
+    /// The kernels looked up in `ctx`.
+    kernels: Kernels,
     pub bootstrap: Bootstrap,
     pub topo: Topology,
     pub nchannels: u32,
@@ -488,11 +491,11 @@ impl CachedPlan {
     }
 }
 
-/// Launch `plan` as the inline kernel, its items in the parameter `blob`.
-fn launch_inline(plan: &Plan, blob: &[u8], stream: CUstream) -> Result<()> {
+/// Launch `plan` as the inline kernel `kernel`, its items in the parameter `blob`.
+fn launch_inline(kernel: Kernel, plan: &Plan, blob: &[u8], stream: CUstream) -> Result<()> {
     let _span = profile::span(Stage::KernelLaunch);
     cuda::module::launch_blob(
-        cuda::module::INLINE_KERNEL,
+        kernel,
         plan.grid,
         plan.block,
         plan.smem,
@@ -830,6 +833,7 @@ impl Runtime {
         };
         Ok(Runtime {
             ctx,
+            kernels: Kernels::new(ctx),
             bootstrap,
             topo,
             nchannels,
@@ -1236,10 +1240,14 @@ impl Runtime {
             return Ok(());
         }
         let stream = streams[0] as CUstream;
-        let others: Vec<usize> = dedup(streams)
-            .into_iter()
-            .filter(|&s| s != streams[0])
-            .collect();
+        let others: Vec<usize> = if streams.len() == 1 {
+            Vec::new()
+        } else {
+            dedup(streams)
+                .into_iter()
+                .filter(|&s| s != streams[0])
+                .collect()
+        };
         // Other streams' earlier work must finish before ours starts.
         for &s in &others {
             self.join.record(s as CUstream)?;
@@ -1266,7 +1274,8 @@ impl Runtime {
         let mut beside = self.fork_copies(&plan.copies, stream, capturing)?;
         cached.announce(stream, capturing)?;
         let done = if let Some(blob) = &cached.inline {
-            launch_inline(plan, blob, stream)?;
+            let kernel = self.kernels.get(cuda::module::INLINE_KERNEL)?;
+            launch_inline(kernel, plan, blob, stream)?;
             self.next_inline = (self.next_inline + 1) % INLINE_EVENTS;
             Done::Inline(self.next_inline)
         } else {
@@ -1285,6 +1294,7 @@ impl Runtime {
             let _span = profile::span(Stage::KernelLaunch);
             if plan.yields {
                 yielding::launch(
+                    self.kernels.get(cuda::module::YIELD_KERNEL)?,
                     plan.grid,
                     plan.block,
                     stream,
@@ -1296,7 +1306,7 @@ impl Runtime {
                 )?;
             } else {
                 cuda::module::launch(
-                    plan.kernel,
+                    self.kernels.get(plan.kernel)?,
                     plan.grid,
                     plan.block,
                     plan.smem,

@@ -23,7 +23,7 @@
 
 use crate::cuda::{self, module, CUstream};
 use crate::error::Result;
-use crate::sched::device::{YIELD_FRESH, YIELD_KERNEL, YIELD_LAST, YIELD_RESUME};
+use crate::sched::device::{YIELD_FRESH, YIELD_LAST, YIELD_RESUME};
 
 /// Default of `OXCCL_YIELD_SPIN_US`.
 pub const DEFAULT_SPIN_US: i64 = 30;
@@ -67,6 +67,7 @@ impl Settings {
 /// (`sched::device::yield_input`), `bell` the device address of the status page's bell.
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
+    kernel: module::Kernel,
     grid: u32,
     block: u32,
     stream: CUstream,
@@ -78,7 +79,7 @@ pub fn launch(
 ) -> Result<()> {
     let kernel = |mode: u32| {
         module::launch_args(
-            YIELD_KERNEL,
+            kernel,
             grid,
             block,
             0,

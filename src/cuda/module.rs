@@ -1,5 +1,7 @@
 //! The embedded kernels: the fatbin that build.rs compiles from `kernels/`, loaded once per
-//! context on first use, lookup of kernel functions by name, and the launch wrapper.
+//! context on first use, lookup of kernel functions by name (`kernel`, or a `Kernels` memo of
+//! one context, which the per-call path uses: no lock, no driver call but the launch), and
+//! the launch wrappers, which take a looked-up `Kernel`.
 
 use super::{check, driver, CUcontext, CUfunction, CUmodule, CUstream};
 use crate::error::{Error, Result};
@@ -59,9 +61,57 @@ pub fn module() -> Result<CUmodule> {
     module_locked(&mut CACHE.lock(), ctx)
 }
 
+/// A kernel of the embedded module, ready to launch in the context it was looked up in.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel {
+    func: usize,
+    pub name: &'static str,
+}
+
+/// The kernel `name` of the embedded module in the current context.
+pub fn kernel(name: &'static str) -> Result<Kernel> {
+    Ok(Kernel {
+        func: function(name)? as usize,
+        name,
+    })
+}
+
+/// The kernels of one context looked up so far: after its first launch of a kernel, a
+/// runtime finds it here without the driver's current context or the process-wide cache.
+pub struct Kernels {
+    ctx: usize,
+    found: Vec<Kernel>,
+}
+
+impl Kernels {
+    pub fn new(ctx: CUcontext) -> Kernels {
+        Kernels {
+            ctx: ctx as usize,
+            found: Vec::new(),
+        }
+    }
+
+    /// The kernel `name` in this context, which must be current the first time.
+    pub fn get(&mut self, name: &'static str) -> Result<Kernel> {
+        if let Some(k) = self.found.iter().find(|k| k.name == name) {
+            return Ok(*k);
+        }
+        let k = Kernel {
+            func: function_in(self.ctx as CUcontext, name)? as usize,
+            name,
+        };
+        self.found.push(k);
+        Ok(k)
+    }
+}
+
 /// A kernel of the embedded module, by name, in the current context.
 pub fn function(name: &'static str) -> Result<CUfunction> {
-    let ctx = current_context()?;
+    function_in(current_context()?, name)
+}
+
+/// A kernel of the embedded module, by name, in `ctx` (the current context).
+fn function_in(ctx: CUcontext, name: &'static str) -> Result<CUfunction> {
     let mut cache = CACHE.lock();
     if let Some(&f) = cache.functions.get(&(ctx as usize, name)) {
         return Ok(f as CUfunction);
@@ -133,10 +183,26 @@ pub enum KernelArg {
     I32(i32),
 }
 
-/// Launch `name` from the embedded module on `stream` with the given arguments (in the
-/// kernel's parameter order and C types).
+/// Most arguments `launch_args` passes.
+pub const MAX_KERNEL_ARGS: usize = 8;
+
+impl KernelArg {
+    /// The argument's bytes as the kernel's parameter of its C type holds them.
+    fn bytes(self) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        match self {
+            KernelArg::U64(v) => b = v.to_ne_bytes(),
+            KernelArg::U32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
+            KernelArg::I32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
+        }
+        b
+    }
+}
+
+/// Launch `kernel` on `stream` with the given arguments (in the kernel's parameter order and
+/// C types, at most `MAX_KERNEL_ARGS`).
 pub fn launch_args(
-    name: &'static str,
+    kernel: Kernel,
     grid: u32,
     block: u32,
     smem: u32,
@@ -146,30 +212,33 @@ pub fn launch_args(
     if grid == 0 {
         return Ok(());
     }
-    let func = function(name)?;
-    let mut values: Vec<[u8; 8]> = args
-        .iter()
-        .map(|a| match *a {
-            KernelArg::U64(v) => v.to_ne_bytes(),
-            KernelArg::U32(v) => {
-                let mut b = [0u8; 8];
-                b[..4].copy_from_slice(&v.to_ne_bytes());
-                b
-            }
-            KernelArg::I32(v) => {
-                let mut b = [0u8; 8];
-                b[..4].copy_from_slice(&v.to_ne_bytes());
-                b
-            }
-        })
-        .collect();
-    let mut params: Vec<*mut c_void> = values
-        .iter_mut()
-        .map(|v| v.as_mut_ptr().cast::<c_void>())
-        .collect();
+    if args.len() > MAX_KERNEL_ARGS {
+        return Err(Error::internal(format!(
+            "{} arguments for {}: at most {MAX_KERNEL_ARGS}",
+            args.len(),
+            kernel.name
+        )));
+    }
+    let mut values = [[0u8; 8]; MAX_KERNEL_ARGS];
+    for (v, a) in values.iter_mut().zip(args) {
+        *v = a.bytes();
+    }
+    let mut params = [std::ptr::null_mut::<c_void>(); MAX_KERNEL_ARGS];
+    for (p, v) in params.iter_mut().zip(values.iter_mut()) {
+        *p = v.as_mut_ptr().cast::<c_void>();
+    }
     // `values` outlives the launch, which copies the parameters before returning.
-    let res = launch_raw(func, grid, block, smem, stream, &mut params, &mut []);
-    launch_checked(name, grid, block, res)
+    let func = kernel.func as CUfunction;
+    let res = launch_raw(
+        func,
+        grid,
+        block,
+        smem,
+        stream,
+        &mut params[..args.len()],
+        &mut [],
+    );
+    launch_checked(kernel.name, grid, block, res)
 }
 
 /// `cuLaunchKernel` with parameter pointers already laid out for the kernel's signature, or
@@ -225,12 +294,12 @@ const LAUNCH_PARAM_BUFFER_SIZE: *mut c_void = std::ptr::without_provenance_mut(2
 static SHORT_PARAMS_REFUSED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-/// Launch `name`, whose one parameter is a struct passed by value, with that struct's bytes
+/// Launch `kernel`, whose one parameter is a struct passed by value, with that struct's bytes
 /// (`blob` must be exactly the parameter's size). Only the first `used` bytes are meaningful:
 /// like NVIDIA's library, only those are handed to the driver, so a launch with one work item
 /// does not copy a 4 KiB parameter (falling back to the whole struct if the driver refuses).
 pub fn launch_blob(
-    name: &'static str,
+    kernel: Kernel,
     grid: u32,
     block: u32,
     smem: u32,
@@ -242,7 +311,7 @@ pub fn launch_blob(
     if grid == 0 {
         return Ok(());
     }
-    let func = function(name)?;
+    let (func, name) = (kernel.func as CUfunction, kernel.name);
     let used = used.clamp(1, blob.len());
     let short = used < blob.len() && !SHORT_PARAMS_REFUSED.load(Ordering::Relaxed);
     let launch_with = |size: usize| {
@@ -272,7 +341,7 @@ pub fn launch_blob(
 /// Launch a plan's kernel: `kernel(items, nitems)`, where `items` is the device copy of
 /// `Plan::items`. A plan with no items launches nothing.
 pub fn launch(
-    kernel: &'static str,
+    kernel: Kernel,
     grid: u32,
     block: u32,
     smem: u32,

@@ -207,7 +207,7 @@ fn check_reduce(t: ncclDataType_t, op: u32, device_scalar: bool) -> Res<(usize, 
     };
     use module::KernelArg::*;
     module::launch_args(
-        "ox_check_reduce",
+        module::kernel("ox_check_reduce").map_err(err)?,
         1,
         256,
         0,
@@ -410,7 +410,7 @@ impl Loopback {
         let items = DevBuf::from(&with_cta_table(&bytes, offset))?;
         let start = Instant::now();
         module::launch(
-            module::MAIN_KERNEL,
+            module::kernel(module::MAIN_KERNEL).map_err(err)?,
             offset,
             block,
             0,
@@ -451,7 +451,7 @@ impl Loopback {
                 _ => YIELD_RESUME,
             };
             module::launch_args(
-                module::YIELD_KERNEL,
+                module::kernel(module::YIELD_KERNEL).map_err(err)?,
                 grid,
                 block,
                 0,
