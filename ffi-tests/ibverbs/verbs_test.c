@@ -123,6 +123,26 @@ static void to_init(struct ibv_qp *qp, int access) {
     die("modify INIT");
 }
 
+/* What ibv_modify_qp changes to move a QP to RTR, as NCCL's IB transport does. */
+#define RTR_MASK                                                                               \
+  (IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |               \
+   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)
+
+/* RTR attributes towards QP dest_qpn as NCCL sets them (MTU 4096, receive PSN 0, one read in
+ * flight, RNR timer 12) on port 1; the address is the caller's to fill. */
+static struct ibv_qp_attr rtr_attr(uint32_t dest_qpn) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dest_qpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.port_num = 1;
+  return a;
+}
+
 /* Move `qp` to RTS with the attributes NCCL uses (send PSN 0). */
 static void to_rts(struct ibv_qp *qp) {
   struct ibv_qp_attr a;
@@ -275,22 +295,9 @@ static void setup(struct info *me) {
 
 static void connect_qps(const struct info *peer) {
   for (int i = 0; i < NQP; i++) {
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR; /* as NCCL's IB transport sets it up */
-    a.path_mtu = IBV_MTU_4096;
-    a.dest_qp_num = peer->qpn[i];
-    a.rq_psn = 0;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 0;
+    struct ibv_qp_attr a = rtr_attr(peer->qpn[i]);
     a.ah_attr.dlid = peer->lid;
-    a.ah_attr.sl = 0;
-    a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                      IBV_QP_MIN_RNR_TIMER))
-      die("modify RTR");
+    if (ibv_modify_qp(qp[i], &a, RTR_MASK)) die("modify RTR");
   }
   sync_with_peer('r'); /* both RTR before either sends (as NCCL's handshake guarantees) */
   for (int i = 0; i < NQP; i++) to_rts(qp[i]);
@@ -536,17 +543,9 @@ static void local_checks(void) {
   int rc = ibv_modify_qp(self, &at, mask);
   struct ibv_port_attr pa;
   ibv_query_port(ctx, 1, &pa);
-  memset(&at, 0, sizeof at);
-  at.qp_state = IBV_QPS_RTR;
-  at.path_mtu = IBV_MTU_4096;
-  at.dest_qp_num = self->qp_num;
-  at.max_dest_rd_atomic = 1;
-  at.min_rnr_timer = 12;
+  at = rtr_attr(self->qp_num);
   at.ah_attr.dlid = pa.lid;
-  at.ah_attr.port_num = 1;
-  rc |= ibv_modify_qp(self, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                     IBV_QP_MIN_RNR_TIMER);
+  rc |= ibv_modify_qp(self, &at, RTR_MASK);
   memset(&at, 0, sizeof at);
   at.qp_state = IBV_QPS_RTS;
   at.timeout = 20;
@@ -679,23 +678,14 @@ static void rank1(const struct info *peer) {
  * service level 3 and traffic class 106 (NCCL_IB_TC's usual value). */
 static int roce_rtr(struct ibv_qp *q, uint32_t dest_qpn, int global, int sgid_index,
                     const union ibv_gid *dgid) {
-  struct ibv_qp_attr a;
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = dest_qpn;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
+  struct ibv_qp_attr a = rtr_attr(dest_qpn);
   a.ah_attr.is_global = (uint8_t)global;
   a.ah_attr.grh.dgid = *dgid;
   a.ah_attr.grh.sgid_index = (uint8_t)sgid_index;
   a.ah_attr.grh.hop_limit = 255;
   a.ah_attr.grh.traffic_class = 106;
   a.ah_attr.sl = 3;
-  a.ah_attr.port_num = 1;
-  return ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                  IBV_QP_MIN_RNR_TIMER);
+  return ibv_modify_qp(q, &a, RTR_MASK);
 }
 
 /* A fresh process with SOFT_VERBS_LINK_LAYER=eth: a RoCE port's GID table and types, RTR
@@ -844,20 +834,11 @@ static int ece_query(struct ibv_qp *q, uint32_t *options) {
 /* Moves q to RTR towards QP dqpn at dlid (service level 5; a traffic class that a non-global
  * address does not carry), then to RTS. */
 static void ib_connect(struct ibv_qp *q, uint16_t dlid, uint32_t dqpn) {
-  struct ibv_qp_attr a;
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = dqpn;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
+  struct ibv_qp_attr a = rtr_attr(dqpn);
   a.ah_attr.dlid = dlid;
   a.ah_attr.sl = 5;
   a.ah_attr.grh.traffic_class = 99; /* ignored: not global */
-  a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    die("modify RTR");
+  if (ibv_modify_qp(q, &a, RTR_MASK)) die("modify RTR");
   to_rts(q);
 }
 
