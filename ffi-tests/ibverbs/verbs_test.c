@@ -184,6 +184,21 @@ static void get(void *p, size_t n) {
     got += (size_t)r;
   }
 }
+/* Forks a peer joined to this process by two pipes (put/get): the parent is `parent`, the
+ * child `child` in the lines each prints. fork's answer; -1 when the pipes or fork fail. */
+static pid_t fork_pair(const char *parent, const char *child) {
+  int p2c[2], c2p[2];
+  if (pipe(p2c) || pipe(c2p)) return -1;
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  int is_child = pid == 0;
+  who = is_child ? child : parent;
+  wfd = is_child ? c2p[1] : p2c[1];
+  rfd = is_child ? p2c[0] : c2p[0];
+  return pid;
+}
+
 static void sync_with_peer(char tag) {
   char c;
   put(&tag, 1);
@@ -961,15 +976,9 @@ static void ece_side_b(struct ece_info *me) {
  * accepted after its RTS, A sets that before its RTR); QP 1 has ECE set on B only, a mismatch
  * both directions refuse; QP 2 is legacy (no ECE) with max_inline_data 64, for inline sends. */
 static int ece_check(void) {
-  int p2c[2], c2p[2];
-  if (pipe(p2c) || pipe(c2p)) return 2;
-  fflush(stdout);
-  pid_t pid = fork();
+  pid_t pid = fork_pair("ece-a", "ece-b");
   if (pid < 0) return 2;
   int side_b = pid == 0;
-  who = side_b ? "ece-b" : "ece-a";
-  wfd = side_b ? c2p[1] : p2c[1];
-  rfd = side_b ? p2c[0] : c2p[0];
   setenv("SOFT_VERBS_ECE", side_b ? "0x5" : "0x7", 1);
   struct ibv_device **list = ibv_get_device_list(NULL);
   if (!list || !list[0]) die("no device");
@@ -1055,14 +1064,9 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "roce") == 0) return roce_check();
   if (argc > 1 && strcmp(argv[1], "ece") == 0) return ece_check();
   setenv("SOFT_VERBS_RATE_GBPS", "100", 1);
-  int p2c[2], c2p[2];
-  if (pipe(p2c) || pipe(c2p)) return 2;
-  pid_t pid = fork();
+  pid_t pid = fork_pair("rank0", "rank1");
   if (pid < 0) return 2;
   int rank = pid == 0;
-  who = rank ? "rank1" : "rank0";
-  wfd = rank ? c2p[1] : p2c[1];
-  rfd = rank ? p2c[0] : c2p[0];
   struct info me, peer;
   memset(&me, 0, sizeof me);
   setup(&me);
