@@ -18,10 +18,12 @@
 #      NCCL_NET=IB, then oxccl's (which reports "oxccl has no IB network" when NCCL_NET=IB is
 #      refused with its "no such network" error)
 #   5. side by side (oxccl-bench --vs): IB (oxccl vs NVIDIA, or NVIDIA alone), then Socket
-#   6. exact values with 4 processes (4 hosts), NVIDIA's then oxccl's
-#   7. CUDA graphs over IB (oxccl-bench --graph, 2 processes): NVIDIA's then oxccl's
+#   6. exact values with 4 processes (4 hosts), NVIDIA's then oxccl's; then side by side over
+#      IB with 4 processes (oxccl-bench --vs, up to 16 MiB)
+#   7. CUDA graphs over IB (oxccl-bench --graph, 2 processes, then 4): NVIDIA's then oxccl's
 #   8. NVIDIA 2.32.3 (NVLIB2, default the unpacked .device/ref copy) over the stand-in: its
-#      IB proof, exact values with 2 processes, and side by side with oxccl
+#      IB proof, exact values with 2 processes, and side by side with oxccl (2, then 4
+#      processes)
 # Environment:
 #   NVLIB=/path/libnccl.so.2   NVIDIA's library (default: PyTorch's, python3 -c 'import nvidia.nccl')
 #   OURS=/path/libnccl.so.2    ours (default .device/lib/libnccl.so.2); BENCH (default .device/bin/oxccl-bench)
@@ -157,6 +159,12 @@ HOSTS2=(-p 2 --ranks-per-gpu 2 --hostid-per-rank)
 HOSTS4=(-p 4 --ranks-per-gpu 4 --hostid-per-rank)
 
 DEADLINE=$((START + ${IB_STANDIN_BUDGET:-540}))
+# bench_table LOG: a side-by-side run's table, for the summary
+bench_table() {
+  [ -f "$1" ] || return 0
+  echo "---- ${1##*/}" >>"$SUMMARY"
+  grep -E '^#|^ *[0-9]' "$1" | grep -v -E '^# (Using|nThread|Rank)' | tail -n 40 >>"$SUMMARY"
+}
 # step NAME LIMIT ENV... -- BENCH-ARGS...: runs the benchmark, sets RC and LOG (RC 125: skipped
 # for want of time).
 step() {
@@ -255,11 +263,7 @@ if [ -n "$NVLIB" ]; then
   step vs-socket 120 NCCL_NET=Socket -- --lib "$OURS" --vs "$NVLIB" "${perf[@]}"
   [ "$RC" = 1 ] && worst 1
   # the bandwidth tables, for the summary
-  for f in "$LOGS"/nvidia-ib-perf.log "$LOGS"/vs-ib.log "$LOGS"/vs-socket.log; do
-    [ -f "$f" ] || continue
-    echo "---- ${f##*/}" >>"$SUMMARY"
-    grep -E '^#|^ *[0-9]' "$f" | grep -v -E '^# (Using|nThread|Rank)' | tail -n 40 >>"$SUMMARY"
-  done
+  for f in "$LOGS"/nvidia-ib-perf.log "$LOGS"/vs-ib.log "$LOGS"/vs-socket.log; do bench_table "$f"; done
 else
   step ours-socket-perf 90 NCCL_NET=Socket -- --lib "$OURS" "${perf[@]}"
 fi
@@ -271,6 +275,13 @@ if [ -n "$NVLIB" ]; then
 fi
 [ "$OURS_IB" = 1 ] &&
   step ours-ib-4proc 100 "${IB[@]}" -- --lib "$OURS" "${common[@]}" --sizes "$SIZES4" "${HOSTS4[@]}"
+perf4=(-c all_reduce,all_gather,sendrecv -d float -o sum -b 8 -e 16M -f 4 --inplace 0 --check 1 -w 3 -n 10
+  --timeout 60 "${HOSTS4[@]}")
+if [ -n "$NVLIB" ] && [ "$OURS_IB" = 1 ]; then
+  step vs-ib-4proc 150 "${IB[@]}" -- --lib "$OURS" --vs "$NVLIB" "${perf4[@]}"
+  [ "$RC" = 1 ] && worst 1
+  bench_table "$LOGS/vs-ib-4proc.log"
+fi
 
 # ---- 7. CUDA graphs over IB
 graph=(-c all -d float -o sum,max --inplace both --check 1 -w 0 -n 2 --graph --timeout 60 --sizes 0,12,65540,1048580)
@@ -279,6 +290,11 @@ if [ -n "$NVLIB" ]; then
   case $RC in 0 | 125) ;; 1) worst 1 ;; *) worst 3 ;; esac
 fi
 [ "$OURS_IB" = 1 ] && step ours-ib-graph 90 "${IB[@]}" -- --lib "$OURS" "${graph[@]}" "${HOSTS2[@]}"
+if [ -n "$NVLIB" ]; then
+  step nvidia-ib-graph-4proc 90 "${IB[@]}" -- --lib "$NVLIB" "${graph[@]}" "${HOSTS4[@]}"
+  case $RC in 0 | 125) ;; 1) worst 1 ;; *) worst 3 ;; esac
+fi
+[ "$OURS_IB" = 1 ] && step ours-ib-graph-4proc 90 "${IB[@]}" -- --lib "$OURS" "${graph[@]}" "${HOSTS4[@]}"
 
 # ---- 8. NVIDIA 2.32.3 over the stand-in
 if [ -n "$NVLIB2" ]; then
@@ -287,8 +303,9 @@ if [ -n "$NVLIB2" ]; then
   ib_proof "$LOG" || say "(NVIDIA 2.32.3)"
   step nvidia232-ib-2proc 120 "${IB[@]}" -- --lib "$NVLIB2" "${common[@]}" --sizes "$SIZES2" "${HOSTS2[@]}"
   [ "$OURS_IB" = 1 ] && step vs232-ib 120 "${IB[@]}" -- --lib "$OURS" --vs "$NVLIB2" "${perf[@]}"
-  [ -f "$LOGS/vs232-ib.log" ] && { echo "---- vs232-ib.log" >>"$SUMMARY"; grep -E '^#|^ *[0-9]' "$LOGS/vs232-ib.log" |
-    grep -v -E '^# (Using|nThread|Rank)' | tail -n 40 >>"$SUMMARY"; }
+  bench_table "$LOGS/vs232-ib.log"
+  [ "$OURS_IB" = 1 ] && step vs232-ib-4proc 150 "${IB[@]}" -- --lib "$OURS" --vs "$NVLIB2" "${perf4[@]}"
+  bench_table "$LOGS/vs232-ib-4proc.log"
 fi
 
 say "done: status $STATUS (0 NVIDIA's IB exact and used; 1 wrong results; 3 something did not run)"
