@@ -141,10 +141,10 @@ registry! {
         "RoCE version of the GID chosen automatically (1 or 2)");
     IB_ADDR_FAMILY = Param::text("NCCL_IB_ADDR_FAMILY", Some("AF_INET"),
         "Address family of the RoCE GID chosen automatically: AF_INET or AF_INET6");
-    IB_TC = Param::integer("NCCL_IB_TC", 0,
-        "InfiniBand traffic class (RoCE: the GRH traffic class) of the queue pairs");
-    IB_SL = Param::integer("NCCL_IB_SL", 0,
-        "InfiniBand service level of the queue pairs");
+    IB_TC = Param::integer("NCCL_IB_TC", -1,
+        "InfiniBand traffic class (RoCE: the GRH traffic class) of the queue pairs (-1: the communicator's ncclConfig_t.trafficClass if set, else 0)");
+    IB_SL = Param::integer("NCCL_IB_SL", -1,
+        "InfiniBand service level of the queue pairs (-1: the communicator's ncclConfig_t.trafficClass if set and below 16, else 0)");
     IB_TIMEOUT = Param::integer("NCCL_IB_TIMEOUT", 20,
         "InfiniBand local ACK timeout exponent (4.096 us * 2^timeout), 1..31");
     IB_RETRY_CNT = Param::integer("NCCL_IB_RETRY_CNT", 7,

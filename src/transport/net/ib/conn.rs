@@ -47,10 +47,14 @@ const READY: u8 = 0x5a;
 
 /// What the QP attributes take from the settings (`NCCL_IB_TC`, `_SL`, `_TIMEOUT`,
 /// `_RETRY_CNT`, `_PKEY`, `_FIFO_TC`, `_ECE_ENABLE`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpSettings {
     pub traffic_class: u8,
     pub service_level: u8,
+    /// `NCCL_IB_TC` / `NCCL_IB_SL` were set: a communicator's traffic class does not change
+    /// them.
+    pub traffic_class_set: bool,
+    pub service_level_set: bool,
     pub timeout: u8,
     pub retry_cnt: u8,
     pub pkey_index: u16,
@@ -58,6 +62,22 @@ pub struct QpSettings {
     pub fifo_traffic_class: Option<u8>,
     /// Offer the QPs' ECE options to the receiver.
     pub ece: bool,
+}
+
+impl QpSettings {
+    /// The settings of a communicator whose `ncclConfig_t.trafficClass` is `class`, as
+    /// NVIDIA's: it is the traffic class and the service level where `NCCL_IB_TC` and
+    /// `NCCL_IB_SL` are unset (the service level only where it is one, below 16).
+    pub fn with_traffic_class(self, class: i32) -> QpSettings {
+        let mut q = self;
+        if let (false, Ok(tc)) = (q.traffic_class_set, u8::try_from(class)) {
+            q.traffic_class = tc;
+        }
+        if !q.service_level_set && (0..16).contains(&class) {
+            q.service_level = class as u8;
+        }
+        q
+    }
 }
 
 /// The listener's address in a handle, with how many member ports its device has (the

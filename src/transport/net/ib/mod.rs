@@ -103,6 +103,8 @@ impl Settings {
             qp: QpSettings {
                 traffic_class: reg::IB_TC.int().clamp(0, 255) as u8,
                 service_level: reg::IB_SL.int().clamp(0, 15) as u8,
+                traffic_class_set: reg::IB_TC.int() >= 0,
+                service_level_set: reg::IB_SL.int() >= 0,
                 timeout: reg::IB_TIMEOUT.int().clamp(1, 31) as u8,
                 retry_cnt: reg::IB_RETRY_CNT.int().clamp(0, 7) as u8,
                 pkey_index: reg::IB_PKEY.int().clamp(0, 0xffff) as u16,
@@ -179,9 +181,20 @@ struct Objects {
     requests: HashMap<usize, usize>,
 }
 
-/// The IB network: its ports, and the devices they make (a port each, or the merged ports
-/// of one NIC).
+/// The IB network: the hardware it found, the settings its connections take, and its
+/// objects (comms, registrations, requests). A communicator with its own traffic class gets
+/// a network of its own over the same hardware (`for_comm`).
 pub struct IbNet {
+    hw: Arc<Hardware>,
+    settings: Settings,
+    objects: Mutex<Objects>,
+    next: AtomicUsize,
+}
+
+/// The ports and devices of an IB network, shared by the networks of every communicator:
+/// its ports, the devices they make (a port each, or the merged ports of one NIC), and the
+/// threads reading the devices' async events, stopped when the last network goes.
+struct Hardware {
     ports: Vec<Port>,
     devices: Vec<Device>,
     /// Per port: it went down (an async event said so).
@@ -191,9 +204,6 @@ pub struct IbNet {
     /// Buffers register with PCI relaxed ordering.
     relaxed: bool,
     oob: NetIf,
-    settings: Settings,
-    objects: Mutex<Objects>,
-    next: AtomicUsize,
     stop: Arc<AtomicBool>,
     watchers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -255,70 +265,62 @@ impl IbNet {
             .map(|_| Arc::new(AtomicBool::new(false)))
             .collect();
         let dmabuf = ports.iter().map(|p| p.ctx.dmabuf_supported()).collect();
-        let net = IbNet {
+        let hw = Hardware {
             ports,
             devices,
             down,
             dmabuf,
             relaxed,
             oob,
-            settings,
-            objects: Mutex::new(Objects::default()),
-            next: AtomicUsize::new(1),
             stop: Arc::new(AtomicBool::new(false)),
             watchers: Mutex::new(Vec::new()),
         };
-        net.watch_async_events()?;
-        Ok(Some(net))
+        hw.watch_async_events(settings.async_events_fail)?;
+        Ok(Some(IbNet::over(Arc::new(hw), settings)))
     }
 
-    /// One thread per device context reading its async events.
-    fn watch_async_events(&self) -> Result<()> {
-        let mut seen: Vec<String> = Vec::new();
-        for p in &self.ports {
-            if seen.contains(&p.dev_name) {
-                continue;
-            }
-            seen.push(p.dev_name.clone());
-            let ports: Vec<(u8, Arc<AtomicBool>)> = self
-                .ports
-                .iter()
-                .zip(&self.down)
-                .filter(|(q, _)| q.dev_name == p.dev_name)
-                .map(|(q, d)| (q.port, d.clone()))
-                .collect();
-            let (ctx, name, stop) = (p.ctx.clone(), p.dev_name.clone(), self.stop.clone());
-            let fail = self.settings.async_events_fail;
-            let t = std::thread::Builder::new()
-                .name(format!("oxccl-ib-async-{name}"))
-                .spawn(move || {
-                    while !stop.load(Ordering::Acquire) {
-                        if let Some(ev) = ctx.next_async_event(100) {
-                            on_async_event(&name, &ports, ev, fail);
-                        }
-                    }
-                })
-                .map_err(|e| Error::system(format!("NET/IB : async event thread: {e}")))?;
-            self.watchers.lock().push(t);
+    /// This network as a communicator with `ncclConfig_t.trafficClass` `class` uses it: None
+    /// when that changes nothing (unset, or `NCCL_IB_TC` and `NCCL_IB_SL` set), else a network
+    /// of its own over the same hardware.
+    fn with_traffic_class(&self, class: i32) -> Option<IbNet> {
+        if class == crate::abi::NCCL_CONFIG_UNDEF_INT {
+            return None;
         }
-        Ok(())
+        let qp = self.settings.qp.with_traffic_class(class);
+        (qp != self.settings.qp).then(|| {
+            let settings = Settings {
+                qp,
+                ..self.settings.clone()
+            };
+            IbNet::over(self.hw.clone(), settings)
+        })
+    }
+
+    /// A network over `hw` whose connections take `settings`.
+    fn over(hw: Arc<Hardware>, settings: Settings) -> IbNet {
+        IbNet {
+            hw,
+            settings,
+            objects: Mutex::new(Objects::default()),
+            next: AtomicUsize::new(1),
+        }
     }
 
     fn device(&self, dev: i32) -> Result<(usize, &Device)> {
         usize::try_from(dev)
             .ok()
-            .and_then(|d| self.devices.get(d).map(|v| (d, v)))
+            .and_then(|d| self.hw.devices.get(d).map(|v| (d, v)))
             .ok_or_else(|| Error::invalid_argument(format!("NET/IB : no device {dev}")))
     }
 
     /// The first member port of device `dev`.
     fn first_port(&self, dev: usize) -> &Port {
-        &self.ports[self.devices[dev].members[0]]
+        &self.hw.ports[self.hw.devices[dev].members[0]]
     }
 
     fn site(&self, dev: usize) -> Site<'_> {
-        let device = &self.devices[dev];
-        let ports: Vec<&Port> = device.members.iter().map(|&m| &self.ports[m]).collect();
+        let device = &self.hw.devices[dev];
+        let ports: Vec<&Port> = device.members.iter().map(|&m| &self.hw.ports[m]).collect();
         Site {
             path: self.settings.data_path(&ports),
             ports,
@@ -326,7 +328,7 @@ impl IbNet {
             port_down: device
                 .members
                 .iter()
-                .map(|&m| self.down[m].clone())
+                .map(|&m| self.hw.down[m].clone())
                 .collect(),
             qp: self.settings.qp,
         }
@@ -340,10 +342,10 @@ impl IbNet {
         mem: MemType,
         reg: impl Fn(&Port) -> Result<Mr>,
     ) -> Result<MemHandle> {
-        let mrs = self.devices[dev]
+        let mrs = self.hw.devices[dev]
             .members
             .iter()
-            .map(|&m| reg(&self.ports[m]))
+            .map(|&m| reg(&self.hw.ports[m]))
             .collect::<Result<Vec<Mr>>>()?;
         let id = self.id();
         self.objects.lock().regions.insert(id, Region { mrs, mem });
@@ -352,7 +354,7 @@ impl IbNet {
 
     /// Whether buffers register with PCI relaxed ordering (`NCCL_IB_PCI_RELAXED_ORDERING`).
     pub fn relaxed_ordering(&self) -> bool {
-        self.relaxed
+        self.hw.relaxed
     }
 
     fn id(&self) -> usize {
@@ -406,7 +408,11 @@ impl IbNet {
         if self.settings.peer_memory {
             bits |= PTR_CUDA;
         }
-        if self.devices[dev].members.iter().all(|&m| self.dmabuf[m]) {
+        if self.hw.devices[dev]
+            .members
+            .iter()
+            .all(|&m| self.hw.dmabuf[m])
+        {
             bits |= PTR_DMABUF;
         }
         bits
@@ -491,7 +497,41 @@ fn on_async_event(dev: &str, ports: &[(u8, Arc<AtomicBool>)], ev: verbs::AsyncEv
     }
 }
 
-impl Drop for IbNet {
+impl Hardware {
+    /// One thread per device context reading its async events; with `fail`, a port error
+    /// fails the port's requests (`NCCL_IB_RETURN_ASYNC_EVENTS`).
+    fn watch_async_events(&self, fail: bool) -> Result<()> {
+        let mut seen: Vec<String> = Vec::new();
+        for p in &self.ports {
+            if seen.contains(&p.dev_name) {
+                continue;
+            }
+            seen.push(p.dev_name.clone());
+            let ports: Vec<(u8, Arc<AtomicBool>)> = self
+                .ports
+                .iter()
+                .zip(&self.down)
+                .filter(|(q, _)| q.dev_name == p.dev_name)
+                .map(|(q, d)| (q.port, d.clone()))
+                .collect();
+            let (ctx, name, stop) = (p.ctx.clone(), p.dev_name.clone(), self.stop.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("oxccl-ib-async-{name}"))
+                .spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        if let Some(ev) = ctx.next_async_event(100) {
+                            on_async_event(&name, &ports, ev, fail);
+                        }
+                    }
+                })
+                .map_err(|e| Error::system(format!("NET/IB : async event thread: {e}")))?;
+            self.watchers.lock().push(t);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Hardware {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         for t in self.watchers.lock().drain(..) {
@@ -506,7 +546,7 @@ impl Net for IbNet {
     }
 
     fn devices(&self) -> Result<i32> {
-        Ok(self.devices.len() as i32)
+        Ok(self.hw.devices.len() as i32)
     }
 
     /// A merged device is named `a+b`, has the members' speeds summed, and the first
@@ -534,7 +574,7 @@ impl Net for IbNet {
     fn listen(&self, dev: i32) -> Result<(Handle, Comm)> {
         let (d, v) = self.device(dev)?;
         let members = v.members.len();
-        let listener = bsock::listen_on(&self.oob)?;
+        let listener = bsock::listen_on(&self.hw.oob)?;
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::system(format!("NET/IB : set_nonblocking: {e}")))?;
@@ -599,12 +639,12 @@ impl Net for IbNet {
             ));
         }
         self.register(d, mem, |p| {
-            p.ctx.reg_mr_ordered(data, size.max(1), self.relaxed)
+            p.ctx.reg_mr_ordered(data, size.max(1), self.hw.relaxed)
         })
     }
 
     fn has_dma_buf(&self) -> bool {
-        self.dmabuf.iter().any(|&b| b)
+        self.hw.dmabuf.iter().any(|&b| b)
     }
 
     fn reg_mr_dma_buf(
@@ -618,7 +658,7 @@ impl Net for IbNet {
         let (d, _) = self.comm(comm)?;
         self.register(d, MemType::Cuda, |p| {
             p.ctx
-                .reg_dmabuf_mr(offset, size, data as u64, fd, self.relaxed)
+                .reg_dmabuf_mr(offset, size, data as u64, fd, self.hw.relaxed)
         })
     }
 
@@ -697,5 +737,13 @@ impl Net for IbNet {
     fn close_listen(&self, comm: Comm) -> Result<()> {
         self.objects.lock().listens.remove(&comm.0);
         Ok(())
+    }
+
+    /// A communicator with a traffic class of its own (`ncclConfig_t.trafficClass`) that
+    /// changes how its QPs mark packets gets a network of its own over the same hardware.
+    fn for_comm(&self, _comm_id: u64, traffic_class: i32) -> Result<Option<Arc<dyn Net>>> {
+        Ok(self
+            .with_traffic_class(traffic_class)
+            .map(|n| Arc::new(n) as Arc<dyn Net>))
     }
 }

@@ -684,7 +684,7 @@ fn child() {
         }
         "gid" => {
             let net = open(&lib, settings(1, false, 0));
-            let p = &net.ports[0];
+            let p = &net.hw.ports[0];
             println!(
                 "CHILD_PORT {} lid {} gid {} {}",
                 p.label(),
@@ -719,6 +719,7 @@ fn child() {
             }
         }
         "marks" => print_marks(&lib),
+        "comm_marks" => print_comm_marks(&lib),
         other => panic!("unknown child mode {other}"),
     }
 }
@@ -1231,6 +1232,32 @@ fn print_marks(lib: &Path) {
     rnet.close_recv(r).unwrap();
 }
 
+/// A communicator with `ncclConfig_t.trafficClass` OX_IB_TEST_COMM_TC connects to itself over
+/// its network (`for_comm`'s own one where the class changes anything); its QPs' facts are
+/// printed as `print_marks` does.
+fn print_comm_marks(lib: &Path) {
+    let class: i32 = std::env::var("OX_IB_TEST_COMM_TC")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let shared = open(lib, settings(2, false, 0));
+    let own = shared.with_traffic_class(class);
+    println!("CHILD_OWN_NET {}", own.is_some());
+    let net = own.as_ref().unwrap_or(&shared);
+    let (s, r) = pair(net);
+    exchange(net, s, r, &[0, 8, 65536 + 3], 4);
+    for (side, c) in [("send", s), ("recv", r)] {
+        for f in facts(lib, net, c) {
+            println!(
+                "CHILD_MARKS {side} {} {} {:#x} {}",
+                f.traffic_class, f.service_level, f.ece_options, f.max_inline
+            );
+        }
+    }
+    net.close_send(s).unwrap();
+    net.close_recv(r).unwrap();
+}
+
 /// The distinct `CHILD_MARKS` lines of a side in `out`: (tc, sl, ece, inline).
 fn marks(out: &str, side: &str) -> Vec<String> {
     let mut v: Vec<String> = out
@@ -1340,4 +1367,34 @@ fn async_events_only_log_with_return_async_events_off() {
         "{out}"
     );
     assert!(out.contains("CHILD_PENDING"), "{out}");
+}
+
+#[test]
+fn a_communicators_traffic_class_marks_its_packets_unless_nccl_ib_tc_or_sl_are_set() {
+    if stand_in().is_none() {
+        return;
+    }
+    let run = |class: &str, env: &[(&str, &str)]| {
+        let mut all = vec![("OX_IB_TEST_COMM_TC", class)];
+        all.extend_from_slice(env);
+        on_roce("comm_marks", &all, Duration::from_secs(30))
+    };
+    // Unset (NCCL_CONFIG_UNDEF_INT): the shared network, nothing marked.
+    let out = run(&i32::MIN.to_string(), &[]);
+    assert!(out.contains("CHILD_OWN_NET false"), "{out}");
+    assert_eq!(marks(&out, "send"), ["0 0 0x0 0"], "{out}");
+    // A class: the traffic class, and the service level where it is one.
+    let out = run("106", &[]);
+    assert!(out.contains("CHILD_OWN_NET true"), "{out}");
+    assert_eq!(marks(&out, "send"), ["106 0 0x0 0"], "{out}");
+    assert_eq!(marks(&out, "recv"), ["106 0 0x0 0"], "{out}");
+    let out = run("5", &[]);
+    assert_eq!(marks(&out, "send"), ["5 5 0x0 0"], "{out}");
+    assert_eq!(marks(&out, "recv"), ["5 5 0x0 0"], "{out}");
+    // NCCL_IB_TC and NCCL_IB_SL win over the communicator's class.
+    let out = run("5", &[("NCCL_IB_TC", "34"), ("NCCL_IB_SL", "2")]);
+    assert!(out.contains("CHILD_OWN_NET false"), "{out}");
+    assert_eq!(marks(&out, "send"), ["34 2 0x0 0"], "{out}");
+    let out = run("5", &[("NCCL_IB_TC", "34")]);
+    assert_eq!(marks(&out, "send"), ["34 5 0x0 0"], "{out}");
 }
