@@ -21,8 +21,10 @@
  * the CALLED line every driver function called in the whole run, in the order first called.
  * Without the stand-in's counters (a real driver) driver_calls is n/a.
  *
- * usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES]   (N calls per case, default 100000;
- * -c and -s run only the cases of that collective or size, e.g. to profile one of them)
+ * usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m M]   (N calls per case, default
+ * 100000; -c and -s run only the cases of that collective or size, e.g. to profile one of
+ * them; -m M moves the buffers by one message size every call, through M places, as
+ * nccl-tests does: the library then serves its plans for moved buffers)
  * Exit 0 when every call succeeded, ncclCommDestroy too, and no element was wrong; 1
  * otherwise; 2 on bad usage or a run past the alarm (600 s). */
 #define _GNU_SOURCE
@@ -62,6 +64,8 @@ static ncclComm_t comm;
 static cudaStream_t stream;
 static float *in, *out;
 static long iters = 100000;
+static long moves = 1;  /* places the buffers move through, one per call (-m) */
+static long calls_made; /* calls issued so far: picks the place */
 static int rows;
 
 static void onAlarm(int sig) {
@@ -159,10 +163,11 @@ static ncclResult_t issue1(const char *c, float *src, float *dst, size_t n) {
 /* With one rank every collective's in-place form has its input and output in one buffer. */
 static ncclResult_t issue(const struct op *o) {
   size_t n = o->bytes / sizeof(float);
-  float *dst = o->inplace ? in : out;
-  if (o->group == 0) return issue1(o->name, in, dst, n);
+  size_t shift = (size_t)(calls_made++ % moves) * n;
+  float *src = in + shift, *dst = (o->inplace ? in : out) + shift;
+  if (o->group == 0) return issue1(o->name, src, dst, n);
   ncclResult_t a = ncclGroupStart();
-  for (int i = 0; i < o->group && a == ncclSuccess; i++) a = issue1(o->name, in, dst, n);
+  for (int i = 0; i < o->group && a == ncclSuccess; i++) a = issue1(o->name, src, dst, n);
   ncclResult_t b = ncclGroupEnd();
   return a != ncclSuccess ? a : b;
 }
@@ -215,6 +220,7 @@ static long checkCopy(const struct op *o) {
   for (size_t i = 0; i < n; i++) host[i] = (float)(i % 1000) + 0.5f;
   CU(cu.memcpyHtoD((CUdeviceptr)(uintptr_t)in, host, o->bytes));
   CU(cu.memsetD8((CUdeviceptr)(uintptr_t)out, 0, o->bytes));
+  calls_made -= calls_made % moves; /* the next call uses the buffers' first place */
   loop(o, 1);
   CU(cu.streamSynchronize((CUstream)stream));
   CU(cu.memcpyDtoH(back, (CUdeviceptr)(uintptr_t)out, o->bytes));
@@ -253,14 +259,15 @@ int main(int argc, char **argv) {
   int opt;
   const char *only_coll = NULL;
   long only_bytes = -1;
-  while ((opt = getopt(argc, argv, "n:c:s:")) != -1) {
+  while ((opt = getopt(argc, argv, "n:c:s:m:")) != -1) {
     if (opt == 'n') iters = atol(optarg);
     else if (opt == 'c') only_coll = optarg;
     else if (opt == 's') only_bytes = atol(optarg);
+    else if (opt == 'm') moves = atol(optarg);
     else iters = 0;
   }
-  if (iters < 1 || optind != argc) {
-    fprintf(stderr, "usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES]\n");
+  if (iters < 1 || moves < 1 || moves > 64 || optind != argc) {
+    fprintf(stderr, "usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m 1..64]\n");
     return 2;
   }
   signal(SIGALRM, onAlarm);
@@ -281,11 +288,12 @@ int main(int argc, char **argv) {
   CU(cu.streamCreate(&s, CU_STREAM_NON_BLOCKING));
   stream = (cudaStream_t)s;
   CUdeviceptr a, b;
-  CU(cu.memAlloc(&a, MAX_BYTES));
-  CU(cu.memAlloc(&b, MAX_BYTES));
+  size_t room = (size_t)MAX_BYTES * (size_t)moves;
+  CU(cu.memAlloc(&a, room));
+  CU(cu.memAlloc(&b, room));
   in = (float *)(uintptr_t)a, out = (float *)(uintptr_t)b;
-  CU(cu.memsetD8(a, 0, MAX_BYTES));
-  CU(cu.memsetD8(b, 0, MAX_BYTES));
+  CU(cu.memsetD8(a, 0, room));
+  CU(cu.memsetD8(b, 0, room));
   printf("hostpath_cpu: NCCL version code %d, 1 rank on device 0, %ld calls per case, driver counters %s\n",
          version, iters, cu.calls ? "from the stand-in" : "absent");
 

@@ -274,6 +274,8 @@ const PLAN_CACHE_ENTRIES: usize = 256;
 struct PlanCache {
     map: HashMap<Vec<Task>, Keyed>,
     last: Option<Last>,
+    /// The layout of the group being looked up, in buffers kept between calls.
+    layout: relocate::Layout,
 }
 
 /// A plan as made, with the segments of the buffers it was made for, and whether every address
@@ -299,59 +301,62 @@ impl PlanCache {
                 return Some(last.served.plan.clone());
             }
         }
-        let (key, segments) = layout_key(tasks, nranks);
-        if let Some(plan) = self.move_last(tasks, &key, &segments) {
+        if !relocate::layout_into(tasks, nranks, &mut self.layout) {
+            // Keyed by the exact tasks, never moved (as `layout_key`).
+            let l = &mut self.layout;
+            (l.key.clear(), l.segments.clear(), l.bases.clear());
+            l.key.extend_from_slice(tasks);
+        }
+        if let Some(plan) = self.move_last(tasks) {
             return Some(plan);
         }
+        let (key, segments) = (&self.layout.key, &self.layout.segments);
         let found = match &self.last {
-            Some(last) if last.key == key => last.served.clone(),
-            _ => self.map.get(&key)?.clone(),
+            Some(last) if last.key == *key => last.served.clone(),
+            _ => self.map.get(key)?.clone(),
         };
-        let served = if found.segments == segments {
+        let served = if found.segments == *segments {
             found
         } else {
             if !found.movable {
                 return None;
             }
-            let to = relocate::bases(&segments);
             let mv = relocate::Move {
                 from: &found.segments,
-                to: &to,
+                to: &self.layout.bases,
             };
             Keyed {
                 plan: Arc::new(found.plan.relocated(&mv)?),
-                segments,
+                segments: segments.clone(),
                 movable: true,
             }
         };
         let plan = served.plan.clone();
+        let key = self.layout.key.clone();
         self.set_last(tasks, key, served);
         Some(plan)
     }
 
-    /// The last plan moved in place to `tasks`' buffers, when `tasks` have its key and no
-    /// launch holds it any more (a loop on moving buffers allocates nothing here).
-    fn move_last(
-        &mut self,
-        tasks: &[Task],
-        key: &[Task],
-        segments: &[relocate::Segment],
-    ) -> Option<Arc<CachedPlan>> {
+    /// The last plan moved in place to `tasks`' buffers (whose layout `self.layout` holds),
+    /// when `tasks` have its key and no launch holds it any more (a loop on moving buffers
+    /// allocates nothing here).
+    fn move_last(&mut self, tasks: &[Task]) -> Option<Arc<CachedPlan>> {
         let last = self.last.as_mut()?;
-        if last.key != key || !last.served.movable {
+        if last.key != self.layout.key || !last.served.movable {
             return None;
         }
-        let to = relocate::bases(segments);
         let mv = relocate::Move {
             from: &last.served.segments,
-            to: &to,
+            to: &self.layout.bases,
         };
         let plan = Arc::get_mut(&mut last.served.plan)?;
         if !plan.relocate(&mv) {
             return None;
         }
         last.served.segments.clear();
-        last.served.segments.extend_from_slice(segments);
+        last.served
+            .segments
+            .extend_from_slice(&self.layout.segments);
         last.tasks.clear();
         last.tasks.extend_from_slice(tasks);
         Some(last.served.plan.clone())

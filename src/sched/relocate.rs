@@ -38,26 +38,55 @@ fn buffer_bytes(task: &Task, nranks: i32) -> (u64, u64) {
     }
 }
 
-/// The plan-cache key of `tasks` (every address replaced by its segment number, in the top
-/// bits, and its offset in the segment) and the segments, in order of first appearance. None
-/// when an offset is too large to encode (the caller then keys by the exact tasks).
+/// A group's layout: the plan-cache key (`tasks` with every address replaced by its segment
+/// number, in the top bits, and its offset in the segment), the segments in order of first
+/// appearance and their bases; with the buffers `layout_into` works in, so a caller that keeps
+/// one computes layouts without allocating.
+#[derive(Clone, Debug, Default)]
+pub struct Layout {
+    pub key: Vec<Task>,
+    pub segments: Vec<Segment>,
+    /// Each segment's base, in the order of `segments`: where a plan moves to (`Move::to`).
+    pub bases: Vec<u64>,
+    regions: Vec<Segment>,
+    merged: Vec<Segment>,
+    order: Vec<usize>,
+}
+
+/// The key and the segments of `tasks` (`Layout`); None when an offset is too large to encode
+/// (the caller then keys by the exact tasks).
 pub fn layout(tasks: &[Task], nranks: i32) -> Option<(Vec<Task>, Vec<Segment>)> {
-    let mut regions: Vec<Segment> = Vec::with_capacity(2 * tasks.len());
+    let mut l = Layout::default();
+    layout_into(tasks, nranks, &mut l).then_some((l.key, l.segments))
+}
+
+/// `tasks`' layout into `out`, in the buffers it already has; false when an offset is too
+/// large to encode (`out` then holds nothing meaningful).
+pub fn layout_into(tasks: &[Task], nranks: i32, out: &mut Layout) -> bool {
+    out.regions.clear();
     for t in tasks {
         let (send, recv) = buffer_bytes(t, nranks);
-        regions.push(Segment {
+        let (Some(send_end), Some(recv_end)) =
+            (t.sendbuff.checked_add(send), t.recvbuff.checked_add(recv))
+        else {
+            return false;
+        };
+        out.regions.push(Segment {
             base: t.sendbuff,
-            end: t.sendbuff.checked_add(send)?,
+            end: send_end,
         });
-        regions.push(Segment {
+        out.regions.push(Segment {
             base: t.recvbuff,
-            end: t.recvbuff.checked_add(recv)?,
+            end: recv_end,
         });
     }
-    let segments = merge(&regions);
-    let mut order: Vec<usize> = Vec::with_capacity(segments.len());
+    merge_into(&out.regions, &mut out.merged);
+    out.order.clear();
+    out.key.clear();
+    out.key.extend_from_slice(tasks);
+    let (merged, order) = (&out.merged, &mut out.order);
     let mut encode = |addr: u64| -> Option<u64> {
-        let s = segments
+        let s = merged
             .iter()
             .position(|s| s.base <= addr && addr <= s.end)?;
         let n = match order.iter().position(|&o| o == s) {
@@ -67,31 +96,42 @@ pub fn layout(tasks: &[Task], nranks: i32) -> Option<(Vec<Task>, Vec<Segment>)> 
                 order.len() - 1
             }
         };
-        let offset = addr - segments[s].base;
+        let offset = addr - merged[s].base;
         (offset < 1 << OFFSET_BITS).then_some(((n as u64) << OFFSET_BITS) | offset)
     };
-    let mut key = tasks.to_vec();
-    for t in &mut key {
-        t.sendbuff = encode(t.sendbuff)?;
-        t.recvbuff = encode(t.recvbuff)?;
+    for t in &mut out.key {
+        let (Some(send), Some(recv)) = (encode(t.sendbuff), encode(t.recvbuff)) else {
+            return false;
+        };
+        (t.sendbuff, t.recvbuff) = (send, recv);
     }
-    let ordered = order.iter().map(|&s| segments[s]).collect();
-    Some((key, ordered))
+    out.segments.clear();
+    out.segments
+        .extend(out.order.iter().map(|&s| out.merged[s]));
+    out.bases.clear();
+    out.bases.extend(out.segments.iter().map(|s| s.base));
+    true
 }
 
-/// The union of `regions` as disjoint segments, sorted by address; regions that overlap or
-/// touch share a segment.
-fn merge(regions: &[Segment]) -> Vec<Segment> {
-    let mut sorted = regions.to_vec();
-    sorted.sort_by_key(|r| r.base);
-    let mut out: Vec<Segment> = Vec::with_capacity(sorted.len());
-    for r in sorted {
-        match out.last_mut() {
-            Some(last) if r.base <= last.end => last.end = last.end.max(r.end),
-            _ => out.push(r),
+/// The union of `regions` as disjoint segments, sorted by address, into `out`; regions that
+/// overlap or touch share a segment.
+fn merge_into(regions: &[Segment], out: &mut Vec<Segment>) {
+    out.clear();
+    out.extend_from_slice(regions);
+    // Unstable: equal bases merge into one segment whatever their order, and it allocates
+    // nothing.
+    out.sort_unstable_by_key(|r| r.base);
+    let mut kept = 0;
+    for i in 0..out.len() {
+        let r = out[i];
+        if kept > 0 && r.base <= out[kept - 1].end {
+            out[kept - 1].end = out[kept - 1].end.max(r.end);
+        } else {
+            out[kept] = r;
+            kept += 1;
         }
     }
-    out
+    out.truncate(kept);
 }
 
 /// Where every address of a plan moves: from segment `from[i]` to base `to[i]`.
@@ -130,18 +170,20 @@ fn read_u64(b: &[u8], at: usize) -> u64 {
 /// address lies outside every segment.
 pub fn move_items(bytes: &mut [u8], at: usize, nitems: usize, mv: &Move) -> bool {
     let items = &mut bytes[at..at + nitems * WORK_SIZE];
-    let mut moved = Vec::with_capacity(2 * nitems);
-    for item in items.chunks_exact(WORK_SIZE) {
-        for field in [SRC_AT, DST_AT] {
-            match mv.apply(read_u64(item, field)) {
-                Some(a) => moved.push(a),
-                None => return false,
-            }
-        }
+    // First check every address, then move them: nothing changes unless all can move.
+    let movable = items.chunks_exact(WORK_SIZE).all(|item| {
+        [SRC_AT, DST_AT]
+            .iter()
+            .all(|&field| mv.apply(read_u64(item, field)).is_some())
+    });
+    if !movable {
+        return false;
     }
-    for (item, pair) in items.chunks_exact_mut(WORK_SIZE).zip(moved.chunks_exact(2)) {
-        item[SRC_AT..SRC_AT + 8].copy_from_slice(&pair[0].to_ne_bytes());
-        item[DST_AT..DST_AT + 8].copy_from_slice(&pair[1].to_ne_bytes());
+    for item in items.chunks_exact_mut(WORK_SIZE) {
+        for field in [SRC_AT, DST_AT] {
+            let moved = mv.apply(read_u64(item, field)).expect("checked above");
+            item[field..field + 8].copy_from_slice(&moved.to_ne_bytes());
+        }
     }
     true
 }
@@ -200,6 +242,31 @@ mod tests {
             root: 0,
             opts: TaskOptions::default(),
             weights_epoch: 0,
+        }
+    }
+
+    #[test]
+    fn a_layout_kept_between_groups_gives_what_a_fresh_one_gives() {
+        let groups: Vec<Vec<Task>> = vec![
+            vec![task(CollKind::AllReduce, 256, 0x10000, 0x20000)],
+            vec![
+                task(CollKind::AllGather, 64, 0x40000, 0x50000),
+                task(CollKind::AllReduce, 16, 0x50000, 0x50000),
+                task(CollKind::Send, 8, 0x90000, 0),
+            ],
+            vec![task(CollKind::ReduceScatter, 300, 0x8000, 0x8000 + 300 * 4)],
+            vec![task(CollKind::AllReduce, 1, u64::MAX - 2, 0x10)],
+            vec![task(CollKind::Broadcast, 4, 0x30000, 0x30000)],
+        ];
+        let mut kept = Layout::default();
+        for g in &groups {
+            let fresh = layout(g, 4);
+            assert_eq!(layout_into(g, 4, &mut kept), fresh.is_some(), "{g:?}");
+            if let Some((key, segments)) = fresh {
+                assert_eq!((&kept.key, &kept.segments), (&key, &segments));
+                let bases: Vec<u64> = segments.iter().map(|s| s.base).collect();
+                assert_eq!(kept.bases, bases);
+            }
         }
     }
 
