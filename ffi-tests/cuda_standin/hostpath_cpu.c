@@ -21,10 +21,11 @@
  * the CALLED line every driver function called in the whole run, in the order first called.
  * Without the stand-in's counters (a real driver) driver_calls is n/a.
  *
- * usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m M]   (N calls per case, default
+ * usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m M] [-G]   (N calls per case, default
  * 100000; -c and -s run only the cases of that collective or size, e.g. to profile one of
  * them; -m M moves the buffers by one message size every call, through M places, as
- * nccl-tests does: the library then serves its plans for moved buffers)
+ * nccl-tests does: the library then serves its plans for moved buffers; -G puts every single
+ * call in a group of its own, as nccl-tests does)
  * Exit 0 when every call succeeded, ncclCommDestroy too, and no element was wrong; 1
  * otherwise; 2 on bad usage or a run past the alarm (600 s). */
 #define _GNU_SOURCE
@@ -66,6 +67,7 @@ static float *in, *out;
 static long iters = 100000;
 static long moves = 1;  /* places the buffers move through, one per call (-m) */
 static long calls_made; /* calls issued so far: picks the place */
+static int grouped;     /* every single call inside ncclGroupStart/End (-G) */
 static int rows;
 
 static void onAlarm(int sig) {
@@ -165,9 +167,9 @@ static ncclResult_t issue(const struct op *o) {
   size_t n = o->bytes / sizeof(float);
   size_t shift = (size_t)(calls_made++ % moves) * n;
   float *src = in + shift, *dst = (o->inplace ? in : out) + shift;
-  if (o->group == 0) return issue1(o->name, src, dst, n);
+  if (o->group == 0 && !grouped) return issue1(o->name, src, dst, n);
   ncclResult_t a = ncclGroupStart();
-  for (int i = 0; i < o->group && a == ncclSuccess; i++) a = issue1(o->name, src, dst, n);
+  for (int i = 0; i < (o->group ? o->group : 1) && a == ncclSuccess; i++) a = issue1(o->name, src, dst, n);
   ncclResult_t b = ncclGroupEnd();
   return a != ncclSuccess ? a : b;
 }
@@ -259,15 +261,16 @@ int main(int argc, char **argv) {
   int opt;
   const char *only_coll = NULL;
   long only_bytes = -1;
-  while ((opt = getopt(argc, argv, "n:c:s:m:")) != -1) {
+  while ((opt = getopt(argc, argv, "n:c:s:m:G")) != -1) {
     if (opt == 'n') iters = atol(optarg);
     else if (opt == 'c') only_coll = optarg;
     else if (opt == 's') only_bytes = atol(optarg);
     else if (opt == 'm') moves = atol(optarg);
+    else if (opt == 'G') grouped = 1;
     else iters = 0;
   }
   if (iters < 1 || moves < 1 || moves > 64 || optind != argc) {
-    fprintf(stderr, "usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m 1..64]\n");
+    fprintf(stderr, "usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m 1..64] [-G]\n");
     return 2;
   }
   signal(SIGALRM, onAlarm);
