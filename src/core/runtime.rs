@@ -304,7 +304,9 @@ impl PlanCache {
         if !relocate::layout_into(tasks, nranks, &mut self.layout) {
             // Keyed by the exact tasks, never moved (as `layout_key`).
             let l = &mut self.layout;
-            (l.key.clear(), l.segments.clear(), l.bases.clear());
+            l.key.clear();
+            l.segments.clear();
+            l.bases.clear();
             l.key.extend_from_slice(tasks);
         }
         if let Some(plan) = self.move_last(tasks) {
