@@ -238,7 +238,8 @@ fi
 # out of place, one kernel launch (4 calls in all) below 256 KiB and one copy-engine copy
 # (2 calls) from 256 KiB up; in place, nothing (a send/recv to self: 1 call); a group of
 # allreduces, one launch. A 512 KiB out-of-place allreduce's copy must deliver the data. The
-# same again for all-reduces whose buffers move every call.
+# same again for all-reduces whose buffers move every call, and for two ranks of one process
+# (two stand-in devices) driven by group calls: each group, every rank's calls.
 SI_OUT="$OUT/cuda_standin"
 mkdir -p "$SI_OUT"
 rm -f "$SI_OUT/libcuda.so.1" "$SI_OUT/libcuda.so" "$SI_OUT/hostpath_cpu"
@@ -247,17 +248,18 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
   ln -sf libcuda.so.1 "$SI_OUT/libcuda.so" &&
   "$CC" -O2 "${WARN[@]}" -I "$ROOT/include" -I "$CUDA_INC" -o "$SI_OUT/hostpath_cpu" \
     "$ROOT/ffi-tests/cuda_standin/hostpath_cpu.c" -L "$LIBDIR" -lnccl -ldl 2>>"$SI_OUT/build.log"; then
-  # hostpath_case NAME ROWS ARGS...: one run of hostpath_cpu, checked as said above.
+  # hostpath_case NAME ROWS RANKS ARGS...: one run of hostpath_cpu, checked as said above
+  # (with RANKS ranks, each group makes every rank's calls).
   hostpath_case() {
-    local name=$1 want=$2 log=$SI_OUT/hostpath_cpu.$1.log
-    shift 2
+    local name=$1 want=$2 ranks=$3 log=$SI_OUT/hostpath_cpu.$1.log
+    shift 3
     LD_LIBRARY_PATH="$SI_OUT:$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 \
       "$SI_OUT/hostpath_cpu" "$@" >"$log" 2>&1
     local rc=$?
     grep -E '^(ROW|INIT|DESTROY|CALLED) ' "$log" | sed 's/^/      /'
     # Prints the number of ROW lines, then what broke the expectations (nothing when all held).
     local verdict
-    verdict=$(awk '
+    verdict=$(awk -v ranks="$ranks" '
       /^ROW / {
         rows++; name = $2; bytes = $3; place = $4; calls = ""; wrong = ""
         for (i = 5; i <= NF; i++) {
@@ -272,8 +274,9 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
         launches = ("cuLaunchKernel" in n) ? n["cuLaunchKernel"] : 0
         copies = ("cuMemcpyDtoDAsync_v2" in n) ? n["cuMemcpyDtoDAsync_v2"] : 0
         if (place == "in") { wl = 0; wc = 0; most = (name == "sendrecv") ? 1 : 0 }
-        else if (bytes >= 262144 && name !~ /^group/) { wl = 0; wc = 1; most = 2 }
+        else if (bytes >= 262144 && name !~ /group/) { wl = 0; wc = 1; most = 2 }
         else { wl = 1; wc = 0; most = 4 }
+        wl *= ranks; wc *= ranks; most *= ranks
         if (calls == "" || launches != wl || copies != wc || total > most)
           bad = bad sprintf(" %s %s %s: %g launches, %g copies, %g calls (want %d, %d, at most %d);",
                             name, bytes, place, launches, copies, total, wl, wc, most)
@@ -282,11 +285,14 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
           if (wrong != "0") bad = bad sprintf(" allreduce 524288 out: wrong=%s;", wrong)
         }
       }
-      END { if (!checked) bad = bad " no checked 512 KiB allreduce row;"; print rows + 0; print bad }' "$log")
+      END {
+        if (!checked && ranks == 1) bad = bad " no checked 512 KiB allreduce row;"
+        print rows + 0; print bad
+      }' "$log")
     local nrows broken small
     nrows=$(head -n 1 <<<"$verdict")
     broken=$(tail -n +2 <<<"$verdict")
-    small=$(awk '$1 == "ROW" && $2 == "allreduce" && $3 == 8 && $4 == "out" { print $5 }' "$log")
+    small=$(awk '$1 == "ROW" && $2 ~ /allreduce$/ && $3 == 8 && $4 == "out" { print $5; exit }' "$log")
     if [[ $rc == 0 && $nrows == "$want" && -z ${broken// /} ]]; then
       pass "cuda host path ($name): our library on a stand-in CUDA driver, $nrows ROWs, driver calls per collective as expected (allreduce 8 B: $small per call)"
     else
@@ -294,9 +300,11 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
       grep -vE '^(ROW|INIT|DESTROY|CALLED) ' "$log" | tail -n 20
     fi
   }
-  hostpath_case fixed 56 -n 2000
+  hostpath_case fixed 56 1 -n 2000
   # Buffers that move every call (as nccl-tests moves them): plans served moved, same calls.
-  hostpath_case moving 6 -n 2000 -m 16 -c allreduce
+  hostpath_case moving 6 1 -n 2000 -m 16 -c allreduce
+  # Two ranks of one process on two stand-in devices, driven by group calls.
+  hostpath_case two-ranks 20 2 -n 2000 -r 2
 else
   fail "cuda stand-in libcuda.so.1 and hostpath_cpu build" "see $SI_OUT/build.log"; cat "$SI_OUT/build.log"
 fi

@@ -3,6 +3,9 @@
  * against the stand-in driver of cuda_standin.c (also found there, as libcuda.so.1). Needs no
  * GPU: the stand-in's launches run nothing, so only what the library does on the host counts.
  *
+ * With -r R, R communicators of one process (ncclCommInitAll on R stand-in devices), every case
+ * one group of each rank's call, as one thread drives several GPUs (small out-of-place cases,
+ * ROW names prefixed r2_, r4_ ...). By default:
  * One communicator of one rank (ncclCommInitAll on device 0) and one non-blocking stream from
  * the driver. For each collective (allreduce, allgather, reducescatter, broadcast, reduce,
  * alltoall, gather, scatter, and a send/recv to self in a group) at 8 B, 32 KiB and 512 KiB,
@@ -21,11 +24,11 @@
  * the CALLED line every driver function called in the whole run, in the order first called.
  * Without the stand-in's counters (a real driver) driver_calls is n/a.
  *
- * usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m M] [-G]   (N calls per case, default
- * 100000; -c and -s run only the cases of that collective or size, e.g. to profile one of
+ * usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m M] [-G] [-r R]   (N calls per case,
+ * default 100000; -c and -s run only the cases of that collective or size, e.g. to profile one of
  * them; -m M moves the buffers by one message size every call, through M places, as
  * nccl-tests does: the library then serves its plans for moved buffers; -G puts every single
- * call in a group of its own, as nccl-tests does)
+ * call in a group of its own, as nccl-tests does; -r R: R ranks, above)
  * Exit 0 when every call succeeded, ncclCommDestroy too, and no element was wrong; 1
  * otherwise; 2 on bad usage or a run past the alarm (600 s). */
 #define _GNU_SOURCE
@@ -61,8 +64,10 @@ static struct {
   const char *(*name)(unsigned long);
 } cu;
 
-static ncclComm_t comm;
-static cudaStream_t stream;
+#define MAX_RANKS 8
+static int nranks = 1; /* communicators of one process, one per stand-in device (-r) */
+static ncclComm_t comms[MAX_RANKS];
+static cudaStream_t streams[MAX_RANKS];
 static float *in, *out;
 static long iters = 100000;
 static long moves = 1;  /* places the buffers move through, one per call (-m) */
@@ -90,7 +95,7 @@ static void onAlarm(int sig) {
   do {                                                                                             \
     ncclResult_t r_ = (x);                                                                         \
     if (r_ != ncclSuccess) {                                                                       \
-      printf("FAIL %s: %s (%s)\n", #x, ncclGetErrorString(r_), ncclGetLastError(comm));            \
+      printf("FAIL %s: %s (%s)\n", #x, ncclGetErrorString(r_), ncclGetLastError(comms[0]));        \
       exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
@@ -143,7 +148,11 @@ struct op {
   int group; /* 0: not a group case */
 };
 
-static ncclResult_t issue1(const char *c, float *src, float *dst, size_t n) {
+/* Collective `c` of rank `r`; a send/recv sends to the next rank and receives from the one
+ * before (to itself with one rank). */
+static ncclResult_t issue1(const char *c, int r, float *src, float *dst, size_t n) {
+  ncclComm_t comm = comms[r];
+  cudaStream_t stream = streams[r];
   if (!strcmp(c, "allreduce")) return ncclAllReduce(src, dst, n, ncclFloat, ncclSum, comm, stream);
   if (!strcmp(c, "allgather")) return ncclAllGather(src, dst, n, ncclFloat, comm, stream);
   if (!strcmp(c, "reducescatter")) return ncclReduceScatter(src, dst, n, ncclFloat, ncclSum, comm, stream);
@@ -154,8 +163,8 @@ static ncclResult_t issue1(const char *c, float *src, float *dst, size_t n) {
   if (!strcmp(c, "scatter")) return ncclScatter(src, dst, n, ncclFloat, 0, comm, stream);
   if (!strcmp(c, "sendrecv")) {
     ncclResult_t a = ncclGroupStart();
-    if (a == ncclSuccess) a = ncclSend(src, n, ncclFloat, 0, comm, stream);
-    if (a == ncclSuccess) a = ncclRecv(dst, n, ncclFloat, 0, comm, stream);
+    if (a == ncclSuccess) a = ncclSend(src, n, ncclFloat, (r + 1) % nranks, comm, stream);
+    if (a == ncclSuccess) a = ncclRecv(dst, n, ncclFloat, (r + nranks - 1) % nranks, comm, stream);
     ncclResult_t b = ncclGroupEnd();
     return a != ncclSuccess ? a : b;
   }
@@ -167,9 +176,11 @@ static ncclResult_t issue(const struct op *o) {
   size_t n = o->bytes / sizeof(float);
   size_t shift = (size_t)(calls_made++ % moves) * n;
   float *src = in + shift, *dst = (o->inplace ? in : out) + shift;
-  if (o->group == 0 && !grouped) return issue1(o->name, src, dst, n);
+  if (o->group == 0 && !grouped && nranks == 1) return issue1(o->name, 0, src, dst, n);
+  /* Several ranks: one group of every rank's call(s), as one thread drives several GPUs. */
   ncclResult_t a = ncclGroupStart();
-  for (int i = 0; i < (o->group ? o->group : 1) && a == ncclSuccess; i++) a = issue1(o->name, src, dst, n);
+  for (int r = 0; r < nranks; r++)
+    for (int i = 0; i < (o->group ? o->group : 1) && a == ncclSuccess; i++) a = issue1(o->name, r, src, dst, n);
   ncclResult_t b = ncclGroupEnd();
   return a != ncclSuccess ? a : b;
 }
@@ -179,7 +190,7 @@ static void loop(const struct op *o, long k) {
     ncclResult_t r = issue(o);
     if (r != ncclSuccess) {
       printf("FAIL %s %zu %s (call %ld): %s (%s)\n", o->name, o->bytes, o->inplace ? "in" : "out", i,
-             ncclGetErrorString(r), ncclGetLastError(comm));
+             ncclGetErrorString(r), ncclGetLastError(comms[0]));
       exit(1);
     }
   }
@@ -215,6 +226,10 @@ static void driverCalls(const struct op *o, char *text, size_t len) {
 
 /* The 512 KiB out-of-place allreduce of one rank is a copy: in filled with a pattern, out
  * zeroed, one call; the elements of out not equal to in's. */
+static void syncAll(void) {
+  for (int r = 0; r < nranks; r++) CU(cu.streamSynchronize((CUstream)streams[r]));
+}
+
 static long checkCopy(const struct op *o) {
   size_t n = o->bytes / sizeof(float);
   float *host = malloc(o->bytes), *back = malloc(o->bytes);
@@ -224,7 +239,7 @@ static long checkCopy(const struct op *o) {
   CU(cu.memsetD8((CUdeviceptr)(uintptr_t)out, 0, o->bytes));
   calls_made -= calls_made % moves; /* the next call uses the buffers' first place */
   loop(o, 1);
-  CU(cu.streamSynchronize((CUstream)stream));
+  syncAll();
   CU(cu.memcpyDtoH(back, (CUdeviceptr)(uintptr_t)out, o->bytes));
   long wrong = 0;
   for (size_t i = 0; i < n; i++) wrong += back[i] != host[i];
@@ -239,15 +254,16 @@ static long runCase(const struct op *o) {
   double m0 = nowNs(CLOCK_MONOTONIC), c0 = nowNs(CLOCK_THREAD_CPUTIME_ID);
   loop(o, iters);
   double m1 = nowNs(CLOCK_MONOTONIC), c1 = nowNs(CLOCK_THREAD_CPUTIME_ID);
-  CU(cu.streamSynchronize((CUstream)stream));
+  syncAll();
   char calls[1024];
   driverCalls(o, calls, sizeof calls);
-  CU(cu.streamSynchronize((CUstream)stream));
+  syncAll();
   long wrong = -1;
   if (o->group == 0 && !o->inplace && o->bytes == MAX_BYTES && !strcmp(o->name, "allreduce")) wrong = checkCopy(o);
   char name[32];
-  if (o->group) snprintf(name, sizeof name, "group%d_%s", o->group, o->name);
-  else snprintf(name, sizeof name, "%s", o->name);
+  const char *prefix = nranks == 1 ? "" : nranks == 2 ? "r2_" : nranks == 4 ? "r4_" : "rN_";
+  if (o->group) snprintf(name, sizeof name, "%sgroup%d_%s", prefix, o->group, o->name);
+  else snprintf(name, sizeof name, "%s%s", prefix, o->name);
   printf("ROW %s %zu %s host_ns=%.0f cpu_ns=%.0f driver_calls=%s", name, o->bytes, o->inplace ? "in" : "out",
          (m1 - m0) / (double)iters, (c1 - c0) / (double)iters, calls);
   if (wrong >= 0) printf(" wrong=%ld", wrong);
@@ -261,35 +277,47 @@ int main(int argc, char **argv) {
   int opt;
   const char *only_coll = NULL;
   long only_bytes = -1;
-  while ((opt = getopt(argc, argv, "n:c:s:m:G")) != -1) {
+  while ((opt = getopt(argc, argv, "n:c:s:m:Gr:")) != -1) {
     if (opt == 'n') iters = atol(optarg);
     else if (opt == 'c') only_coll = optarg;
     else if (opt == 's') only_bytes = atol(optarg);
     else if (opt == 'm') moves = atol(optarg);
     else if (opt == 'G') grouped = 1;
+    else if (opt == 'r') nranks = atoi(optarg);
     else iters = 0;
   }
-  if (iters < 1 || moves < 1 || moves > 64 || optind != argc) {
-    fprintf(stderr, "usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m 1..64] [-G]\n");
+  if (iters < 1 || moves < 1 || moves > 64 || nranks < 1 || nranks > MAX_RANKS || optind != argc) {
+    fprintf(stderr, "usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m 1..64] [-G] [-r 1..8]\n");
     return 2;
   }
   signal(SIGALRM, onAlarm);
   alarm(600);
+  if (nranks > 1) {
+    char n[8];
+    snprintf(n, sizeof n, "%d", nranks);
+    setenv("CUDA_STANDIN_DEVICES", n, 1); /* one stand-in device per rank */
+  }
   loadDriver();
   /* As cudaSetDevice(0) would: device 0's primary context current on this thread. */
   CUcontext ctx;
   CU(cu.init(0));
   CU(cu.primaryCtxRetain(&ctx, 0));
   CU(cu.ctxSetCurrent(ctx));
-  int devs[1] = {0}, version = 0;
+  int devs[MAX_RANKS], version = 0;
+  for (int r = 0; r < nranks; r++) devs[r] = r;
   NCCL(ncclGetVersion(&version));
-  NCCL(ncclCommInitAll(&comm, 1, devs));
+  NCCL(ncclCommInitAll(comms, nranks, devs));
   char calls[2048];
   countsSince(1, calls, sizeof calls);
   printf("INIT driver_calls=%s\n", calls); /* since the start, this program's own calls too */
-  CUstream s;
-  CU(cu.streamCreate(&s, CU_STREAM_NON_BLOCKING));
-  stream = (cudaStream_t)s;
+  for (int r = nranks - 1; r >= 0; r--) { /* each rank's stream on its device; device 0 last */
+    CUcontext c;
+    CUstream s;
+    CU(cu.primaryCtxRetain(&c, r));
+    CU(cu.ctxSetCurrent(c));
+    CU(cu.streamCreate(&s, CU_STREAM_NON_BLOCKING));
+    streams[r] = (cudaStream_t)s;
+  }
   CUdeviceptr a, b;
   size_t room = (size_t)MAX_BYTES * (size_t)moves;
   CU(cu.memAlloc(&a, room));
@@ -297,8 +325,9 @@ int main(int argc, char **argv) {
   in = (float *)(uintptr_t)a, out = (float *)(uintptr_t)b;
   CU(cu.memsetD8(a, 0, room));
   CU(cu.memsetD8(b, 0, room));
-  printf("hostpath_cpu: NCCL version code %d, 1 rank on device 0, %ld calls per case, driver counters %s\n",
-         version, iters, cu.calls ? "from the stand-in" : "absent");
+  printf("hostpath_cpu: NCCL version code %d, %d rank(s) on device(s) 0..%d, %ld calls per case, driver "
+         "counters %s\n",
+         version, nranks, nranks - 1, iters, cu.calls ? "from the stand-in" : "absent");
 
   static const char *colls[] = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce",
                                 "alltoall",  "gather",    "scatter",       "sendrecv"};
@@ -309,6 +338,8 @@ int main(int argc, char **argv) {
       for (int inplace = 0; inplace < 2; inplace++) {
         if ((only_coll && strcmp(only_coll, colls[c])) || (only_bytes >= 0 && (size_t)only_bytes != sizes[z]))
           continue;
+        /* Several ranks: small out-of-place calls only (in place means other offsets there). */
+        if (nranks > 1 && (inplace || sizes[z] == MAX_BYTES)) continue;
         struct op o = {colls[c], sizes[z], inplace, 0};
         wrong += runCase(&o);
       }
@@ -317,14 +348,14 @@ int main(int argc, char **argv) {
     wrong += runCase(&o);
   }
 
-  CU(cu.streamSynchronize(s));
+  syncAll();
   if (cu.reset) cu.reset();
-  NCCL(ncclCommDestroy(comm));
+  for (int r = 0; r < nranks; r++) NCCL(ncclCommDestroy(comms[r]));
   countsSince(1, calls, sizeof calls);
   printf("DESTROY driver_calls=%s\n", calls);
   CU(cu.memFree(a));
   CU(cu.memFree(b));
-  CU(cu.streamDestroy(s));
+  for (int r = 0; r < nranks; r++) CU(cu.streamDestroy((CUstream)streams[r]));
   if (cu.name) {
     printf("CALLED");
     const char *f;

@@ -74,18 +74,32 @@ struct Pending {
     noop_events: Vec<(usize, usize)>,
 }
 
-/// A group's operations on its one communicator laid out as `launch_all` takes them; kept
-/// per thread between groups, so a group of the usual shape allocates nothing.
+/// One communicator's operations of a group laid out as `launch_all` takes them (`first`: the
+/// index of its first operation, whose communicator it is); the thread keeps these between
+/// groups, so a group reuses their vectors instead of allocating.
 #[derive(Default)]
-struct Scratch {
+struct Lanes {
+    first: usize,
     tasks: Vec<Task>,
     streams: Vec<usize>,
     events: Vec<(usize, usize)>,
 }
 
+impl Lanes {
+    /// The lanes as `launch_all` takes them, `ops` being the group's operations.
+    fn view<'a>(&'a self, ops: &'a [Op]) -> CommView<'a> {
+        CommView {
+            comm: &ops[self.first].comm,
+            tasks: &self.tasks,
+            streams: &self.streams,
+            events: &self.events,
+        }
+    }
+}
+
 thread_local! {
     static GROUP: RefCell<Pending> = RefCell::new(Pending::default());
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    static SCRATCH: RefCell<Vec<Lanes>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Open a (possibly nested) group on this thread.
@@ -246,9 +260,8 @@ pub fn check_noop(comm: &Arc<Comm>) -> Result<()> {
 }
 
 fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result<()> {
-    let one_comm = ops.windows(2).all(|w| Arc::ptr_eq(&w[0].comm, &w[1].comm));
-    if inits.is_empty() && checks.is_empty() && !ops.is_empty() && one_comm && !check::enabled() {
-        return execute_on_one_comm(ops);
+    if inits.is_empty() && checks.is_empty() && !ops.is_empty() && !check::enabled() {
+        return execute_ops(ops);
     }
     let _span = crate::profile::span(crate::profile::Stage::GroupExecute);
     if !inits.is_empty() {
@@ -298,33 +311,48 @@ fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result
     check_failure.map_or(Ok(()), Err)
 }
 
-/// A group whose operations are all on one communicator (and nothing else to do): launched
-/// from the thread's `Scratch`, and `ops` handed back to the thread's next group, so neither
-/// allocates.
-fn execute_on_one_comm(mut ops: Vec<Op>) -> Result<()> {
+/// A group of operations and nothing else to do: laid out per communicator in the thread's
+/// `Lanes`, launched, and `ops` handed back to the thread's next group, so that a group on
+/// one communicator allocates nothing (and one on several, the list of their views).
+fn execute_ops(mut ops: Vec<Op>) -> Result<()> {
     let _span = crate::profile::span(crate::profile::Stage::GroupExecute);
     // Taken out while launching: nothing under `launch_all` opens a group, but a borrow held
     // across it would turn such a change into a panic.
-    let mut s = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    for op in &ops {
-        s.tasks.push(op.task);
-        s.streams.push(op.stream);
+    let mut lanes = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let mut used = 0;
+    for (k, op) in ops.iter().enumerate() {
+        let same = |l: &Lanes| Arc::ptr_eq(&ops[l.first].comm, &op.comm);
+        let i = match lanes[..used].iter().position(same) {
+            Some(i) => i,
+            None => {
+                if used == lanes.len() {
+                    lanes.push(Lanes::default());
+                }
+                lanes[used].first = k;
+                used += 1;
+                used - 1
+            }
+        };
+        let l = &mut lanes[i];
+        l.tasks.push(op.task);
+        l.streams.push(op.stream);
         if op.event != 0 {
-            s.events.push((op.stream, op.event));
+            l.events.push((op.stream, op.event));
         }
     }
-    let view = CommView {
-        comm: &ops[0].comm,
-        tasks: &s.tasks,
-        streams: &s.streams,
-        events: &s.events,
+    let launched = if used == 1 {
+        launch_all(std::slice::from_ref(&lanes[0].view(&ops)))
+    } else {
+        let views: Vec<CommView<'_>> = lanes[..used].iter().map(|l| l.view(&ops)).collect();
+        launch_all(&views)
     };
-    let launched = launch_all(std::slice::from_ref(&view));
-    s.tasks.clear();
-    s.streams.clear();
-    s.events.clear();
+    for l in &mut lanes[..used] {
+        l.tasks.clear();
+        l.streams.clear();
+        l.events.clear();
+    }
     ops.clear();
-    SCRATCH.with(|c| *c.borrow_mut() = s);
+    SCRATCH.with(|c| *c.borrow_mut() = lanes);
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.ops.capacity() == 0 {
@@ -390,18 +418,18 @@ fn launch_all(per_comm: &[CommView<'_>]) -> Result<()> {
 /// it, they set up in parallel threads (launches then go out from the calling thread).
 fn connect_in_parallel(per_comm: &[CommView<'_>]) -> Result<()> {
     let needs_span = crate::profile::span(crate::profile::Stage::NeedsConnect);
-    let needs_connect: Vec<bool> = per_comm
-        .iter()
-        .map(|c| {
-            c.comm
-                .rt
-                .lock()
-                .as_ref()
-                .is_some_and(|rt| rt.needs_connect(c.comm.rank(), c.comm.nranks(), c.tasks))
-        })
-        .collect();
+    let needs = |c: &CommView<'_>| {
+        c.comm
+            .rt
+            .lock()
+            .as_ref()
+            .is_some_and(|rt| rt.needs_connect(c.comm.rank(), c.comm.nranks(), c.tasks))
+    };
+    // Asked once more below only when some communicator needs it (a group's first call).
+    let any = per_comm.iter().any(needs);
     drop(needs_span);
-    if needs_connect.contains(&true) {
+    if any {
+        let needs_connect: Vec<bool> = per_comm.iter().map(needs).collect();
         let results: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = per_comm
                 .iter()
