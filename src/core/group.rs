@@ -34,28 +34,8 @@ struct Op {
     event: usize,
 }
 
-/// The operations of a group on one communicator: its tasks in order, their streams, and the
-/// (stream, event) pairs to record after its launch.
-struct CommOps {
-    comm: Arc<Comm>,
-    tasks: Vec<Task>,
-    streams: Vec<usize>,
-    events: Vec<(usize, usize)>,
-}
-
-impl CommOps {
-    fn view(&self) -> CommView<'_> {
-        CommView {
-            comm: &self.comm,
-            tasks: &self.tasks,
-            streams: &self.streams,
-            events: &self.events,
-        }
-    }
-}
-
-/// What one communicator launches: `CommOps` borrowed, or a single call's operation (which
-/// so costs no allocation).
+/// What one communicator of a group launches: its tasks in order, their streams, and the
+/// (stream, event) pairs to record after its launch (borrowed from the thread's `Lanes`).
 struct CommView<'a> {
     comm: &'a Arc<Comm>,
     tasks: &'a [Task],
@@ -72,11 +52,13 @@ struct Pending {
     checks: Vec<Arc<Comm>>,
     /// (stream, event) of the group's no-op calls that asked for a launch event.
     noop_events: Vec<(usize, usize)>,
+    /// Kept between groups for `launch_ops`.
+    lanes: Vec<Lanes>,
 }
 
 /// One communicator's operations of a group laid out as `launch_all` takes them (`first`: the
 /// index of its first operation, whose communicator it is); the thread keeps these between
-/// groups, so a group reuses their vectors instead of allocating.
+/// groups (`Pending::lanes`), so a group reuses their vectors instead of allocating.
 #[derive(Default)]
 struct Lanes {
     first: usize,
@@ -99,7 +81,6 @@ impl Lanes {
 
 thread_local! {
     static GROUP: RefCell<Pending> = RefCell::new(Pending::default());
-    static SCRATCH: RefCell<Vec<Lanes>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Open a (possibly nested) group on this thread.
@@ -204,20 +185,12 @@ pub fn submit_op(comm: &Arc<Comm>, task: Task, stream: usize, event: usize) -> R
     execute_one(op)
 }
 
-/// A call outside a group: its operation launched on its own.
+/// A call outside a group: a group of its one operation, in the thread's list of operations
+/// (empty outside a group, and handed back after the launch, so this allocates nothing).
 fn execute_one(op: Op) -> Result<()> {
-    if check::enabled() {
-        return execute(Vec::new(), vec![op], Vec::new());
-    }
-    let _span = crate::profile::span(crate::profile::Stage::GroupExecute);
-    let event = [(op.stream, op.event)];
-    let view = CommView {
-        comm: &op.comm,
-        tasks: std::slice::from_ref(&op.task),
-        streams: std::slice::from_ref(&op.stream),
-        events: if op.event != 0 { &event } else { &[] },
-    };
-    launch_all(std::slice::from_ref(&view))
+    let mut ops = GROUP.with(|g| std::mem::take(&mut g.borrow_mut().ops));
+    ops.push(op);
+    execute(Vec::new(), ops, Vec::new())
 }
 
 /// The launch event `event` (0: none) of a no-op call on `stream`: recorded now outside a
@@ -259,10 +232,7 @@ pub fn check_noop(comm: &Arc<Comm>) -> Result<()> {
     check::run(std::slice::from_ref(comm)).remove(0)
 }
 
-fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result<()> {
-    if inits.is_empty() && checks.is_empty() && !ops.is_empty() && !check::enabled() {
-        return execute_ops(ops);
-    }
+fn execute(inits: Vec<InitWork>, mut ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result<()> {
     let _span = crate::profile::span(crate::profile::Stage::GroupExecute);
     if !inits.is_empty() {
         let nonblocking = inits.iter().any(|j| !j.blocking);
@@ -280,45 +250,20 @@ fn execute(inits: Vec<InitWork>, ops: Vec<Op>, checks: Vec<Arc<Comm>>) -> Result
         }
         run_inits(inits)?;
     }
-    // Group the operations by communicator, keeping their order.
-    let mut per_comm: Vec<CommOps> = Vec::new();
-    for op in ops {
-        let i = match per_comm.iter().position(|c| Arc::ptr_eq(&c.comm, &op.comm)) {
-            Some(i) => i,
-            None => {
-                per_comm.push(CommOps {
-                    comm: op.comm.clone(),
-                    tasks: Vec::new(),
-                    streams: Vec::new(),
-                    events: Vec::new(),
-                });
-                per_comm.len() - 1
-            }
-        };
-        let c = &mut per_comm[i];
-        c.tasks.push(op.task);
-        c.streams.push(op.stream);
-        if op.event != 0 {
-            c.events.push((op.stream, op.event));
-        }
+    let check_failure = check_group(&mut ops, checks);
+    if !ops.is_empty() {
+        launch_ops(ops)?;
     }
-    let check_failure = check_group(&mut per_comm, checks);
-    if per_comm.is_empty() {
-        return check_failure.map_or(Ok(()), Err);
-    }
-    let views: Vec<CommView<'_>> = per_comm.iter().map(CommOps::view).collect();
-    launch_all(&views)?;
     check_failure.map_or(Ok(()), Err)
 }
 
-/// A group of operations and nothing else to do: laid out per communicator in the thread's
-/// `Lanes`, launched, and `ops` handed back to the thread's next group, so that a group on
-/// one communicator allocates nothing (and one on several, the list of their views).
-fn execute_ops(mut ops: Vec<Op>) -> Result<()> {
-    let _span = crate::profile::span(crate::profile::Stage::GroupExecute);
+/// Launch a group's operations: laid out per communicator (in order) in the thread's lanes,
+/// launched, and `ops` handed back to the thread's next group, so that a group on one
+/// communicator allocates nothing (and one on several, the list of their views).
+fn launch_ops(mut ops: Vec<Op>) -> Result<()> {
     // Taken out while launching: nothing under `launch_all` opens a group, but a borrow held
     // across it would turn such a change into a panic.
-    let mut lanes = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let mut lanes = GROUP.with(|g| std::mem::take(&mut g.borrow_mut().lanes));
     let mut used = 0;
     for (k, op) in ops.iter().enumerate() {
         let same = |l: &Lanes| Arc::ptr_eq(&ops[l.first].comm, &op.comm);
@@ -352,9 +297,9 @@ fn execute_ops(mut ops: Vec<Op>) -> Result<()> {
         l.events.clear();
     }
     ops.clear();
-    SCRATCH.with(|c| *c.borrow_mut() = lanes);
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
+        g.lanes = lanes;
         if g.ops.capacity() == 0 {
             g.ops = ops;
         }
@@ -363,16 +308,16 @@ fn execute_ops(mut ops: Vec<Op>) -> Result<()> {
 }
 
 /// The collective check of every communicator of the group with operations noted for it
-/// (those with work, and `noop_only` ones whose calls were all no-ops): the communicators that
-/// fail it are dropped from `per_comm`; the first failure is returned.
-fn check_group(per_comm: &mut Vec<CommOps>, noop_only: Vec<Arc<Comm>>) -> Option<Error> {
+/// (those with work, and `noop_only` ones whose calls were all no-ops): the operations of the
+/// communicators that fail it are dropped from `ops`; the first failure is returned.
+fn check_group(ops: &mut Vec<Op>, noop_only: Vec<Arc<Comm>>) -> Option<Error> {
     if !check::enabled() {
         return None;
     }
-    let mut comms: Vec<Arc<Comm>> = per_comm.iter().map(|c| c.comm.clone()).collect();
-    for c in noop_only {
-        if !comms.iter().any(|k| Arc::ptr_eq(k, &c)) {
-            comms.push(c);
+    let mut comms: Vec<Arc<Comm>> = Vec::new();
+    for c in ops.iter().map(|o| &o.comm).chain(&noop_only) {
+        if !comms.iter().any(|k| Arc::ptr_eq(k, c)) {
+            comms.push(c.clone());
         }
     }
     comms.retain(|c| check::pending(c));
@@ -383,7 +328,7 @@ fn check_group(per_comm: &mut Vec<CommOps>, noop_only: Vec<Arc<Comm>>) -> Option
     let mut first = None;
     for (comm, result) in comms.iter().zip(results) {
         if let Err(e) = result {
-            per_comm.retain(|c| !Arc::ptr_eq(&c.comm, comm));
+            ops.retain(|o| !Arc::ptr_eq(&o.comm, comm));
             first.get_or_insert(e);
         }
     }

@@ -301,14 +301,7 @@ impl PlanCache {
                 return Some(last.served.plan.clone());
             }
         }
-        if !relocate::layout_into(tasks, nranks, &mut self.layout) {
-            // Keyed by the exact tasks, never moved (as `layout_key`).
-            let l = &mut self.layout;
-            l.key.clear();
-            l.segments.clear();
-            l.bases.clear();
-            l.key.extend_from_slice(tasks);
-        }
+        self.lay_out(tasks, nranks);
         if let Some(plan) = self.move_last(tasks) {
             return Some(plan);
         }
@@ -368,24 +361,37 @@ impl PlanCache {
         if self.map.len() >= PLAN_CACHE_ENTRIES {
             self.map.clear();
         }
-        let (key, segments) = layout_key(tasks, nranks);
-        let to = relocate::bases(&segments);
-        let movable = !segments.is_empty()
+        self.lay_out(tasks, nranks);
+        let l = &self.layout;
+        let movable = !l.segments.is_empty()
             && relocate::relocate(
                 &plan.plan,
                 &relocate::Move {
-                    from: &segments,
-                    to: &to,
+                    from: &l.segments,
+                    to: &l.bases,
                 },
             )
             .is_some();
         let keyed = Keyed {
             plan,
-            segments,
+            segments: l.segments.clone(),
             movable,
         };
+        let key = l.key.clone();
         self.map.insert(key.clone(), keyed.clone());
         self.set_last(tasks, key, keyed);
+    }
+
+    /// `tasks`' layout into `self.layout`: their key and segments, or, when the layout cannot
+    /// be encoded, the exact tasks as the key and no segments (never moved).
+    fn lay_out(&mut self, tasks: &[Task], nranks: i32) {
+        if !relocate::layout_into(tasks, nranks, &mut self.layout) {
+            let l = &mut self.layout;
+            l.key.clear();
+            l.segments.clear();
+            l.bases.clear();
+            l.key.extend_from_slice(tasks);
+        }
     }
 
     /// `tasks` and `served` become the last ones, in the vectors already kept (calls that
@@ -412,12 +418,6 @@ impl PlanCache {
         self.map.clear();
         self.last = None;
     }
-}
-
-/// The plan-cache key of `tasks` and their segments; the exact tasks and no segments (never
-/// moved) when the layout cannot be encoded.
-fn layout_key(tasks: &[Task], nranks: i32) -> (Vec<Task>, Vec<relocate::Segment>) {
-    relocate::layout(tasks, nranks).unwrap_or_else(|| (tasks.to_vec(), Vec::new()))
 }
 
 /// A plan with the bytes its launch passes: the inline kernel's parameter when the items fit
@@ -1247,14 +1247,13 @@ impl Runtime {
             return Ok(());
         }
         let stream = streams[0] as CUstream;
-        let others: Vec<usize> = if streams.len() == 1 {
-            Vec::new()
-        } else {
-            dedup(streams)
-                .into_iter()
-                .filter(|&s| s != streams[0])
-                .collect()
-        };
+        // Each other stream once (collecting none allocates nothing).
+        let others: Vec<usize> = streams
+            .iter()
+            .enumerate()
+            .filter(|&(i, s)| *s != streams[0] && !streams[..i].contains(s))
+            .map(|(_, &s)| s)
+            .collect();
         // Other streams' earlier work must finish before ours starts.
         for &s in &others {
             self.join.record(s as CUstream)?;
@@ -1500,16 +1499,6 @@ fn run_copies(copies: &[sched::plan::LocalCopy], stream: CUstream) -> Result<()>
         cuda::memcpy_dtod_async(c.dst, c.src, c.bytes as usize, stream)?;
     }
     Ok(())
-}
-
-fn dedup(streams: &[usize]) -> Vec<usize> {
-    let mut out: Vec<usize> = Vec::new();
-    for &s in streams {
-        if !out.contains(&s) {
-            out.push(s);
-        }
-    }
-    out
 }
 
 impl Drop for Runtime {

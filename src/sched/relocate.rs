@@ -53,8 +53,9 @@ pub struct Layout {
     order: Vec<usize>,
 }
 
-/// The key and the segments of `tasks` (`Layout`); None when an offset is too large to encode
-/// (the caller then keys by the exact tasks).
+/// The key and the segments of `tasks` (`Layout`, in new vectors: for tests); None when an
+/// offset is too large to encode.
+#[cfg(test)]
 pub fn layout(tasks: &[Task], nranks: i32) -> Option<(Vec<Task>, Vec<Segment>)> {
     let mut l = Layout::default();
     layout_into(tasks, nranks, &mut l).then_some((l.key, l.segments))
@@ -218,6 +219,7 @@ pub fn move_plan(plan: &mut Plan, mv: &Move) -> bool {
 
 /// The new segment bases of `tasks`, whose key equals the one `layout` gave for `planned`: the
 /// bases of `layout(tasks)` itself, in the same order.
+#[cfg(test)]
 pub fn bases(segments: &[Segment]) -> Vec<u64> {
     segments.iter().map(|s| s.base).collect()
 }

@@ -527,21 +527,26 @@ impl Lib {
         }
     }
 
+    /// The software verbs device's test query `name` (version SOFT_VERBS_TEST), None for a
+    /// library without it.
+    #[cfg(test)]
+    fn stand_in_symbol(&self, name: &str) -> Option<*mut c_void> {
+        let (n, v) = (
+            CString::new(name).ok()?,
+            CString::new("SOFT_VERBS_TEST").ok()?,
+        );
+        // SAFETY: the live handle (never closed) and NUL-terminated names.
+        let p = unsafe { libc::dlvsym(self._handle as *mut c_void, n.as_ptr(), v.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    }
+
     /// The software verbs device's count of payload bytes delivered to device `dev`'s memory
     /// (`soft_verbs_rx_bytes@SOFT_VERBS_TEST`), None for a library without it.
     #[cfg(test)]
     pub fn stand_in_rx_bytes(&self, dev: &str) -> Option<u64> {
         type RxBytes = unsafe extern "C" fn(*const c_char) -> u64;
-        let (n, v, d) = (
-            CString::new("soft_verbs_rx_bytes").ok()?,
-            CString::new("SOFT_VERBS_TEST").ok()?,
-            CString::new(dev).ok()?,
-        );
-        // SAFETY: the live handle (never closed) and NUL-terminated names.
-        let p = unsafe { libc::dlvsym(self._handle as *mut c_void, n.as_ptr(), v.as_ptr()) };
-        if p.is_null() {
-            return None;
-        }
+        let d = CString::new(dev).ok()?;
+        let p = self.stand_in_symbol("soft_verbs_rx_bytes")?;
         // SAFETY: the stand-in's `uint64_t soft_verbs_rx_bytes(const char *)`; d is
         // NUL-terminated and outlives the call.
         Some(unsafe { as_fn::<RxBytes>(p)(d.as_ptr()) })
@@ -552,15 +557,7 @@ impl Lib {
     #[cfg(test)]
     pub fn stand_in_qp_facts(&self, qp_num: u32) -> Option<QpFacts> {
         type Facts = unsafe extern "C" fn(u32, *mut u32, *mut u32, *mut u32, *mut u32) -> c_int;
-        let (n, v) = (
-            CString::new("soft_verbs_qp_facts").ok()?,
-            CString::new("SOFT_VERBS_TEST").ok()?,
-        );
-        // SAFETY: the live handle (never closed) and NUL-terminated names.
-        let p = unsafe { libc::dlvsym(self._handle as *mut c_void, n.as_ptr(), v.as_ptr()) };
-        if p.is_null() {
-            return None;
-        }
+        let p = self.stand_in_symbol("soft_verbs_qp_facts")?;
         let mut f = QpFacts::default();
         // SAFETY: the stand-in's `int soft_verbs_qp_facts(uint32_t, uint32_t *, uint32_t *,
         // uint32_t *, uint32_t *)`; every pointer is to a live u32.
