@@ -7,42 +7,63 @@ use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::ffi::CString;
 use std::fmt;
+use std::panic::Location;
 
-/// An error with the NCCL code it maps to and a message for `ncclGetLastError`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An error with the NCCL code it maps to, a message for `ncclGetLastError`, and where in
+/// oxccl it was made (the file and line a WARN names, as NVIDIA's name theirs).
+#[derive(Clone, Debug)]
 pub struct Error {
     pub code: ncclResult_t,
     pub msg: String,
+    pub origin: &'static Location<'static>,
 }
+
+/// Errors are equal when their code and message are: where they were made does not matter.
+impl PartialEq for Error {
+    fn eq(&self, other: &Self) -> bool {
+        self.code == other.code && self.msg == other.msg
+    }
+}
+
+impl Eq for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    #[track_caller]
     pub fn new(code: ncclResult_t, msg: impl Into<String>) -> Self {
         Error {
             code,
             msg: msg.into(),
+            origin: Location::caller(),
         }
     }
+    #[track_caller]
     pub fn invalid_argument(msg: impl Into<String>) -> Self {
         Self::new(ncclResult_t::ncclInvalidArgument, msg)
     }
+    #[track_caller]
     pub fn invalid_usage(msg: impl Into<String>) -> Self {
         Self::new(ncclResult_t::ncclInvalidUsage, msg)
     }
+    #[track_caller]
     pub fn internal(msg: impl Into<String>) -> Self {
         Self::new(ncclResult_t::ncclInternalError, msg)
     }
+    #[track_caller]
     pub fn system(msg: impl Into<String>) -> Self {
         Self::new(ncclResult_t::ncclSystemError, msg)
     }
+    #[track_caller]
     pub fn cuda(msg: impl Into<String>) -> Self {
         Self::new(ncclResult_t::ncclUnhandledCudaError, msg)
     }
+    #[track_caller]
     pub fn remote(msg: impl Into<String>) -> Self {
         Self::new(ncclResult_t::ncclRemoteError, msg)
     }
     /// The error for an entry point that exists in the ABI but is not built yet.
+    #[track_caller]
     pub fn unsupported(function: &str) -> Self {
         Self::invalid_usage(format!("{function} is not yet supported by oxccl"))
     }
@@ -62,6 +83,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 impl From<std::io::Error> for Error {
+    #[track_caller]
     fn from(e: std::io::Error) -> Self {
         Error::system(e.to_string())
     }

@@ -62,6 +62,8 @@
  *     with SOFT_VERBS_FAIL_DEVICE=name only the QPs of that device fail;
  *     SOFT_VERBS_PORT_DOWN_AFTER_MS=T: T ms after ibv_open_device the ports go DOWN and each
  *     open context gets IBV_EVENT_PORT_ERR (ibv_get_async_event / ibv_ack_async_event).
+ *     SOFT_VERBS_MODIFY_QP_BUSY=N: the first N calls of ibv_modify_qp in the process change
+ *     nothing and return ETIMEDOUT, as a busy subnet manager or firmware can make them.
  *
  * Not emulated: UD/UC/XRC QPs, SRQs, atomics (posting one fails with EINVAL), memory windows,
  * address handles, multicast, completion channels (ibv_create_comp_channel fails with ENOSYS),
@@ -1446,8 +1448,26 @@ static int qp_connect(struct sv_qp *q, uint32_t ece) {
   return 0;
 }
 
+/* SOFT_VERBS_MODIFY_QP_BUSY: whether this call of ibv_modify_qp is one of the first N. */
+static int sv_modify_qp_busy(void) {
+  static int limit = -1;
+  static int calls;
+  int busy;
+  pthread_mutex_lock(&G.mu);
+  if (limit < 0) {
+    const char *v = getenv("SOFT_VERBS_MODIFY_QP_BUSY");
+    limit = v ? atoi(v) : 0;
+    if (limit < 0) limit = 0;
+  }
+  busy = calls < limit;
+  calls++;
+  pthread_mutex_unlock(&G.mu);
+  return busy;
+}
+
 SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask) {
   struct sv_qp *q = (struct sv_qp *)qp;
+  if (sv_modify_qp_busy()) return ETIMEDOUT;
   pthread_mutex_lock(&q->mu);
   enum ibv_qp_state cur = q->qp.state;
   if (mask & IBV_QP_CUR_STATE) cur = attr->cur_qp_state;

@@ -78,7 +78,12 @@ pub(crate) fn entry(
         Err(e) if e.code == ncclResult_t::ncclInProgress => e.code,
         Err(e) => {
             let msg = format!("{name}: {}", e.msg);
-            crate::warn!("{msg}");
+            crate::debug::log(
+                crate::debug::Level::Warn,
+                crate::debug::subsys::ALL,
+                crate::debug::Site::at(e.origin),
+                format_args!("{msg}"),
+            );
             crate::error::set_thread_last_error(&msg);
             if let Ok(c) = Comm::from_handle(comm) {
                 c.last_error.set(&msg);

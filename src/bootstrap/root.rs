@@ -191,7 +191,10 @@ pub fn spawn_root(
                 answered: 0,
             };
             root.run(idle);
-            crate::info!(BOOTSTRAP, "bootstrap root {local:?} done");
+            match local {
+                Some(addr) => crate::info!(BOOTSTRAP, "bootstrap root at {addr} done"),
+                None => crate::info!(BOOTSTRAP, "bootstrap root done"),
+            }
         })
         .map_err(|e| Error::system(format!("bootstrap: cannot start the root thread: {e}")))
 }

@@ -127,6 +127,7 @@ pub fn grow(
             Comm::new(p.rank(), nranks, p.cuda_dev, config)
         }
         None => {
+            lifecycle::announce(rank);
             let config = CommConfig::resolve(config, None)?;
             cuda::driver()?;
             Comm::new(rank, nranks, cuda::current_device()?, config)

@@ -69,6 +69,13 @@ pub(super) fn start(out: *mut ncclComm_t, job: InitJob) -> Result<()> {
     })
 }
 
+/// What a communicator's creation prints once per process, as NVIDIA's does: the version
+/// line, and here also the NVIDIA settings that are set but not built.
+pub fn announce(rank: i32) {
+    crate::debug::show_version(rank);
+    crate::env::not_built::report_once();
+}
+
 /// `ncclCommInitRank[Config|Scalable]`: join the communicator described by `ids`.
 pub fn init_rank(
     out: *mut ncclComm_t,
@@ -77,6 +84,7 @@ pub fn init_rank(
     rank: i32,
     cfg: Option<&ncclConfig_t>,
 ) -> Result<()> {
+    announce(rank);
     let config = CommConfig::resolve(cfg, None)?;
     crate::bootstrap::crypt::check_plaintext("communicator init")?;
     cuda::driver()?;
@@ -93,6 +101,7 @@ pub fn init_rank(
 
 /// `ncclCommInitAll`: one communicator per listed device, in this process.
 pub fn init_all(devs: &[i32]) -> Result<Vec<ncclComm_t>> {
+    announce(0);
     crate::bootstrap::crypt::check_plaintext("communicator init")?;
     cuda::driver()?;
     let n = cuda::device_count()?;

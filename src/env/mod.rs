@@ -6,10 +6,11 @@
 //! elsewhere is recomputed at its next use. Typed reads log a set value under
 //! `NCCL_DEBUG_SUBSYS=ENV`.
 
+pub mod not_built;
 mod param;
 pub mod registry;
 
-pub use param::{Choice, Default, Kind, Param, Value};
+pub use param::{mask_of, Choice, Default, Kind, Param, Value};
 
 use once_cell::sync::Lazy;
 use parking_lot::RwLock;
@@ -125,14 +126,20 @@ impl Source {
 }
 
 /// The raw value of a variable and where it was found: environment first, then the
-/// configuration files. Only [`Param`] reads through this, so every setting read is a
-/// registered one.
+/// configuration files. Only [`Param`] reads through this (and [`lookup_raw`], which reports
+/// NVIDIA's settings that oxccl ignores), so every setting read is a registered one.
 fn lookup(name: &str) -> Option<(String, Source)> {
     #[cfg(test)]
     if let Some(found) = tests::sources::lookup(name) {
         return found;
     }
     lookup_in(name, std::env::var(name).ok(), &CONF.read())
+}
+
+/// The value a not-built setting ([`not_built::NOT_BUILT`]) is set to, to report it ignored.
+fn lookup_raw(name: &str) -> Option<String> {
+    debug_assert!(not_built::NOT_BUILT.contains(&name));
+    lookup(name).map(|(v, _)| v)
 }
 
 /// [`lookup`] over a given environment value and configuration map. An empty value counts

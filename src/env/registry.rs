@@ -36,6 +36,16 @@ const DEBUG_LEVELS: &[Choice] = &[
     ),
 ];
 
+/// `NCCL_DEBUG_TIMESTAMP_LEVELS`' levels: bit `1 << level` for each of `NCCL_DEBUG`'s levels.
+const TIMESTAMP_LEVELS: &[Choice] = &[
+    choice("VERSION", 1 << 1, "on NCCL version info message"),
+    choice("WARN", 1 << 2, "on Explicit error message"),
+    choice("INFO", 1 << 3, "on Debug message"),
+    choice("ABORT", 1 << 4, ""),
+    choice("TRACE", 1 << 5, "on Replayable trace message"),
+    choice("ALL", 0b11_1110, "on All messages"),
+];
+
 /// `NCCL_DEBUG_SUBSYS`'s subsystems, with the bits of `crate::debug::subsys`.
 const DEBUG_SUBSYSTEMS: &[Choice] = &[
     choice(
@@ -87,6 +97,12 @@ registry! {
         "Subsystems whose INFO output is shown (comma-separated, ^ to exclude)");
     DEBUG_FILE = Param::text("NCCL_DEBUG_FILE", None,
         "File for the debug output instead of stdout; %h is replaced by the host name, %p by the pid");
+    DEBUG_TIMESTAMP_LEVELS = Param::list_of("NCCL_DEBUG_TIMESTAMP_LEVELS", TIMESTAMP_LEVELS, "WARN",
+        "Set which log lines get a timestamp depending upon the level of the log");
+    DEBUG_TIMESTAMP_FORMAT = Param::text("NCCL_DEBUG_TIMESTAMP_FORMAT", Some("[%F %T] "),
+        "strftime format of the timestamp of a log line; %Nf adds N digits of subseconds, _ stands for a space");
+    WARN_ENABLE_DEBUG_INFO = Param::boolean("NCCL_WARN_ENABLE_DEBUG_INFO", false,
+        "If enabled, the debug level will be set to INFO after a WARN level debug message is logged");
     PARAM_DUMP_ALL = Param::boolean("NCCL_PARAM_DUMP_ALL", false,
         "Include undocumented parameters in ncclParamDumpAll").with_words().undocumented();
 
@@ -149,6 +165,14 @@ registry! {
         "InfiniBand local ACK timeout exponent (4.096 us * 2^timeout), 1..31");
     IB_RETRY_CNT = Param::integer("NCCL_IB_RETRY_CNT", 7,
         "InfiniBand transport retry count, 0..7");
+    IB_DEVICE_PCI_ORDER = Param::boolean("NCCL_IB_DEVICE_PCI_ORDER", true,
+        "Number the IB devices in the order of their PCI bus ids");
+    IB_MQP_RETRY_ALL = Param::boolean("NCCL_IB_MQP_RETRY_ALL", false,
+        "Retry ibv_modify_qp after any error, not only after ETIMEDOUT");
+    IB_MQP_RETRY_CNT = Param::integer("NCCL_IB_MQP_RETRY_CNT", 34,
+        "Number of times a failed ibv_modify_qp is retried");
+    IB_MQP_RETRY_SLEEP_MSEC = Param::integer("NCCL_IB_MQP_RETRY_SLEEP_MSEC", 100,
+        "Milliseconds slept before the n-th retry of ibv_modify_qp, times n");
     IB_PKEY = Param::integer("NCCL_IB_PKEY", 0,
         "InfiniBand partition key index of the queue pairs");
     IB_QPS_PER_CONNECTION = Param::integer("NCCL_IB_QPS_PER_CONNECTION", 1,

@@ -63,6 +63,24 @@ pub fn is_bus_id(s: &str) -> bool {
         })
 }
 
+/// The number NVIDIA's `busIdToInt64` makes of a bus id: its hex digits up to the first other
+/// character, skipping `:` and `.` (`0000:17:00.1` is 0x17001), at most 16 of them.
+pub fn bus_id_value(bus_id: &str) -> i64 {
+    let digits: String = bus_id
+        .chars()
+        .filter(|&c| c != ':' && c != '.')
+        .take_while(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    u64::from_str_radix(&digits, 16).map_or(0, |v| v as i64)
+}
+
+/// The bus id value of the last component of a sysfs PCI path (NVIDIA's `pciPathToInt64`).
+pub fn pci_path_value(path: &str) -> i64 {
+    let last = path.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+    bus_id_value(last)
+}
+
 /// The PCI switches above the device at sysfs path `path`, nearest first, as NVIDIA's tree
 /// has them; None when the path is not a PCI device's (empty, virtual, no root complex, a
 /// component after the root complex that is not a bus id).
@@ -317,6 +335,18 @@ pub(crate) mod tests {
             switches: switches_of(path).unwrap(),
             numa,
         }
+    }
+
+    #[test]
+    fn bus_ids_read_as_nvidias_numbers() {
+        assert_eq!(bus_id_value("0000:17:00.1"), 0x17001);
+        assert_eq!(bus_id_value("0001:a0:1f.7"), 0x1_a01f7);
+        assert_eq!(bus_id_value("zz"), 0);
+        assert_eq!(
+            pci_path_value("/sys/devices/pci0000:16/0000:16:02.0/0000:17:00.1/"),
+            0x17001
+        );
+        assert_eq!(pci_path_value(""), 0);
     }
 
     #[test]

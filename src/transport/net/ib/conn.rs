@@ -62,6 +62,8 @@ pub struct QpSettings {
     pub fifo_traffic_class: Option<u8>,
     /// Offer the QPs' ECE options to the receiver.
     pub ece: bool,
+    /// `NCCL_IB_MQP_RETRY_*`: failed QP transitions tried again.
+    pub modify_retry: verbs::ModifyRetry,
 }
 
 impl QpSettings {
@@ -333,6 +335,7 @@ fn to_init(qp: &Qp, port: &Port, qs: &QpSettings) -> Result<()> {
     qp.modify(
         &mut a,
         verbs::QP_STATE | verbs::QP_PKEY_INDEX | verbs::QP_PORT | verbs::QP_ACCESS_FLAGS,
+        &qs.modify_retry,
     )
 }
 
@@ -401,6 +404,7 @@ fn to_rts(
             | verbs::QP_RQ_PSN
             | verbs::QP_MAX_DEST_RD_ATOMIC
             | verbs::QP_MIN_RNR_TIMER,
+        &qs.modify_retry,
     )?;
     let mut a = QpAttr {
         qp_state: verbs::QPS_RTS,
@@ -419,6 +423,7 @@ fn to_rts(
             | verbs::QP_RNR_RETRY
             | verbs::QP_SQ_PSN
             | verbs::QP_MAX_QP_RD_ATOMIC,
+        &qs.modify_retry,
     )
 }
 

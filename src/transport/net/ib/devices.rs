@@ -274,6 +274,20 @@ pub fn pci_path(sysfs: &Path, dev: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Order `ports` by their PCI path's bus id, ports without a path last, keeping the order of
+/// equal ones (NVIDIA's `NCCL_IB_DEVICE_PCI_ORDER`, on by default): device numbers then follow
+/// the PCI bus rather than the verbs library's list.
+pub fn in_pci_order(ports: &mut [Port]) {
+    ports.sort_by_key(|p| pci_order_key(&p.pci_path));
+}
+
+fn pci_order_key(pci_path: &str) -> (bool, i64) {
+    (
+        pci_path.is_empty(),
+        crate::topo::pci::pci_path_value(pci_path),
+    )
+}
+
 /// The physical NIC of a PCI path: the path without the function of its last component
 /// (`.../0000:17:00.1` and `.../0000:17:00.0` are one NIC); None without a path.
 pub fn nic_of(pci_path: &str) -> Option<&str> {
@@ -455,6 +469,24 @@ mod tests {
         assert!(HcaFilter::parse(Some("^=mlx5_1")).selects("mlx5_10", 1));
         let not_port = HcaFilter::parse(Some("^soft_0:2"));
         assert!(not_port.selects("soft_0", 1) && !not_port.selects("soft_0", 2));
+    }
+
+    #[test]
+    fn ports_sort_by_bus_id_with_pathless_ones_last() {
+        let paths = [
+            "",
+            "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0",
+            "/sys/devices/pci0000:16/0000:16:02.0/0000:17:00.1",
+            "/sys/devices/pci0000:16/0000:16:02.0/0000:17:00.0",
+        ];
+        let mut keyed: Vec<(usize, (bool, i64))> = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i, pci_order_key(p)))
+            .collect();
+        keyed.sort_by_key(|&(_, k)| k);
+        let order: Vec<usize> = keyed.iter().map(|&(i, _)| i).collect();
+        assert_eq!(order, vec![3, 2, 1, 0]);
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub struct Settings {
     pub relaxed_ordering: i64,
     /// `NCCL_IB_MERGE_NICS`: the ports of one physical NIC make one device.
     pub merge_nics: bool,
+    /// `NCCL_IB_DEVICE_PCI_ORDER`: devices numbered in PCI bus order.
+    pub device_pci_order: bool,
     /// `NCCL_IB_USE_INLINE`: CTS entries go as inline data.
     pub inline_cts: bool,
     /// `NCCL_IB_RETURN_ASYNC_EVENTS`: a port error fails its connections' requests.
@@ -113,6 +115,7 @@ impl Settings {
                     _ => None,
                 },
                 ece: reg::IB_ECE_ENABLE.flag(),
+                modify_retry: verbs::ModifyRetry::from_env(),
             },
             qps_per_connection: reg::IB_QPS_PER_CONNECTION
                 .int()
@@ -124,6 +127,7 @@ impl Settings {
             peer_memory: peer_memory_loaded(),
             relaxed_ordering: reg::IB_PCI_RELAXED_ORDERING.int(),
             merge_nics: reg::IB_MERGE_NICS.flag(),
+            device_pci_order: reg::IB_DEVICE_PCI_ORDER.flag(),
             inline_cts: reg::IB_USE_INLINE.flag(),
             async_events_fail: reg::IB_RETURN_ASYNC_EVENTS.flag(),
             sysfs: PathBuf::from(devices::SYSFS_INFINIBAND),
@@ -233,7 +237,10 @@ impl IbNet {
     }
 
     fn with_lib(lib: Arc<Lib>, settings: Settings, oob: NetIf) -> Result<Option<IbNet>> {
-        let ports = devices::find_ports(&lib, &settings.hca, settings.gid, &settings.sysfs)?;
+        let mut ports = devices::find_ports(&lib, &settings.hca, settings.gid, &settings.sysfs)?;
+        if settings.device_pci_order {
+            devices::in_pci_order(&mut ports);
+        }
         if ports.is_empty() {
             crate::info!(INIT | NET, "NET/IB : No device found.");
             return Ok(None);

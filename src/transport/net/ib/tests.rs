@@ -16,7 +16,7 @@
 //! which the stand-in only lets through QPs addressed by the peer's GID.
 
 use super::fifo::SLOTS;
-use super::{IbNet, Settings};
+use super::{verbs, IbNet, Settings};
 use crate::error::Result;
 use crate::transport::net::api::{Comm, Handle, MemHandle, MemType, Net, Request, HANDLE_BYTES};
 use crate::transport::net::tests::lo;
@@ -621,7 +621,7 @@ fn finish_child(mut child: std::process::Child, limit: Duration) -> (bool, Strin
 /// on a QP failing after its third work request; `port_down` (both ends here) waits for a
 /// message while the port goes down; `select` reports which network the process picks; `gid`
 /// reports the first port's link layer, LID and GID; `recv` receives from a `send` child of
-/// its own.
+/// its own; `pair` connects to itself and moves one message.
 #[test]
 fn child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
@@ -655,6 +655,21 @@ fn child() {
                 }
             }
             net.close_send(s).unwrap();
+            println!("CHILD_OK");
+        }
+        "pair" => {
+            // Both ends here: connect and accept, then one message each way.
+            let net = open(&lib, settings(1, false, 0));
+            let (s, r) = pair(&net);
+            let mut b = vec![0u8; 64];
+            let mh = net.reg_mr(r, b.as_mut_ptr(), 64, MemType::Host).unwrap();
+            let mut out = pattern(7, 64);
+            let ms = net.reg_mr(s, out.as_mut_ptr(), 64, MemType::Host).unwrap();
+            let rr = post("irecv", || net.irecv(r, b.as_mut_ptr(), 64, 0, mh));
+            let sr = post("isend", || net.isend(s, out.as_mut_ptr(), 64, 0, ms));
+            until("send", || net.test(sr));
+            until("receive", || net.test(rr));
+            assert_eq!(b, pattern(7, 64));
             println!("CHILD_OK");
         }
         "port_down" => {
@@ -1397,4 +1412,69 @@ fn a_communicators_traffic_class_marks_its_packets_unless_nccl_ib_tc_or_sl_are_s
     assert_eq!(marks(&out, "send"), ["34 2 0x0 0"], "{out}");
     let out = run("5", &[("NCCL_IB_TC", "34")]);
     assert_eq!(marks(&out, "send"), ["34 5 0x0 0"], "{out}");
+}
+
+#[test]
+fn a_qp_transition_timing_out_is_retried_as_nvidias() {
+    let r = verbs::ModifyRetry {
+        any_error: false,
+        attempts: 3,
+        sleep_ms: 100,
+    };
+    assert_eq!(
+        r.after(libc::ETIMEDOUT, 1),
+        Some(Duration::from_millis(100))
+    );
+    assert_eq!(
+        r.after(-libc::ETIMEDOUT, 2),
+        Some(Duration::from_millis(200))
+    );
+    assert_eq!(r.after(libc::ETIMEDOUT, 3), None, "three calls in all");
+    assert_eq!(r.after(libc::EINVAL, 1), None, "only ETIMEDOUT");
+    let all = verbs::ModifyRetry {
+        any_error: true,
+        ..r
+    };
+    assert_eq!(all.after(libc::EINVAL, 1), Some(Duration::from_millis(100)));
+    assert_eq!(all.after(0, 1), None);
+    let defaults = verbs::ModifyRetry::from_env();
+    assert_eq!((defaults.attempts, defaults.sleep_ms), (35, 100));
+}
+
+#[test]
+fn busy_qp_transitions_are_retried_until_the_count_runs_out() {
+    if stand_in().is_none() {
+        return;
+    }
+    let run = |busy: &str, retries: &str| {
+        let child = spawn_child(
+            "pair",
+            None,
+            &[
+                ("SOFT_VERBS_MODIFY_QP_BUSY", busy),
+                ("NCCL_IB_MQP_RETRY_CNT", retries),
+                ("NCCL_IB_MQP_RETRY_SLEEP_MSEC", "1"),
+                ("NCCL_DEBUG", "INFO"),
+                ("NCCL_DEBUG_SUBSYS", "NET"),
+            ],
+        );
+        finish_child(child, Duration::from_secs(20))
+    };
+    let (ok, out) = run("3", "34");
+    assert!(ok && out.contains("CHILD_OK"), "{out}");
+    for made in 1..=3 {
+        assert!(
+            out.contains(&format!("retrying {made}/35 after {made} msec of sleep")),
+            "{out}"
+        );
+    }
+    assert!(!out.contains("retrying 4/35"), "{out}");
+    let (ok, out) = run("5", "2");
+    assert!(!ok && !out.contains("CHILD_OK"), "{out}");
+    assert!(
+        out.contains("retrying 2/3")
+            && out.contains("ibv_modify_qp(qpn ")
+            && out.contains("timed out"),
+        "{out}"
+    );
 }

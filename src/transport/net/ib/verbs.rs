@@ -973,6 +973,36 @@ impl Drop for Cq {
     }
 }
 
+/// When a failed `ibv_modify_qp` is tried again (`NCCL_IB_MQP_RETRY_*`, NVIDIA's rule): after
+/// ETIMEDOUT (either sign), or any error with `any_error`; at most `attempts` calls in all,
+/// sleeping `sleep_ms` × the number of calls made before each new one. Bounded: 34 retries
+/// of 100 ms steps sleep about 60 s in all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModifyRetry {
+    pub any_error: bool,
+    pub attempts: u32,
+    pub sleep_ms: u64,
+}
+
+impl ModifyRetry {
+    pub fn from_env() -> ModifyRetry {
+        use crate::env::registry as reg;
+        ModifyRetry {
+            any_error: reg::IB_MQP_RETRY_ALL.flag(),
+            attempts: reg::IB_MQP_RETRY_CNT.int().clamp(0, 1 << 20) as u32 + 1,
+            sleep_ms: reg::IB_MQP_RETRY_SLEEP_MSEC.int().clamp(0, 60_000) as u64,
+        }
+    }
+
+    /// The sleep before the next call, after `made` calls of which the last returned `rc`;
+    /// None: give up.
+    pub fn after(&self, rc: c_int, made: u32) -> Option<std::time::Duration> {
+        let retryable = rc != 0 && (self.any_error || rc.abs() == libc::ETIMEDOUT);
+        (retryable && made < self.attempts)
+            .then(|| std::time::Duration::from_millis(self.sleep_ms * u64::from(made)))
+    }
+}
+
 /// A queue pair.
 pub struct Qp {
     ctx: Arc<Context>,
@@ -985,16 +1015,33 @@ impl Qp {
         unsafe { (*(self.qp as *const QpHead)).qp_num }
     }
 
-    pub fn modify(&self, attr: &mut QpAttr, mask: c_int) -> Result<()> {
-        // SAFETY: a live QP; attr outlives the call.
-        let rc = unsafe { (self.ctx.lib.modify_qp)(self.qp as *mut QpHead, attr, mask) };
-        if rc != 0 {
-            return Err(rc_error(
-                &format!("ibv_modify_qp(state {})", attr.qp_state),
-                rc,
-            ));
+    /// `ibv_modify_qp`, retried as `retry` says.
+    pub fn modify(&self, attr: &mut QpAttr, mask: c_int, retry: &ModifyRetry) -> Result<()> {
+        let mut made = 0;
+        loop {
+            // SAFETY: a live QP; attr outlives the call.
+            let rc = unsafe { (self.ctx.lib.modify_qp)(self.qp as *mut QpHead, attr, mask) };
+            made += 1;
+            if rc == 0 {
+                return Ok(());
+            }
+            let Some(pause) = retry.after(rc, made) else {
+                return Err(rc_error(
+                    &format!("ibv_modify_qp(qpn {}, state {})", self.num(), attr.qp_state),
+                    rc,
+                ));
+            };
+            crate::info!(
+                NET,
+                "Call to ibv_modify_qp failed with {rc} {}, qpn {} to state {}, retrying {made}/{} after {} msec of sleep",
+                std::io::Error::from_raw_os_error(rc.abs()),
+                self.num(),
+                attr.qp_state,
+                retry.attempts,
+                pause.as_millis()
+            );
+            std::thread::sleep(pause);
         }
-        Ok(())
     }
 
     /// The QP's ECE options (`ibv_query_ece`): None where the library or the device has no

@@ -142,8 +142,8 @@ std::arch::global_asm!(
 unsafe extern "C" fn forward(
     level: c_int,
     flags: c_ulong,
-    _file: *const c_char,
-    _line: c_int,
+    file: *const c_char,
+    line: c_int,
     fmt: *const c_char,
     ap: *mut c_void,
 ) {
@@ -158,7 +158,10 @@ unsafe extern "C" fn forward(
     unsafe { vsnprintf(buf.as_mut_ptr(), LINE_BYTES, fmt, ap) };
     // SAFETY: vsnprintf wrote a NUL-terminated string into buf.
     let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
-    emit(lvl, flags, &text);
+    // SAFETY: a non-null file is the plugin's NUL-terminated string (its __FILE__ or
+    // __func__), valid for the call.
+    let place = (!file.is_null()).then(|| unsafe { CStr::from_ptr(file) }.to_string_lossy());
+    emit(lvl, flags, place.as_deref().unwrap_or(""), line, &text);
 }
 
 /// oxccl's level for a plugin's `ncclDebugLogLevel` (None: not a line to print).
@@ -172,13 +175,28 @@ fn level_of(level: c_int) -> Option<Level> {
     }
 }
 
-/// Log a formatted plugin line (its own text ends in a newline more often than not).
-fn emit(lvl: Level, flags: c_ulong, text: &str) {
+/// Log a formatted plugin line (its own text ends in a newline more often than not). `place`
+/// is what the plugin passed as `filefunc`: as NVIDIA's logger takes it, a WARN's file and a
+/// TRACE's function.
+fn emit(lvl: Level, flags: c_ulong, place: &str, line: c_int, text: &str) {
     let text = text.trim_end_matches('\n');
     #[cfg(test)]
     tests::capture(text);
+    let line = u32::try_from(line).unwrap_or(0);
+    let site = match lvl {
+        Level::Trace => debug::Site {
+            file: "",
+            line,
+            func: place,
+        },
+        _ => debug::Site {
+            file: place,
+            line,
+            func: "",
+        },
+    };
     // The macros take a subsystem name; a plugin's flags are a run-time mask.
-    debug::log(lvl, flags as u32, format_args!("{text}"));
+    debug::log(lvl, flags as u32, site, format_args!("{text}"));
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -191,7 +209,7 @@ mod fallback {
         level: c_int,
         flags: c_ulong,
         _file: *const c_char,
-        _line: c_int,
+        line: c_int,
         fmt: *const c_char,
     ) {
         let Some(lvl) = level_of(level) else { return };
@@ -202,6 +220,8 @@ mod fallback {
         emit(
             lvl,
             flags,
+            "",
+            line,
             &unsafe { CStr::from_ptr(fmt) }.to_string_lossy(),
         );
     }
