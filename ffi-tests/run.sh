@@ -15,6 +15,10 @@
 #            against it, runs RC queue pairs between two processes; every versioned verbs
 #            symbol the test binds to in the real libibverbs.so.1 is exported the same way
 #   cuda     cuda host path: cuda_standin/hostpath_cpu.c on a stand-in libcuda.so.1, driver calls asserted
+#   tuner    tuner plugins v2..v6 through a stand-in CUDA driver: tuner_plugin/oxtest_tuner.c built
+#            once per ABI version (exporting only ncclTunerPlugin_vN), loaded by NCCL_TUNER_PLUGIN
+#            into hostpath_cpu -r 2 (two ranks, one process); what the plugin was asked is
+#            checked in the log it writes (OXTEST_TUNER_LOG)
 # Usage: ffi-tests/run.sh [release|debug]   (default release; builds nothing with cargo)
 # Prints 'N passed, M failed' and exits non-zero on any failure.
 set -uo pipefail
@@ -307,6 +311,143 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
   hostpath_case two-ranks 20 2 -n 2000 -r 2
 else
   fail "cuda stand-in libcuda.so.1 and hostpath_cpu build" "see $SI_OUT/build.log"; cat "$SI_OUT/build.log"
+fi
+
+# ---- tuner plugins: NCCL_TUNER_PLUGIN on the cuda host path ----
+# tuner_plugin/oxtest_tuner.c built once per ABI version, v2 .. v6, each library exporting only
+# its ncclTunerPlugin_vN table. Each is loaded into hostpath_cpu with two ranks of one process
+# (the planner's ring path, where the tuner is asked; one rank never asks it) on the stand-in
+# driver built above, and must be: named on stdout (TUNER/Plugin: Using OxTestTuner (vN)),
+# init'ed once per rank (v5, v6 with a commid, the same for both ranks of the communicator),
+# asked about the allreduce, finalized once per rank; v3+ get a cost table with a ring SIMPLE
+# entry and tree entries ignored (-1.0). Then: NCCL_TUNER_PLUGIN=none loads nothing; a tuner
+# whose init fails fails ncclCommInitAll (as NVIDIA's); a tuner that picks ring/LL on 3
+# channels still runs (the plan it gives is checked in the Rust unit tests).
+TU_OUT="$OUT/tuner_plugin"
+if [[ ! -x $SI_OUT/hostpath_cpu || ! -e $SI_OUT/libcuda.so.1 ]]; then
+  echo "SKIP  tuner plugins v2..v6: the cuda host path's stand-in libcuda.so.1 and hostpath_cpu were not built (above)"
+else
+  mkdir -p "$TU_OUT"
+  rm -f "$TU_OUT"/libnccl-tuner-oxtest-v*.so "$TU_OUT"/*.tuner.log "$TU_OUT"/*.out "$TU_OUT"/*.err
+  : >"$TU_OUT/build.log"
+  tuner_built=1
+  for v in 2 3 4 5 6; do
+    lib=$TU_OUT/libnccl-tuner-oxtest-v$v.so
+    if "$CC" -shared -fPIC -O2 "${WARN[@]}" -DOXTEST_TUNER_VERSION=$v -o "$lib" \
+        "$ROOT/ffi-tests/tuner_plugin/oxtest_tuner.c" 2>>"$TU_OUT/build.log"; then
+      tables=$(nm -D --defined-only "$lib" | awk '$NF ~ /^ncclTunerPlugin_/ {print $NF}' | tr '\n' ' ')
+      if [[ $tables != "ncclTunerPlugin_v$v " ]]; then
+        echo "libnccl-tuner-oxtest-v$v.so exports '${tables% }', not ncclTunerPlugin_v$v alone" >>"$TU_OUT/build.log"
+        tuner_built=0
+      fi
+    else
+      echo "libnccl-tuner-oxtest-v$v.so does not build" >>"$TU_OUT/build.log"
+      tuner_built=0
+    fi
+  done
+  if [[ $tuner_built == 1 ]]; then
+    pass "tuner plugins libnccl-tuner-oxtest-v2..v6.so build, each exporting only its ncclTunerPlugin_vN"
+  else
+    fail "tuner plugins libnccl-tuner-oxtest-v2..v6.so build" "see $TU_OUT/build.log"; cat "$TU_OUT/build.log"
+  fi
+fi
+if [[ ${tuner_built:-0} == 1 ]]; then
+  # tuner_run NAME PLUGIN [VAR=VALUE ...]: hostpath_cpu -r 2 -c allreduce -s 8 -n 10 with
+  # NCCL_TUNER_PLUGIN=PLUGIN and the VARs; the plugin's log in $TU_OUT/NAME.tuner.log (removed
+  # first), stdout in NAME.out, stderr in NAME.err, the exit status in tuner_rc.
+  tuner_run() {
+    local name=$1 plugin=$2
+    shift 2
+    rm -f "$TU_OUT/$name.tuner.log"
+    env -u NCCL_DEBUG_FILE -u OXTEST_TUNER_PICK -u OXTEST_TUNER_IGNORE -u OXTEST_TUNER_CHANNELS \
+      -u OXTEST_TUNER_FAIL_INIT -u OXTEST_TUNER_FAIL_COLL \
+      LD_LIBRARY_PATH="$SI_OUT:$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NCCL_TUNER_PLUGIN="$plugin" \
+      OXTEST_TUNER_LOG="$TU_OUT/$name.tuner.log" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING "$@" \
+      timeout 120 "$SI_OUT/hostpath_cpu" -r 2 -c allreduce -s 8 -n 10 >"$TU_OUT/$name.out" 2>"$TU_OUT/$name.err"
+    tuner_rc=$?
+  }
+  # tuner_show NAME: what a failed case saw: the plugin's log, the TUNER and FAIL lines of stdout, stderr.
+  tuner_show() {
+    echo "      plugin log $TU_OUT/$1.tuner.log:"
+    if [[ -e $TU_OUT/$1.tuner.log ]]; then head -n 20 "$TU_OUT/$1.tuner.log" | sed 's/^/        /'
+    else echo "        (not created)"; fi
+    echo "      stdout $TU_OUT/$1.out (TUNER, WARN and FAIL lines), stderr $TU_OUT/$1.err:"
+    grep -E 'TUNER|WARN|FAIL' "$TU_OUT/$1.out" | head -n 20 | sed 's/^/        /'
+    tail -n 10 "$TU_OUT/$1.err" | sed 's/^/        /'
+  }
+  # tuner_count NAME ERE: the number of lines of the plugin's log matching ERE.
+  tuner_count() { grep -cE "$2" "$TU_OUT/$1.tuner.log" 2>/dev/null; }
+
+  for v in 2 3 4 5 6; do
+    name=v$v
+    tuner_run "$name" "$TU_OUT/libnccl-tuner-oxtest-v$v.so"
+    log=$TU_OUT/$name.tuner.log
+    why=""
+    [[ $tuner_rc == 0 ]] || why+=" exit $tuner_rc;"
+    grep -qF "TUNER/Plugin: Using OxTestTuner (v$v)" "$TU_OUT/$name.out" ||
+      why+=" no 'TUNER/Plugin: Using OxTestTuner (v$v)' on stdout;"
+    if [[ $v -ge 5 ]]; then init_re="^init v=$v nranks=2 nnodes=1 commid=0x[0-9a-f]+\$"; else init_re="^init v=$v nranks=2 nnodes=1\$"; fi
+    inits=$(tuner_count "$name" "$init_re")
+    colls=$(tuner_count "$name" "^coll v=$v func=4 ")
+    finals=$(tuner_count "$name" "^finalize v=$v\$")
+    [[ $inits == 2 ]] || why+=" ${inits:-0} init lines (want 2);"
+    [[ ${colls:-0} -ge 1 ]] || why+=" no allreduce (func=4) coll line;"
+    [[ $finals == 2 ]] || why+=" ${finals:-0} finalize lines (want 2);"
+    bad_ctx=$(tuner_count "$name" ' ctx=(null|bad)')
+    [[ ${bad_ctx:-0} == 0 ]] || why+=" $bad_ctx calls with a NULL or foreign context;"
+    if [[ $v -ge 5 && $inits == 2 ]]; then
+      ncommids=$(grep -oE ' commid=0x[0-9a-f]+$' "$log" | sort -u | wc -l)
+      [[ $ncommids == 1 ]] || why+=" the two ranks' inits have $ncommids commids (want one, the communicator's);"
+    fi
+    if [[ $v -ge 3 && ${colls:-0} -ge 1 ]]; then
+      # Every coll line: ring SIMPLE offered (a cost >= 0), tree LL ignored (-1.000).
+      bad_table=$(awk '/^coll / {
+          rs = ""; tl = ""
+          for (i = 1; i <= NF; i++) {
+            if ($i ~ /^ring_simple=/) rs = substr($i, 13)
+            if ($i ~ /^tree_ll=/) tl = substr($i, 9)
+          }
+          if (rs !~ /^[0-9]+[.][0-9]+$/ || tl != "-1.000") n++
+        } END { print n + 0 }' "$log")
+      [[ $bad_table == 0 ]] || why+=" $bad_table coll lines without ring_simple>=0 and tree_ll=-1.000;"
+    fi
+    why=${why# }
+    if [[ -z $why ]]; then
+      pass "tuner plugin v$v through the host path: loaded, 2 inits, $colls allreduce coll calls, 2 finalizes"
+    else
+      fail "tuner plugin v$v through the host path" "${why%;}"; tuner_show "$name"
+    fi
+  done
+
+  # NCCL_TUNER_PLUGIN=none, the plugins on no library path: nothing loaded, nothing logged.
+  tuner_run none none
+  if [[ $tuner_rc == 0 && ! -e $TU_OUT/none.tuner.log ]] && ! grep -q 'TUNER/Plugin: Using' "$TU_OUT/none.out"; then
+    pass "tuner plugin NCCL_TUNER_PLUGIN=none: no tuner loaded, the plugin's log never created"
+  else
+    fail "tuner plugin NCCL_TUNER_PLUGIN=none" "exit $tuner_rc, log $([[ -e $TU_OUT/none.tuner.log ]] && echo created || echo 'not created')"
+    tuner_show none
+  fi
+
+  # A tuner whose init fails: communicator creation fails (hostpath_cpu exits 1 on
+  # ncclCommInitAll), after the plugin's init was called.
+  tuner_run fail-init "$TU_OUT/libnccl-tuner-oxtest-v6.so" OXTEST_TUNER_FAIL_INIT=1
+  fi_inits=$(tuner_count fail-init '^init v=6 ')
+  if [[ $tuner_rc == 1 && ${fi_inits:-0} -ge 1 ]] && grep -q '^FAIL ncclCommInitAll' "$TU_OUT/fail-init.out"; then
+    pass "tuner plugin v6 whose init fails: ncclCommInitAll fails ($(grep -m1 '^FAIL ncclCommInitAll' "$TU_OUT/fail-init.out" | cut -c1-100))"
+  else
+    fail "tuner plugin v6 whose init fails: ncclCommInitAll fails" "exit $tuner_rc (want 1 on ncclCommInitAll), ${fi_inits:-0} init calls"
+    tuner_show fail-init
+  fi
+
+  # A tuner that picks ring/LL on 3 channels: the collectives still run.
+  tuner_run pick "$TU_OUT/libnccl-tuner-oxtest-v6.so" OXTEST_TUNER_CHANNELS=3 OXTEST_TUNER_PICK=ring,ll
+  pick_colls=$(tuner_count pick '^coll v=6 func=4 ')
+  if [[ $tuner_rc == 0 && ${pick_colls:-0} -ge 1 ]]; then
+    pass "tuner plugin v6 picking ring/LL on 3 channels: $pick_colls allreduce coll calls, collectives run"
+  else
+    fail "tuner plugin v6 picking ring/LL on 3 channels" "exit $tuner_rc, ${pick_colls:-0} allreduce coll calls"
+    tuner_show pick
+  fi
 fi
 
 echo

@@ -44,6 +44,8 @@ pub mod subsys {
     pub const REG: u32 = 1 << 13;
     pub const PROFILE: u32 = 1 << 14;
     pub const RAS: u32 = 1 << 15;
+    pub const DESTROY: u32 = 1 << 16;
+    pub const ALLOC_HOST: u32 = 1 << 17;
     pub const ALL: u32 = !0;
     pub const NAMES: &[(&str, u32)] = &[
         ("INIT", INIT),
@@ -62,6 +64,8 @@ pub mod subsys {
         ("REG", REG),
         ("PROFILE", PROFILE),
         ("RAS", RAS),
+        ("DESTROY", DESTROY),
+        ("ALLOC_HOST", ALLOC_HOST),
         ("ALL", ALL),
     ];
 }

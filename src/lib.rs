@@ -3,8 +3,8 @@
 //! Layers, top down (never up): `api` (the `extern "C"` entry points) → `core`
 //! (communicators, groups, enqueue) → `sched` (planning), `transport` (connections),
 //! `bootstrap` (rendezvous), `topo` (node topology) → `cuda` (the driver). `abi` holds the C
-//! types, `error` the error type and last-error messages, `env` every `NCCL_*` setting and
-//! `debug` the logging.
+//! types, `error` the error type and last-error messages, `env` every `NCCL_*` setting,
+//! `debug` the logging and `plugin` the loading of NVIDIA's plugin libraries.
 #![allow(clippy::missing_safety_doc)]
 
 pub mod abi;
@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod debug;
 pub mod env;
 pub mod error;
+pub mod plugin;
 pub mod profile;
 pub mod sched;
 pub mod topo;

@@ -299,6 +299,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     // The names of the devices the routes' positions stand for, for the weights' INFO lines.
     let device_names =
         crate::transport::net::local_device_names(comm.config.net_name.as_deref(), &topo);
+    let (topo_nranks, topo_nnodes) = (topo.peers.len(), topo.nnodes());
     let mut rt = Runtime::new(
         ctx,
         bootstrap,
@@ -308,6 +309,10 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         comm.abort.clone(),
         async_error_sink(comm),
     )?;
+    if let Some(plugin) = crate::plugin::tuner::load() {
+        let tuner = plugin.init(comm_hash, topo_nranks, topo_nnodes)?;
+        rt.set_tuner(Arc::new(tuner));
+    }
     rt.set_net_link(net_link, routes);
     rt.start_adaptive_weights(comm.weights.clone(), device_names, comm.abort.clone())?;
     rt.set_network(comm.config.net_name.clone(), comm.config.traffic_class);

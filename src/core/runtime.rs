@@ -198,6 +198,8 @@ pub struct Runtime {
     /// Adaptive channel weights (`core::adaptive`): where network sends are measured, the
     /// schedule of weights epochs, and the exchange thread; None when the weights are fixed.
     adaptive: Option<AdaptiveWeights>,
+    /// The communicator's context of the tuner plugin, when one is loaded.
+    tuner: Option<Arc<dyn sched::Tuner>>,
 }
 
 /// A runtime's part of the adaptive channel weights. The agent is dropped (its thread
@@ -876,7 +878,15 @@ impl Runtime {
             park: Vec::new(),
             connection_bytes: Arc::default(),
             adaptive: None,
+            tuner: None,
         })
+    }
+
+    /// Ask `tuner` about this communicator's ring collectives from now on.
+    pub fn set_tuner(&mut self, tuner: Arc<dyn sched::Tuner>) {
+        self.tuner = Some(tuner);
+        self.geometry = None;
+        self.plans = PlanCache::default();
     }
 
     /// Start the adaptive channel weights (every rank agreed on them at init:
@@ -1145,6 +1155,7 @@ impl Runtime {
             self.nchannels,
             self.net.as_ref(),
             &self.ring,
+            self.tuner.as_deref(),
             tasks,
         )
     }
@@ -1428,6 +1439,7 @@ impl Runtime {
             ring: self.ring.clone(),
             ring_table: self.ring_table.as_ref().map_or(0, |t| t.ptr()),
             park: self.park.clone(),
+            tuner: self.tuner.clone(),
         }
     }
 }

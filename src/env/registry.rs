@@ -84,6 +84,16 @@ const DEBUG_SUBSYSTEMS: &[Choice] = &[
         subsys::RAS as u64,
         "Reliability, availability and serviceability",
     ),
+    choice(
+        "DESTROY",
+        subsys::DESTROY as u64,
+        "Communicator destroy, abort, revoke, and plugin unload/close operations",
+    ),
+    choice(
+        "ALLOC_HOST",
+        subsys::ALLOC_HOST as u64,
+        "Host memory allocation",
+    ),
     choice("ALL", u64::MAX, "Every subsystem"),
 ];
 
@@ -133,6 +143,8 @@ registry! {
         "Size in bytes of the buffer used between each pair of ranks");
     NET = Param::text("NCCL_NET", None,
         "Network to use, by name (e.g. IB or Socket, or a plugin's)");
+    TUNER_PLUGIN = Param::text("NCCL_TUNER_PLUGIN", None,
+        "Tuner plugin library: a name x tries x then libnccl-tuner-x.so, a path is used as is, none loads nothing; unset tries libnccl-tuner.so, then the net plugin's library");
     NET_PLUGIN = Param::text("NCCL_NET_PLUGIN", None,
         "Network plugin library to load (a name, a suffix of libnccl-net-<name>.so, or a path)");
     NET_GDR_LEVEL = Param::text("NCCL_NET_GDR_LEVEL", None,

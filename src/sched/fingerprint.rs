@@ -114,6 +114,7 @@ fn geometry(rank: i32, nranks: i32, nchannels: u32, slot_bytes: u32, threads: u3
         ring: RingOrder::identity(nranks),
         ring_table: 0,
         park: Vec::new(),
+        tuner: None,
     }
 }
 
@@ -134,7 +135,8 @@ fn hash_case(h: &mut Fnv, s: &Setup, tasks_of: &dyn Fn(i32) -> Vec<Task>) {
     for rank in 0..s.nranks {
         let tasks = tasks_of(rank);
         let ring = RingOrder::identity(s.nranks);
-        for (ch, peer, dir) in connections_needed(rank, s.nranks, s.nchannels, None, &ring, &tasks)
+        for (ch, peer, dir) in
+            connections_needed(rank, s.nranks, s.nchannels, None, &ring, None, &tasks)
         {
             h.word(((ch as u64) << 40) | ((peer as u64) << 8) | (dir == Dir::Recv) as u64);
         }
@@ -333,7 +335,7 @@ fn invalid_hash(h: &mut Fnv, s: &Setup) {
             ..geom
         };
         let ring = RingOrder::identity(nranks);
-        h.word(connections_needed(rank, nranks, nchannels, None, &ring, &[t]).len() as u64);
+        h.word(connections_needed(rank, nranks, nchannels, None, &ring, None, &[t]).len() as u64);
         match plan(&geom, &[t]) {
             Ok(p) => h.bytes(&p.items),
             Err(e) => h.bytes(e.msg.as_bytes()),

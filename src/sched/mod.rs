@@ -108,6 +108,7 @@ pub mod ring;
 #[cfg(test)]
 mod sim;
 pub mod steps;
+pub mod tune;
 pub mod weights;
 
 pub use cost::NetLink;
@@ -116,6 +117,7 @@ pub use device::OxConn;
 pub use options::TaskOptions;
 pub use plan::{connections_needed, plan, Dir, Geometry, NetView, Plan};
 pub use ring::RingOrder;
+pub use tune::Tuner;
 pub use weights::Routes;
 
 /// Estimated time in µs of a group of `(nranks, network link, task)`

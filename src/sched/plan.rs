@@ -32,12 +32,14 @@ use super::cost::{self, NetLink, BLOCK_THREADS, MAX_CTAS};
 use super::device::{
     OxConn, OxWork, WorkKind, FLAG_PARK_RECV, FLAG_PARK_SEND, FLAG_RECV_GPU, FLAG_SEND_GPU,
 };
-use super::lower::{decompose, Group, Piece};
+use super::lower::{decompose, Group, Piece, Setting};
 use super::proto::Proto;
 use super::ring::RingOrder;
+use super::tune::Tuner;
 use super::Task;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use super::lower::one_rank_transform;
 
@@ -73,6 +75,8 @@ pub struct Geometry {
     /// (`FLAG_PARK_SEND` / `FLAG_PARK_RECV`; the peer is another process on this GPU, reached
     /// over the network), and a plan with such items is a yielding launch (`Plan::yields`).
     pub park: Vec<bool>,
+    /// The communicator's tuner plugin, when one is loaded (`tune`).
+    pub tuner: Option<Arc<dyn Tuner>>,
 }
 
 impl Geometry {
@@ -265,9 +269,19 @@ pub fn connections_needed(
     nchannels: u32,
     net: Option<&NetView>,
     ring: &RingOrder,
+    tuner: Option<&dyn Tuner>,
     tasks: &[Task],
 ) -> Vec<(u32, i32, Dir)> {
-    let Ok((pieces, _)) = decompose(rank, nranks, nchannels, net, ring, 0, tasks) else {
+    let setting = Setting {
+        rank,
+        nranks,
+        nchannels,
+        net,
+        ring,
+        ring_table: 0,
+        tuner,
+    };
+    let Ok((pieces, _)) = decompose(setting, tasks) else {
         return Vec::new();
     };
     let mut out: Vec<(u32, i32, Dir)> = pieces
@@ -410,15 +424,16 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
             "plan: a ring order other than rank order without its device table",
         ));
     }
-    let (pieces, copies) = decompose(
-        geom.rank,
-        geom.nranks,
-        geom.nchannels,
-        geom.net.as_ref(),
-        &geom.ring,
-        geom.ring_table,
-        tasks,
-    )?;
+    let setting = Setting {
+        rank: geom.rank,
+        nranks: geom.nranks,
+        nchannels: geom.nchannels,
+        net: geom.net.as_ref(),
+        ring: &geom.ring,
+        ring_table: geom.ring_table,
+        tuner: geom.tuner.as_deref(),
+    };
+    let (pieces, copies) = decompose(setting, tasks)?;
     let cta_of = assign_ctas(&pieces, geom.nchannels);
     let mut works = Vec::with_capacity(pieces.len());
     for (index, p) in pieces.iter().enumerate() {

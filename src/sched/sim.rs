@@ -20,6 +20,7 @@ use super::ring::{self, RingOrder};
 use super::{CollKind, Task, TaskOptions};
 use crate::abi::ncclDataType_t;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 const S_SEND: u32 = 1;
 const S_RECV: u32 = 2;
@@ -679,17 +680,34 @@ fn geometries_on(
             ring: ring.clone(),
             ring_table: tables[rank as usize],
             park: Vec::new(),
+            tuner: None,
         })
         .collect();
+    connect_all(&mut geoms, tasks, slot_bytes, nslots);
+    geoms
+}
+
+/// Give every geometry the connections its rank's `tasks` need (with its tuner, if any),
+/// with fake addresses that agree between the two ends.
+fn connect_all(geoms: &mut [Geometry], tasks: &[Vec<Task>], slot_bytes: u32, nslots: u32) {
+    let Some(first) = geoms.first() else { return };
+    let (nranks, nchannels, ring) = (first.nranks, first.nchannels, first.ring.clone());
     // Connection (ch, src -> dst): buf/tail/head ids shared, step ids per side.
     let id = |ch: u32, src: i32, dst: i32| {
         0x1000_0000_0000u64 + (((ch as u64) << 24) + ((src as u64) << 12) + dst as u64) * 8
     };
     for (rank, t) in tasks.iter().enumerate() {
         let net = geoms[rank].net.clone();
-        for (ch, peer, dir) in
-            connections_needed(rank as i32, nranks, nchannels, net.as_ref(), ring, t)
-        {
+        let tuner = geoms[rank].tuner.clone();
+        for (ch, peer, dir) in connections_needed(
+            rank as i32,
+            nranks,
+            nchannels,
+            net.as_ref(),
+            &ring,
+            tuner.as_deref(),
+            t,
+        ) {
             let (src, dst) = match dir {
                 Dir::Send => (rank as i32, peer),
                 Dir::Recv => (peer, rank as i32),
@@ -717,7 +735,6 @@ fn geometries_on(
             }
         }
     }
-    geoms
 }
 
 /// Plan and run one group per rank (`tasks[rank]`) `launches` times; panics on deadlock or
@@ -1467,7 +1484,7 @@ fn planning_cost() {
         &tasks,
     );
     let ring = RingOrder::identity(2);
-    let needed = connections_needed(0, 2, 64, None, &ring, &tasks[0]);
+    let needed = connections_needed(0, 2, 64, None, &ring, None, &tasks[0]);
     assert!(
         !needed.is_empty(),
         "a two-rank all-reduce needs connections"
@@ -1478,7 +1495,10 @@ fn planning_cost() {
     let n = 2000;
     let start = std::time::Instant::now();
     for _ in 0..n {
-        assert_eq!(connections_needed(0, 2, 64, None, &ring, &tasks[0]), needed);
+        assert_eq!(
+            connections_needed(0, 2, 64, None, &ring, None, &tasks[0]),
+            needed
+        );
     }
     let t_needed = start.elapsed().as_secs_f64() * 1e6 / n as f64;
     let start = std::time::Instant::now();
@@ -2033,7 +2053,8 @@ fn permuted_ring_items_follow_the_order() {
             for rank in 0..n {
                 let g = &geoms[rank as usize];
                 let tasks = &prepared.tasks[rank as usize];
-                for (ch, peer, dir) in connections_needed(rank, n, 4, g.net.as_ref(), &order, tasks)
+                for (ch, peer, dir) in
+                    connections_needed(rank, n, 4, g.net.as_ref(), &order, None, tasks)
                 {
                     assert!(ch < 4, "{kind:?}: a ring task needs ring rows only");
                     let want = match dir {
@@ -2424,4 +2445,70 @@ fn weighted_channels_give_the_fast_device_its_share_of_the_bytes() {
             e.rank
         );
     }
+}
+
+/// Run `c` with `tuner` on every rank: exact results (as `check`), and rank 0's plan's
+/// (LL?, channels) for the collective.
+fn check_tuned(c: &Case, tuner: Arc<dyn crate::sched::Tuner>) -> (bool, u32) {
+    let mut world = World::new();
+    let prepared = prepare(&mut world, c);
+    let mut geoms = geometries(c.nranks, c.nchannels, 4096, 2, &prepared.tasks);
+    for g in &mut geoms {
+        g.tuner = Some(tuner.clone());
+    }
+    connect_all(&mut geoms, &prepared.tasks, 4096, 2);
+    let p = plan(&geoms[0], &prepared.tasks[0]).expect("plan");
+    let items: Vec<OxWork> = deserialize_all(&p.items)
+        .into_iter()
+        .filter(|w| w.kind != WorkKind::Copy as u32)
+        .collect();
+    let ll = items.iter().all(|w| w.flags & FLAG_LL != 0);
+    let channels: std::collections::BTreeSet<u32> = items.iter().map(|w| w.cta).collect();
+    run(&mut world, &geoms, &prepared.tasks, 2);
+    verify(&world, c, &prepared);
+    (ll, channels.len() as u32)
+}
+
+#[test]
+fn a_tuners_protocol_and_channels_are_planned_and_exact() {
+    use crate::sched::tune::tests::Scripted;
+    use crate::sched::tune::{ALGO_RING, PROTO_LL, PROTO_SIMPLE};
+    use ncclDataType_t::*;
+    with_protocols("", || {
+        for kind in CollKind::RINGS {
+            for (pick, channels, count) in [
+                ((ALGO_RING, PROTO_SIMPLE), 3, 100_003),
+                ((ALGO_RING, PROTO_LL), 5, 300_001),
+                ((ALGO_RING, PROTO_SIMPLE), 0, 2),
+            ] {
+                let c = Case {
+                    kind,
+                    nranks: 4,
+                    nchannels: 8,
+                    count,
+                    dtype: ncclInt32,
+                    op: RedOp::Sum,
+                    root: 1,
+                    in_place: false,
+                    misalign: 0,
+                };
+                let tuner = Arc::new(Scripted {
+                    pick: Some(pick),
+                    channels,
+                    ..Default::default()
+                });
+                let (ll, nch) = check_tuned(&c, tuner.clone());
+                assert_eq!(ll, pick.1 == PROTO_LL, "{kind:?} {pick:?}");
+                if channels > 0 {
+                    assert_eq!(nch, channels, "{kind:?} {pick:?}");
+                }
+                let seen = tuner.seen.lock();
+                assert!(!seen.is_empty(), "{kind:?}: the tuner was asked");
+                let (q, _) = seen[0];
+                assert_eq!(q.func, crate::sched::tune::func_of(kind));
+                let block = count as u64 * 4;
+                assert_eq!(q.bytes, crate::sched::tune::nccl_bytes(kind, block, 4));
+            }
+        }
+    });
 }

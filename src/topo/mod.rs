@@ -381,6 +381,14 @@ impl Topology {
             .unwrap_or(0) as i32
     }
 
+    /// How many hosts the ranks are on (NVIDIA's `nNodes`).
+    pub fn nnodes(&self) -> usize {
+        let mut hosts: Vec<u64> = self.peers.iter().map(|p| p.host_hash).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        hosts.len()
+    }
+
     /// Whether the communicator uses the network anywhere: its ranks span hosts, or this
     /// rank reaches a peer only over the network (P2P and SHM disallowed). Every rank
     /// answers alike (the hosts are common knowledge, the settings the job's), so every

@@ -361,8 +361,17 @@ impl Loopback {
             ring: self.ring.clone(),
             ring_table: self.ring_table.as_ref().map_or(0, |t| t.ptr),
             park: vec![self.yielding; self.nranks as usize],
+            tuner: None,
         };
-        let needed = connections_needed(rank, self.nranks, self.nchannels, None, &self.ring, tasks);
+        let needed = connections_needed(
+            rank,
+            self.nranks,
+            self.nchannels,
+            None,
+            &self.ring,
+            None,
+            tasks,
+        );
         for (ch, peer, dir) in needed {
             let (src, dst) = match dir {
                 Dir::Send => (rank, peer),

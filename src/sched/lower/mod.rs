@@ -23,6 +23,7 @@ use super::device::{OxWork, WorkKind, FLAG_OPS, FLAG_SCALAR_DEVICE};
 use super::plan::{Dir, LocalCopy, NetView};
 use super::redop::{RedOp, Scalar};
 use super::ring::RingOrder;
+use super::tune::Tuner;
 use super::{CollKind, Task};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -78,17 +79,34 @@ struct Lowering<'a> {
     /// (`FLAG_RING_ORDER`; 0 when only the connections are asked for).
     ring: &'a RingOrder,
     ring_table: u64,
+    /// The communicator's tuner plugin, asked about every ring collective.
+    tuner: Option<&'a dyn Tuner>,
+}
+
+/// The communicator-wide inputs of lowering besides the tasks.
+#[derive(Clone, Copy)]
+pub struct Setting<'a> {
+    pub rank: i32,
+    pub nranks: i32,
+    pub nchannels: u32,
+    pub net: Option<&'a NetView>,
+    pub ring: &'a RingOrder,
+    /// Device address of the ring table (0 when the items are not launched).
+    pub ring_table: u64,
+    pub tuner: Option<&'a dyn Tuner>,
 }
 
 impl<'a> Lowering<'a> {
-    fn new(
-        rank: i32,
-        nranks: i32,
-        nchannels: u32,
-        net: Option<&'a NetView>,
-        ring: &'a RingOrder,
-        ring_table: u64,
-    ) -> Result<Self> {
+    fn new(setting: Setting<'a>) -> Result<Self> {
+        let Setting {
+            rank,
+            nranks,
+            nchannels,
+            net,
+            ring,
+            ring_table,
+            tuner,
+        } = setting;
         if nranks < 1 || rank < 0 || rank >= nranks {
             return Err(Error::internal(format!(
                 "plan: rank {rank} of {nranks} ranks"
@@ -119,6 +137,7 @@ impl<'a> Lowering<'a> {
             net,
             ring,
             ring_table,
+            tuner,
         })
     }
 
@@ -205,19 +224,12 @@ pub fn is_reduction(kind: CollKind) -> bool {
     )
 }
 
-/// The items of `tasks` on `rank`, without connections resolved, and the local copies; ring
-/// channels follow `ring`, whose table the items address at `ring_table` (device memory; 0
-/// when the items are not launched, as for `connections_needed`).
-pub fn decompose(
-    rank: i32,
-    nranks: i32,
-    nchannels: u32,
-    net: Option<&NetView>,
-    ring: &RingOrder,
-    ring_table: u64,
-    tasks: &[Task],
-) -> Result<(Vec<Piece>, Vec<LocalCopy>)> {
-    let mut lowering = Lowering::new(rank, nranks, nchannels, net, ring, ring_table)?;
+/// The items of `tasks` on `setting.rank`, without connections resolved, and the local
+/// copies; ring channels follow `setting.ring`, whose table the items address at
+/// `setting.ring_table` (device memory; 0 when the items are not launched, as for
+/// `connections_needed`).
+pub fn decompose(setting: Setting<'_>, tasks: &[Task]) -> Result<(Vec<Piece>, Vec<LocalCopy>)> {
+    let mut lowering = Lowering::new(setting)?;
     for task in tasks {
         lowering.task(task)?;
     }
@@ -252,16 +264,16 @@ mod tests {
             routes: crate::sched::Routes::even(),
         };
         let ring = RingOrder::identity(4);
-        let (pieces, _) = decompose(
-            0,
-            4,
-            8,
-            net.then_some(&view),
-            &ring,
-            0,
-            &[small_all_reduce()],
-        )
-        .unwrap();
+        let setting = Setting {
+            rank: 0,
+            nranks: 4,
+            nchannels: 8,
+            net: net.then_some(&view),
+            ring: &ring,
+            ring_table: 0,
+            tuner: None,
+        };
+        let (pieces, _) = decompose(setting, &[small_all_reduce()]).unwrap();
         pieces.iter().map(|p| p.work.kind).collect()
     }
 

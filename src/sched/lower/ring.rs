@@ -5,14 +5,16 @@
 //! chains); an all-gather or reduce-scatter on a ring not in rank order also carries the ring
 //! table (`FLAG_RING_ORDER`), since its blocks are ranks'. The cost model picks the protocol
 //! and the channels (or the one-shot path for a small all-reduce), for the network's link
-//! when the communicator uses the network.
+//! when the communicator uses the network; a tuner plugin, when loaded, has the last word
+//! (`tune`).
 
 use super::{collective_key, Group, Lowering, Piece};
 use crate::error::{Error, Result};
-use crate::sched::cost::{self, AllReducePlan};
+use crate::sched::cost::{self, AllReducePlan, Limits, Protocols};
 use crate::sched::device::{OxWork, WorkKind, FLAG_OWN_BLOCK, FLAG_RING_ORDER};
 use crate::sched::plan::{split_for, LocalCopy, NetView};
 use crate::sched::proto::Proto;
+use crate::sched::tune::{self, Tuner};
 use crate::sched::{ring, CollKind, Task};
 
 /// The work item kind of a ring collective.
@@ -48,6 +50,11 @@ impl Lowering<'_> {
             .transpose()?;
         let net = view.as_deref();
         let lim = &self.limits;
+        if let Some(tuner) = self.tuner {
+            let (proto, nch) = self.tuned(tuner, task.kind, bytes, net)?;
+            self.ring_items(task, seq, proto, nch, own_flag, net);
+            return Ok(());
+        }
         let (proto, nch) = if let Some(net) = net {
             cost::ring_plan_net_routed(task.kind, bytes, self.nranks, lim, &|c| net.link_for(c))
         } else if task.kind == CollKind::AllReduce {
@@ -63,6 +70,45 @@ impl Lowering<'_> {
         };
         self.ring_items(task, seq, proto, nch, own_flag, net);
         Ok(())
+    }
+
+    /// The protocol and channels of a ring collective of `bytes` per rank block as `tuner`
+    /// prefers among what the planner offers (`tune::ring_choice`), else the planner's own.
+    fn tuned(
+        &self,
+        tuner: &dyn Tuner,
+        kind: CollKind,
+        bytes: u64,
+        net: Option<&NetView>,
+    ) -> Result<(Proto, u32)> {
+        let nranks = self.nranks;
+        let plan_in = |lim: &Limits| match net {
+            Some(net) => cost::ring_plan_net_routed(kind, bytes, nranks, lim, &|c| net.link_for(c)),
+            None => cost::ring_plan_in(kind, bytes, nranks, lim),
+        };
+        let best = |proto: Proto| {
+            let only = Limits {
+                protocols: Protocols {
+                    simple: proto == Proto::Simple,
+                    ll: proto == Proto::Ll,
+                },
+                ..self.limits
+            };
+            let (_, nch) = plan_in(&only);
+            let time = match net {
+                Some(net) => {
+                    cost::ring_time_net_us(proto, kind, bytes, nranks, nch, net.link_for(nch))
+                }
+                None => cost::ring_time_proto_us(proto, kind, bytes, nranks, nch),
+            };
+            (nch, time)
+        };
+        let query = tune::Query {
+            func: tune::func_of(kind),
+            bytes: tune::nccl_bytes(kind, bytes, nranks),
+        };
+        Ok(tune::ring_choice(tuner, &query, &self.limits, &best)?
+            .unwrap_or_else(|| plan_in(&self.limits)))
     }
 
     /// This rank's own all-gather block: in place already, or a copy-engine copy beside the

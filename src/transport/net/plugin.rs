@@ -17,17 +17,16 @@
 //! NVIDIA's 2.28.9 calls it per communicator. Selecting a network by name (`NCCL_NET`,
 //! `ncclConfig_t.netName`, against [`Net::name`]) is the caller's.
 //!
-//! Submodules: [`abi`] the C types, [`dl`] the loader calls, [`logger`] the log function a
-//! plugin gets, [`adapter`] the `Net` implementation.
+//! Submodules: [`abi`] the C types, [`adapter`] the `Net` implementation; the loader calls,
+//! the library names tried and the log function a plugin gets are `crate::plugin`'s.
 
 mod abi;
 mod adapter;
-mod dl;
-mod logger;
 #[cfg(test)]
 pub(crate) mod tests;
 
 use crate::error::Result;
+use crate::plugin::{dl, Kind};
 use crate::transport::net::api::Net;
 use adapter::PluginNet;
 use std::ffi::CString;
@@ -38,8 +37,6 @@ use std::sync::Arc;
 const VERSIONS: [u32; 4] = [11, 10, 9, 8];
 /// Versions NVIDIA 2.28.9 still loads and oxccl does not.
 const OLD_VERSIONS: [u32; 2] = [7, 6];
-/// The library tried when `NCCL_NET_PLUGIN` is unset.
-const DEFAULT_LIBRARY: &str = "libnccl-net.so";
 /// NVIDIA's limit on one `NCCL_NET_PLUGIN` entry (its `MAX_STR_LEN`, less the NUL).
 const MAX_ENTRY_CHARS: usize = 254;
 /// NVIDIA's limit on the entries of the list (16 networks, less its two internal ones).
@@ -72,10 +69,10 @@ fn load_from(setting: Option<&str>, versions: &[u32]) -> Option<Arc<PluginNet>> 
 }
 
 /// The libraries a `NCCL_NET_PLUGIN` value lists, in order, each standing for the file
-/// names of [`candidates`]. NVIDIA's limits apply (14 entries of 254 characters).
+/// names of `crate::plugin::candidates`. NVIDIA's limits apply (14 entries of 254 characters).
 fn entries(setting: Option<&str>) -> Vec<String> {
     let Some(value) = setting else {
-        return vec![DEFAULT_LIBRARY.to_string()];
+        return vec![Kind::Net.default_library()];
     };
     if value.eq_ignore_ascii_case("none") {
         return Vec::new();
@@ -104,53 +101,19 @@ fn entries(setting: Option<&str>) -> Vec<String> {
     out
 }
 
-/// The names `dlopen` is tried with for one entry, in order; None opens the program itself.
-/// As NVIDIA's: first the entry as given (`STATIC_PLUGIN`, or any prefix of it in any case,
-/// means the program), then `libnccl-net-<entry>.so` unless the entry is a path (has a '/')
-/// or already a library name (`lib*.so`).
-fn candidates(entry: &str) -> Vec<Option<String>> {
-    let is_static = !entry.is_empty()
-        && "STATIC_PLUGIN"
-            .get(..entry.len())
-            .is_some_and(|p| p.eq_ignore_ascii_case(entry));
-    let mut out = vec![(!is_static).then(|| entry.to_string())];
-    let library_name = entry.starts_with("lib") && entry.ends_with(".so");
-    if !entry.contains('/') && !library_name {
-        out.push(Some(format!("libnccl-net-{entry}.so")));
-    }
-    out
-}
-
 /// Open the library of one entry, find its table and initialise the plugin.
 fn open_entry(entry: &str, versions: &[u32]) -> Option<Arc<PluginNet>> {
-    let (lib, name) = open_library(entry)?;
+    let (lib, name) = crate::plugin::open_library(Kind::Net, entry)?;
     let (table, version) = find_table(&lib, &name, versions)?;
-    let path = dl::file_of(table).unwrap_or(name);
+    let path = dl::file_of(table as usize).unwrap_or(name);
     crate::info!(
         INIT | NET,
         "Successfully loaded external network plugin {path}"
     );
+    crate::plugin::note_net_library(&path);
     // SAFETY: `table` is the `ncclNetPlugin_v<version>` symbol of `lib`, which the plugin
     // ABI says is an `ncclNet_v<version>_t`.
     unsafe { PluginNet::open(lib, table, version) }.map(Arc::new)
-}
-
-/// The first of an entry's candidates that `dlopen` opens, and the name it was opened by;
-/// NVIDIA's INFO lines for those it could not.
-fn open_library(entry: &str) -> Option<(dl::Library, String)> {
-    let mut missing = String::new();
-    for candidate in candidates(entry) {
-        let shown = candidate.clone().unwrap_or_else(|| entry.to_string());
-        match dl::Library::open(candidate.as_deref()) {
-            Ok(lib) => return Some((lib, shown)),
-            Err(e) if e.not_found => missing.push_str(&format!(" {shown}")),
-            Err(e) => crate::info!(INIT | NET, "NET/Plugin: {shown}: {}", e.text),
-        }
-    }
-    if !missing.is_empty() {
-        crate::info!(INIT | NET, "NET/Plugin: Could not find:{missing}");
-    }
-    None
 }
 
 /// The first of `versions` whose `ncclNetPlugin_v<N>` table the library exports, with N.
@@ -171,7 +134,7 @@ fn find_table(lib: &dl::Library, name: &str, versions: &[u32]) -> Option<(*const
             INIT | NET,
             "External network plugin {} ({}) implements ncclNetPlugin_v{v} only, too old for \
              oxccl (v8 to v11); not using it",
-            dl::file_of(table).unwrap_or_else(|| name.to_string()),
+            dl::file_of(table as usize).unwrap_or_else(|| name.to_string()),
             table_name(table)
         ),
         None => crate::info!(INIT | NET, "External network plugin {name} is unsupported"),

@@ -7,7 +7,7 @@
 //! Result codes cross as plain `c_int` (a plugin may return any value); enums likewise.
 #![allow(non_camel_case_types, non_snake_case)]
 
-use std::os::raw::{c_char, c_int, c_ulong, c_void};
+use std::os::raw::{c_char, c_int, c_void};
 
 /// `NCCL_NET_MAX_DEVS_PER_NIC` of 2.28.9.
 pub const NCCL_NET_MAX_DEVS_PER_NIC: usize = 4;
@@ -20,19 +20,7 @@ pub const NCCL_NET_TRAFFIC_CLASS_UNDEF: c_int = -1;
 /// `ncclNetDeviceType::NCCL_NET_DEVICE_HOST`: no device offload.
 pub const NCCL_NET_DEVICE_HOST: c_int = 0;
 
-/// `ncclDebugLogLevel` values.
-#[cfg(test)]
-pub const NCCL_LOG_NONE: c_int = 0;
-pub const NCCL_LOG_VERSION: c_int = 1;
-pub const NCCL_LOG_WARN: c_int = 2;
-pub const NCCL_LOG_INFO: c_int = 3;
-pub const NCCL_LOG_ABORT: c_int = 4;
-pub const NCCL_LOG_TRACE: c_int = 5;
-
-/// `ncclDebugLogger_t`: `void (*)(ncclDebugLogLevel, unsigned long flags, const char* file,
-/// int line, const char* fmt, ...)`.
-pub type ncclDebugLogger_t =
-    unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char, ...);
+pub use crate::plugin::logger::ncclDebugLogger_t;
 
 /// `ncclProfilerCallback_t` (oxccl passes NULL).
 pub type ncclProfilerCallback_t =

@@ -5,9 +5,9 @@
 //! config on `connect`, v11's context).
 
 use super::abi::*;
-use super::dl::Library;
 use crate::abi::ncclResult_t;
 use crate::error::{Error, Result};
+use crate::plugin::dl::Library;
 use crate::transport::net::api::{
     Comm, Handle, MemHandle, MemType, Net, Properties, Request, HANDLE_BYTES, PTR_CUDA, PTR_HOST,
 };
@@ -175,7 +175,7 @@ impl Table {
     /// Call the plugin's `init` with oxccl's logger, no profiler, and for v11 communicator
     /// id 0 and the default comm config; the v11 context it returns.
     fn init(&self) -> std::result::Result<(c_int, usize), &'static str> {
-        let log = super::logger::logger();
+        let log = crate::plugin::logger::logger();
         // SAFETY (every arm): the logger has ncclDebugLogger_t's C variadic type; the
         // profiler callback may be NULL; v11's out-pointer and config are valid for the call
         // (NVIDIA too passes a config that lives only for the call).
@@ -198,7 +198,15 @@ fn init_v11(init: InitV11Fn, comm_id: u64, config: &mut ncclNetCommConfig_t) -> 
     // SAFETY: the out-pointer and config are valid for the call (NVIDIA too passes a config
     // that lives only for the call); the logger has ncclDebugLogger_t's C variadic type; the
     // profiler callback may be NULL.
-    let rc = unsafe { init(&mut ctx, comm_id, config, super::logger::logger(), None) };
+    let rc = unsafe {
+        init(
+            &mut ctx,
+            comm_id,
+            config,
+            crate::plugin::logger::logger(),
+            None,
+        )
+    };
     (rc, ctx as usize)
 }
 

@@ -11,6 +11,11 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// The file names tried for a `NCCL_NET_PLUGIN` entry.
+fn candidates(entry: &str) -> Vec<Option<String>> {
+    crate::plugin::candidates(Kind::Net, entry)
+}
+
 #[test]
 fn the_default_and_none() {
     assert_eq!(entries(None), vec!["libnccl-net.so".to_string()]);
@@ -110,7 +115,7 @@ fn a_plugin_whose_init_fails_is_no_plugin() {
     for v in VERSIONS {
         assert!(open_entry(&lib, &[v]).is_none(), "v{v}");
     }
-    assert!(logger::tests::logged(
+    assert!(crate::plugin::logger::tests::logged(
         "NET/OxTest : built with OXTEST_FAIL_INIT, failing init"
     ));
 }
@@ -120,7 +125,7 @@ fn the_newest_table_is_used_and_init_logs_through_oxccl() {
     let Some(lib) = plugin() else { return };
     let net = open_path(lib).expect("the test plugin loads");
     assert_eq!(net.name(), "OxTest");
-    assert!(logger::tests::logged(
+    assert!(crate::plugin::logger::tests::logged(
         "NET/OxTest : using 127.0.0.1, 1 device(s), host memory only"
     ));
 }
@@ -137,25 +142,25 @@ fn a_v11_plugin_gets_a_context_per_communicator() {
         .for_comm(0xb0b, crate::abi::NCCL_CONFIG_UNDEF_INT)
         .unwrap()
         .expect("a net of its own");
-    assert!(logger::tests::logged(
+    assert!(crate::plugin::logger::tests::logged(
         "NET/OxTest : context for comm 0xa11c0de, traffic class 7"
     ));
     // Unset is NCCL's NCCL_NET_TRAFFIC_CLASS_UNDEF (-1) for the plugin, as NVIDIA passes it.
-    assert!(logger::tests::logged(
+    assert!(crate::plugin::logger::tests::logged(
         "NET/OxTest : context for comm 0xb0b, traffic class -1"
     ));
     // Each communicator's listen and connect carry its own context (the plugin checks it).
     exchange(&a, &messages()[..3], false);
     exchange(&b, &messages()[..3], false);
     drop(a);
-    assert!(logger::tests::logged(
+    assert!(crate::plugin::logger::tests::logged(
         "NET/OxTest : finalized the context of comm 0xa11c0de"
     ));
-    assert!(!logger::tests::logged(
+    assert!(!crate::plugin::logger::tests::logged(
         "NET/OxTest : finalized the context of comm 0xb0b"
     ));
     drop(b);
-    assert!(logger::tests::logged(
+    assert!(crate::plugin::logger::tests::logged(
         "NET/OxTest : finalized the context of comm 0xb0b"
     ));
     // The process's own context still works after the communicators' went.
@@ -173,7 +178,7 @@ fn older_plugins_are_shared_by_communicators_without_a_new_init() {
             .expect("a view of its own");
         exchange(&own, &messages()[..2], false);
     }
-    assert!(!logger::tests::logged(
+    assert!(!crate::plugin::logger::tests::logged(
         "NET/OxTest : context for comm 0x51de, traffic class 3"
     ));
 }
@@ -268,7 +273,7 @@ fn a_message_longer_than_the_receive_fails_it() {
         err.msg.contains("irecv failed") || err.msg.contains("test failed"),
         "{err}"
     );
-    assert!(logger::tests::logged(
+    assert!(crate::plugin::logger::tests::logged(
         "NET/OxTest : message truncated: received 100 bytes into a buffer of 10"
     ));
     close_pair(&net, send, recv, listen);

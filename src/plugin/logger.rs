@@ -1,4 +1,4 @@
-//! The logger handed to a plugin's `init` (`ncclDebugLogger_t`): a C variadic function that
+//! The logger handed to a plugin's `init` (`ncclDebugLogger_t`, for net and tuner plugins alike): a C variadic function that
 //! formats with the C library's `vsnprintf` and forwards the line to oxccl's log
 //! (`crate::debug`) at the plugin's level and subsystem flags.
 //!
@@ -9,9 +9,22 @@
 //! the logger prints the plugin's format string without its arguments.
 
 use crate::debug::{self, Level};
-use crate::transport::net::plugin::abi::{self, ncclDebugLogger_t};
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_ulong, c_void};
+
+/// `ncclDebugLogLevel` values.
+pub const NCCL_LOG_NONE: c_int = 0;
+pub const NCCL_LOG_VERSION: c_int = 1;
+pub const NCCL_LOG_WARN: c_int = 2;
+pub const NCCL_LOG_INFO: c_int = 3;
+pub const NCCL_LOG_ABORT: c_int = 4;
+pub const NCCL_LOG_TRACE: c_int = 5;
+
+/// `ncclDebugLogger_t`: `void (*)(ncclDebugLogLevel, unsigned long flags, const char* file,
+/// int line, const char* fmt, ...)`.
+#[allow(non_camel_case_types)]
+pub type ncclDebugLogger_t =
+    unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char, ...);
 
 /// Bytes of one formatted line, as NVIDIA's own logger (longer lines are cut).
 const LINE_BYTES: usize = 1024;
@@ -167,10 +180,10 @@ unsafe extern "C" fn forward(
 /// oxccl's level for a plugin's `ncclDebugLogLevel` (None: not a line to print).
 fn level_of(level: c_int) -> Option<Level> {
     match level {
-        abi::NCCL_LOG_VERSION => Some(Level::Version),
-        abi::NCCL_LOG_WARN | abi::NCCL_LOG_ABORT => Some(Level::Warn),
-        abi::NCCL_LOG_INFO => Some(Level::Info),
-        abi::NCCL_LOG_TRACE => Some(Level::Trace),
+        NCCL_LOG_VERSION => Some(Level::Version),
+        NCCL_LOG_WARN | NCCL_LOG_ABORT => Some(Level::Warn),
+        NCCL_LOG_INFO => Some(Level::Info),
+        NCCL_LOG_TRACE => Some(Level::Trace),
         _ => None,
     }
 }
@@ -251,10 +264,10 @@ pub(crate) mod tests {
 
     #[test]
     fn levels_map_to_oxccl_levels() {
-        assert_eq!(level_of(abi::NCCL_LOG_WARN), Some(Level::Warn));
-        assert_eq!(level_of(abi::NCCL_LOG_INFO), Some(Level::Info));
-        assert_eq!(level_of(abi::NCCL_LOG_TRACE), Some(Level::Trace));
-        assert_eq!(level_of(abi::NCCL_LOG_NONE), None);
+        assert_eq!(level_of(NCCL_LOG_WARN), Some(Level::Warn));
+        assert_eq!(level_of(NCCL_LOG_INFO), Some(Level::Info));
+        assert_eq!(level_of(NCCL_LOG_TRACE), Some(Level::Trace));
+        assert_eq!(level_of(NCCL_LOG_NONE), None);
         assert_eq!(level_of(99), None);
     }
 
@@ -265,7 +278,7 @@ pub(crate) mod tests {
         // SAFETY: the format matches the arguments, as printf requires.
         unsafe {
             log(
-                abi::NCCL_LOG_WARN,
+                NCCL_LOG_WARN,
                 !0,
                 c"test.c".as_ptr(),
                 7,
@@ -296,7 +309,7 @@ pub(crate) mod tests {
         // SAFETY: the format matches the arguments.
         unsafe {
             log(
-                abi::NCCL_LOG_INFO,
+                NCCL_LOG_INFO,
                 !0,
                 c"test.c".as_ptr(),
                 8,

@@ -63,12 +63,13 @@ impl Drop for Library {
     }
 }
 
-/// The path of the loaded object that holds `addr` (NVIDIA prints it when a plugin loads).
-pub fn file_of(addr: *const c_void) -> Option<String> {
+/// The path of the loaded object that holds the address `addr` (NVIDIA prints it when a
+/// plugin loads).
+pub fn file_of(addr: usize) -> Option<String> {
     // SAFETY: Dl_info is plain data; all-zero is a valid value for dladdr to fill.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads addr's value and writes info.
-    let found = unsafe { libc::dladdr(addr, &mut info) } != 0;
+    let found = unsafe { libc::dladdr(addr as *const c_void, &mut info) } != 0;
     if !found || info.dli_fname.is_null() {
         return None;
     }
