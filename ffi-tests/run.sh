@@ -309,6 +309,17 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
   hostpath_case moving 6 1 -n 2000 -m 16 -c allreduce
   # Two ranks of one process on two stand-in devices, driven by group calls.
   hostpath_case two-ranks 20 2 -n 2000 -r 2
+  # NCCL_RUNTIME_CONNECT=0: every ring channel is connected at init (connection buffers are
+  # allocated there, not by the first collective), and the calls cost the same.
+  NCCL_RUNTIME_CONNECT=0 hostpath_case init-connect 20 2 -n 2000 -r 2
+  lazy_init=$(grep -m1 '^INIT ' "$SI_OUT/hostpath_cpu.two-ranks.log")
+  eager_init=$(grep -m1 '^INIT ' "$SI_OUT/hostpath_cpu.init-connect.log")
+  if [[ $eager_init == *cuMemAlloc_v2:* && $lazy_init != *cuMemAlloc_v2:* ]]; then
+    allocs=${eager_init##*cuMemAlloc_v2:}
+    pass "NCCL_RUNTIME_CONNECT=0 connects the rings at init (${allocs%%,*} allocations there), 1 (default) at the first collective"
+  else
+    fail "NCCL_RUNTIME_CONNECT=0 connects at init" "init with it: ${eager_init:-none}; without: ${lazy_init:-none}"
+  fi
 else
   fail "cuda stand-in libcuda.so.1 and hostpath_cpu build" "see $SI_OUT/build.log"; cat "$SI_OUT/build.log"
 fi

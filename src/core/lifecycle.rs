@@ -317,6 +317,9 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     rt.start_adaptive_weights(comm.weights.clone(), device_names, comm.abort.clone())?;
     rt.set_network(comm.config.net_name.clone(), comm.config.traffic_class);
     rt.count_connections_into(comm.mem.suspendable.clone());
+    if !crate::env::registry::RUNTIME_CONNECT.flag() {
+        rt.connect_rings(comm.rank(), comm.nranks())?;
+    }
     *comm.rt.lock() = Some(rt);
     super::watchdog::start(comm);
     crate::info!(

@@ -1175,6 +1175,29 @@ impl Runtime {
         // allocating the connections is then allowed, as NVIDIA's library allows its own.
         let _relaxed = cuda::RelaxedCapture::enter()?;
         let needed = self.connections_needed(rank, nranks, tasks);
+        self.connect_rows(needed)?;
+        self.connected_shapes.remember(tasks);
+        Ok(())
+    }
+
+    /// Connect every ring channel to this rank's ring neighbours now, as NVIDIA's library
+    /// connects its rings at init with `NCCL_RUNTIME_CONNECT=0` (every rank calls this at
+    /// the same point of its init).
+    pub fn connect_rings(&mut self, rank: i32, nranks: i32) -> Result<()> {
+        if nranks == 1 {
+            return Ok(());
+        }
+        cuda::set_current(self.ctx)?;
+        let _counted = cuda::account_into(&self.connection_bytes);
+        let (next, prev) = (self.ring.next_of(rank), self.ring.prev_of(rank));
+        let rows = (0..self.nchannels)
+            .flat_map(|ch| [(ch, next, sched::Dir::Send), (ch, prev, sched::Dir::Recv)])
+            .collect();
+        self.connect_rows(rows)
+    }
+
+    /// Set up the connections `needed` that do not exist yet, with every peer doing the same.
+    fn connect_rows(&mut self, needed: Vec<(u32, i32, sched::Dir)>) -> Result<()> {
         // The one-shot all-reduce's rows get small LL-only buffers; every other row the
         // configured ones. Both ends split alike (the row decides).
         let (direct, regular): (Vec<_>, Vec<_>) = needed
@@ -1207,7 +1230,6 @@ impl Runtime {
             self.geometry = None;
             self.plans.clear();
         }
-        self.connected_shapes.remember(tasks);
         Ok(())
     }
 

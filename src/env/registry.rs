@@ -143,6 +143,8 @@ registry! {
         "Size in bytes of the buffer used between each pair of ranks");
     NET = Param::text("NCCL_NET", None,
         "Network to use, by name (e.g. IB or Socket, or a plugin's)");
+    RUNTIME_CONNECT = Param::boolean("NCCL_RUNTIME_CONNECT", true,
+        "Dynamically connect peers during runtime (e.g., calling ncclAllreduce()) instead of init stage");
     TUNER_PLUGIN = Param::text("NCCL_TUNER_PLUGIN", None,
         "Tuner plugin library: a name x tries x then libnccl-tuner-x.so, a path is used as is, none loads nothing; unset tries libnccl-tuner.so, then the net plugin's library");
     NET_PLUGIN = Param::text("NCCL_NET_PLUGIN", None,
