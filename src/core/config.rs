@@ -186,8 +186,15 @@ impl CommConfig {
         use crate::env::registry as env;
         let d = CommConfig::default();
         let clamp = |v: i64| v.clamp(1, MAX_CHANNELS as i64) as i32;
-        let min_ctas = clamp(env::MIN_CTAS.int_or(env::MIN_NCHANNELS.int_or(d.min_ctas as i64)));
-        let max_ctas = clamp(env::MAX_CTAS.int_or(env::MAX_NCHANNELS.int_or(d.max_ctas as i64)));
+        // The newest name that is set wins: *_CTAS, then *_NCHANNELS, then the legacy *_NRINGS.
+        let min_ctas = clamp(
+            env::MIN_CTAS
+                .int_or(env::MIN_NCHANNELS.int_or(env::MIN_NRINGS.int_or(d.min_ctas as i64))),
+        );
+        let max_ctas = clamp(
+            env::MAX_CTAS
+                .int_or(env::MAX_NCHANNELS.int_or(env::MAX_NRINGS.int_or(d.max_ctas as i64))),
+        );
         CommConfig {
             blocking: env::COMM_BLOCKING.flag(),
             cga_cluster_size: env::CGA_CLUSTER_SIZE.int().clamp(0, 8) as i32,
@@ -216,6 +223,29 @@ mod tests {
         min_ctas: i32,
         max_ctas: i32,
         net_name: *const std::os::raw::c_char,
+    }
+
+    #[test]
+    fn the_newest_channel_setting_wins_and_the_legacy_rings_count() {
+        use crate::env::tests::sources;
+        let ctas = |env: &[(&str, &str)]| {
+            sources::with(env, &[], || {
+                let c = CommConfig::from_env();
+                (c.min_ctas, c.max_ctas)
+            })
+        };
+        assert_eq!(
+            ctas(&[("NCCL_MIN_NRINGS", "2"), ("NCCL_MAX_NRINGS", "8")]),
+            (2, 8)
+        );
+        assert_eq!(
+            ctas(&[("NCCL_MAX_NRINGS", "8"), ("NCCL_MAX_NCHANNELS", "16")]),
+            (1, 16)
+        );
+        assert_eq!(
+            ctas(&[("NCCL_MAX_NCHANNELS", "16"), ("NCCL_MAX_CTAS", "4")]),
+            (1, 4)
+        );
     }
 
     #[test]

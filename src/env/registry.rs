@@ -219,6 +219,10 @@ registry! {
         "Fewest channels (CTAs) to use; older name of NCCL_MIN_CTAS");
     MAX_NCHANNELS = Param::integer("NCCL_MAX_NCHANNELS", 64,
         "Most channels (CTAs) to use; older name of NCCL_MAX_CTAS");
+    MIN_NRINGS = Param::integer("NCCL_MIN_NRINGS", 1,
+        "Legacy name of NCCL_MIN_NCHANNELS (which wins when both are set)").undocumented();
+    MAX_NRINGS = Param::integer("NCCL_MAX_NRINGS", 64,
+        "Legacy name of NCCL_MAX_NCHANNELS (which wins when both are set)").undocumented();
     MIN_CTAS = Param::integer("NCCL_MIN_CTAS", 1,
         "Fewest CTAs to use (default: NCCL_MIN_NCHANNELS)");
     MAX_CTAS = Param::integer("NCCL_MAX_CTAS", 64,

@@ -682,7 +682,8 @@ pub fn planned_time_on(
 /// The user's channel floor (1 when unset; read again after a settings reload).
 fn min_channels_setting() -> u32 {
     static MIN: crate::env::Cached<u32> = crate::env::Cached::new(|| {
-        let v = crate::env::registry::MIN_CTAS.int_or(crate::env::registry::MIN_NCHANNELS.int());
+        use crate::env::registry as reg;
+        let v = reg::MIN_CTAS.int_or(reg::MIN_NCHANNELS.int_or(reg::MIN_NRINGS.int()));
         v.clamp(1, MAX_CTAS as i64) as u32
     });
     MIN.get()
