@@ -155,6 +155,10 @@ registry! {
         "Use GPU Direct RDMA for sends as well (1) or not (0); -2: automatic");
     DMABUF_ENABLE = Param::boolean("NCCL_DMABUF_ENABLE", true,
         "Register GPU memory with the network through DMA-BUF where supported");
+    SOCKET_SNDBUF = Param::integer("NCCL_SOCKET_SNDBUF", -1,
+        "Kernel send buffer bytes (SO_SNDBUF) of the socket network's sockets; -1: the system's");
+    SOCKET_RCVBUF = Param::integer("NCCL_SOCKET_RCVBUF", -1,
+        "Kernel receive buffer bytes (SO_RCVBUF) of the socket network's sockets; -1: the system's");
     SOCKET_NTHREADS = Param::integer("NCCL_SOCKET_NTHREADS", -2,
         "Threads per connection of the socket transport (-2: automatic)");
     NSOCKS_PERTHREAD = Param::integer("NCCL_NSOCKS_PERTHREAD", -2,

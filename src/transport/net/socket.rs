@@ -503,6 +503,7 @@ impl SockComm {
         for s in streams {
             s.set_nonblocking(true).map_err(sys("set_nonblocking"))?;
             s.set_nodelay(true).map_err(sys("set_nodelay"))?;
+            set_buffer_sizes(&s).map_err(sys("setsockopt SO_SNDBUF/SO_RCVBUF"))?;
             socks.push(Sock {
                 stream: s,
                 queue: Mutex::new(VecDeque::new()),
@@ -1153,6 +1154,87 @@ fn link_speed_mbps(ifname: &str) -> i32 {
         .and_then(|s| s.trim().parse::<i32>().ok())
         .filter(|&s| s > 0)
         .unwrap_or(10000)
+}
+
+/// `NCCL_SOCKET_SNDBUF` / `NCCL_SOCKET_RCVBUF`: the kernel's buffers of a data socket, each
+/// where set above 0 (otherwise the system's, as NVIDIA's leaves them).
+fn set_buffer_sizes(s: &TcpStream) -> std::io::Result<()> {
+    use crate::env::registry as reg;
+    use std::os::fd::AsRawFd;
+    for (param, option) in [
+        (&reg::SOCKET_SNDBUF, libc::SO_SNDBUF),
+        (&reg::SOCKET_RCVBUF, libc::SO_RCVBUF),
+    ] {
+        let Ok(bytes) = libc::c_int::try_from(param.int()) else {
+            continue;
+        };
+        if bytes <= 0 {
+            continue;
+        }
+        // SAFETY: a live socket of `s`; the option value is a c_int that outlives the call.
+        let rc = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod buffer_tests {
+    use super::*;
+
+    fn option_of(s: &TcpStream, option: libc::c_int) -> libc::c_int {
+        use std::os::fd::AsRawFd;
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: a live socket; v and len outlive the call and len says v's size.
+        let rc = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        v
+    }
+
+    #[test]
+    fn the_buffer_settings_reach_the_socket_and_unset_ones_leave_it() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let system = (
+            option_of(&s, libc::SO_SNDBUF),
+            option_of(&s, libc::SO_RCVBUF),
+        );
+        crate::env::tests::sources::with(&[], &[], || set_buffer_sizes(&s)).unwrap();
+        assert_eq!(
+            (
+                option_of(&s, libc::SO_SNDBUF),
+                option_of(&s, libc::SO_RCVBUF)
+            ),
+            system
+        );
+        let env = [
+            ("NCCL_SOCKET_SNDBUF", "65536"),
+            ("NCCL_SOCKET_RCVBUF", "98304"),
+        ];
+        crate::env::tests::sources::with(&env, &[], || set_buffer_sizes(&s)).unwrap();
+        // Linux keeps twice the asked size (its bookkeeping overhead).
+        assert_eq!(option_of(&s, libc::SO_SNDBUF), 2 * 65536);
+        assert_eq!(option_of(&s, libc::SO_RCVBUF), 2 * 98304);
+    }
 }
 
 #[cfg(test)]
