@@ -103,10 +103,14 @@ fn string_field(p: *const std::os::raw::c_char) -> Option<String> {
 
 impl CommConfig {
     /// Settle a configuration: the caller's fields where defined, else `parent` (split and
-    /// shrink inherit), else the environment, else defaults. Rejects out-of-range values.
+    /// shrink inherit), else the environment, else defaults; then, as NVIDIA's, the settings
+    /// the environment makes replace the config's (`apply_env_overrides`). Rejects
+    /// out-of-range values.
     pub fn resolve(user: Option<&ncclConfig_t>, parent: Option<&CommConfig>) -> Result<CommConfig> {
         let base = parent.cloned().unwrap_or_else(Self::from_env);
-        let Some(u) = user else { return Ok(base) };
+        // No config is a config that defines nothing (NCCL_CONFIG_INITIALIZER's values).
+        let undefined = ncclConfig_t::default();
+        let u = user.unwrap_or(&undefined);
         let blocking = check_range("blocking", defined(u.blocking), 0, 1)?;
         let cga = check_range("cgaClusterSize", defined(u.cgaClusterSize), 0, 8)?;
         let min_ctas = check_range("minCTAs", defined(u.minCTAs), 1, MAX_CHANNELS)?;
@@ -178,7 +182,94 @@ impl CommConfig {
         if let Some(v) = check_range("numRmaSig", defined(u.numRmaSig), 1, 1 << 16)? {
             c.num_rma_sig = v;
         }
+        c.apply_env_overrides(u);
+        if c.min_ctas > c.max_ctas {
+            crate::info!(
+                ENV,
+                "minCTAs {} is larger than maxCTAs {}, set both to {}",
+                c.min_ctas,
+                c.max_ctas,
+                c.max_ctas
+            );
+            c.min_ctas = c.max_ctas;
+        }
         Ok(c)
+    }
+
+    /// NVIDIA's `envConfigOverride`: a setting made in the environment replaces the config's
+    /// field, whatever the caller's config says (with an INFO line where it said something):
+    /// `NCCL_COMM_BLOCKING`, `NCCL_CGA_CLUSTER_SIZE`, `NCCL_MIN_CTAS`, `NCCL_MAX_CTAS`,
+    /// `NCCL_NET`, `NCCL_COMM_SPLIT_SHARE_RESOURCES`, `NCCL_COMM_SHRINK_SHARE_RESOURCES`.
+    fn apply_env_overrides(&mut self, user: &ncclConfig_t) {
+        use crate::env::registry as env;
+        let note = |field: &str, configured: bool, var: &str, value: &dyn std::fmt::Display| {
+            if configured {
+                crate::info!(ENV, "Comm config {field} reset to {var}={value}");
+            }
+        };
+        let set_int = |p: &'static crate::env::Param| p.raw().map(|_| p.int());
+        if let Some(v) = set_int(&env::COMM_BLOCKING).filter(|v| matches!(v, 0 | 1)) {
+            note(
+                "blocking",
+                defined(user.blocking).is_some(),
+                env::COMM_BLOCKING.name,
+                &v,
+            );
+            self.blocking = v == 1;
+        }
+        if let Some(v) = set_int(&env::CGA_CLUSTER_SIZE).filter(|&v| v >= 0) {
+            let v = v.min(8) as i32;
+            note(
+                "cgaClusterSize",
+                defined(user.cgaClusterSize).is_some(),
+                env::CGA_CLUSTER_SIZE.name,
+                &v,
+            );
+            self.cga_cluster_size = v;
+        }
+        for (param, field, value, configured) in [
+            (
+                &env::MIN_CTAS,
+                "minCTAs",
+                &mut self.min_ctas,
+                defined(user.minCTAs).is_some(),
+            ),
+            (
+                &env::MAX_CTAS,
+                "maxCTAs",
+                &mut self.max_ctas,
+                defined(user.maxCTAs).is_some(),
+            ),
+        ] {
+            if let Some(v) = set_int(param).filter(|&v| v > 0) {
+                let v = v.min(MAX_CHANNELS as i64) as i32;
+                note(field, configured, param.name, &v);
+                *value = v;
+            }
+        }
+        if let Some(name) = env::NET.get() {
+            note("netName", !user.netName.is_null(), env::NET.name, &name);
+            self.net_name = Some(name);
+        }
+        for (param, field, value, configured) in [
+            (
+                &env::COMM_SPLIT_SHARE_RESOURCES,
+                "splitShare",
+                &mut self.split_share,
+                defined(user.splitShare).is_some(),
+            ),
+            (
+                &env::COMM_SHRINK_SHARE_RESOURCES,
+                "shrinkShare",
+                &mut self.shrink_share,
+                defined(user.shrinkShare).is_some(),
+            ),
+        ] {
+            if let Some(v) = set_int(param) {
+                note(field, configured, param.name, &v);
+                *value = v != 0;
+            }
+        }
     }
 
     /// Defaults with the environment applied (`NCCL_COMM_BLOCKING`, `NCCL_MIN_CTAS`, ...).
@@ -202,6 +293,7 @@ impl CommConfig {
             max_ctas,
             net_name: env::NET.get(),
             split_share: env::COMM_SPLIT_SHARE_RESOURCES.flag(),
+            shrink_share: env::COMM_SHRINK_SHARE_RESOURCES.flag(),
             comm_name: None,
             ..d
         }
@@ -246,6 +338,47 @@ mod tests {
             ctas(&[("NCCL_MAX_NCHANNELS", "16"), ("NCCL_MAX_CTAS", "4")]),
             (1, 4)
         );
+    }
+
+    #[test]
+    fn the_environment_overrides_the_config_as_nvidias() {
+        use crate::env::tests::sources;
+        let cfg = ncclConfig_t {
+            blocking: 1,
+            maxCTAs: 32,
+            splitShare: 0,
+            ..Default::default()
+        };
+        let env = [
+            ("NCCL_COMM_BLOCKING", "0"),
+            ("NCCL_MAX_CTAS", "4"),
+            ("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1"),
+            ("NCCL_COMM_SHRINK_SHARE_RESOURCES", "1"),
+            ("NCCL_NET", "Socket"),
+            ("NCCL_CGA_CLUSTER_SIZE", "12"),
+        ];
+        let parent = CommConfig::default();
+        for (user, parent) in [
+            (Some(&cfg), None),
+            (Some(&cfg), Some(&parent)),
+            (None, Some(&parent)),
+        ] {
+            let c = sources::with(&env, &[], || CommConfig::resolve(user, parent)).unwrap();
+            assert!(!c.blocking);
+            assert_eq!(c.max_ctas, 4);
+            assert!(c.split_share && c.shrink_share);
+            assert_eq!(c.net_name.as_deref(), Some("Socket"));
+            assert_eq!(c.cga_cluster_size, 8, "limited to 8");
+        }
+        // Unset or out of range: the config stands.
+        let env = [("NCCL_COMM_BLOCKING", "7"), ("NCCL_MAX_CTAS", "0")];
+        let c = sources::with(&env, &[], || CommConfig::resolve(Some(&cfg), None)).unwrap();
+        assert!(c.blocking);
+        assert_eq!(c.max_ctas, 32);
+        // Bounds the environment crosses are set both to the upper one, as NVIDIA's.
+        let env = [("NCCL_MIN_CTAS", "16"), ("NCCL_MAX_CTAS", "4")];
+        let c = sources::with(&env, &[], || CommConfig::resolve(Some(&cfg), None)).unwrap();
+        assert_eq!((c.min_ctas, c.max_ctas), (4, 4));
     }
 
     #[test]

@@ -247,6 +247,8 @@ registry! {
         "Whether calls block (1) or return ncclInProgress (0) by default");
     COMM_SPLIT_SHARE_RESOURCES = Param::boolean("NCCL_COMM_SPLIT_SHARE_RESOURCES", false,
         "Whether communicators made by ncclCommSplit share their parent's resources by default");
+    COMM_SHRINK_SHARE_RESOURCES = Param::boolean("NCCL_COMM_SHRINK_SHARE_RESOURCES", false,
+        "Whether communicators made by ncclCommShrink share their parent's resources by default");
 
     // ---- reliability and progress ----
     RAS_ENABLE = Param::boolean("NCCL_RAS_ENABLE", true,
