@@ -309,6 +309,25 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
   hostpath_case moving 6 1 -n 2000 -m 16 -c allreduce
   # Two ranks of one process on two stand-in devices, driven by group calls.
   hostpath_case two-ranks 20 2 -n 2000 -r 2
+  # NCCL_CHECK_MODE=DEBUG_LOCAL: a call from host memory the driver does not know fails with
+  # NVIDIA's words, one from device memory runs; without it neither is checked.
+  for mode in DEBUG_LOCAL unset; do
+    probe_log=$SI_OUT/hostpath_cpu.probe-$mode.log
+    if [[ $mode == unset ]]; then
+      LD_LIBRARY_PATH="$SI_OUT:$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 120 \
+        "$SI_OUT/hostpath_cpu" -P -n 10 -c allreduce -s 8 >"$probe_log" 2>&1
+    else
+      NCCL_CHECK_MODE=$mode LD_LIBRARY_PATH="$SI_OUT:$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        timeout 120 "$SI_OUT/hostpath_cpu" -P -n 10 -c allreduce -s 8 >"$probe_log" 2>&1
+    fi
+    probe=$(grep -m1 '^POINTER ' "$probe_log")
+    if [[ $mode == unset ]]; then want="POINTER host_malloc=0 device=0"; else want="POINTER host_malloc=4 device=0"; fi
+    if [[ $probe == "$want"* && ($mode == unset || $probe == *"is not a valid pointer"*) ]]; then
+      pass "NCCL_CHECK_MODE=$mode: ${probe:0:160}"
+    else
+      fail "NCCL_CHECK_MODE=$mode pointer checks" "want '$want ...', got '${probe:-nothing}'; see $probe_log"
+    fi
+  done
   # NCCL_RUNTIME_CONNECT=0: every ring channel is connected at init (connection buffers are
   # allocated there, not by the first collective), and the calls cost the same.
   NCCL_RUNTIME_CONNECT=0 hostpath_case init-connect 20 2 -n 2000 -r 2

@@ -28,7 +28,10 @@
  * default 100000; -c and -s run only the cases of that collective or size, e.g. to profile one of
  * them; -m M moves the buffers by one message size every call, through M places, as
  * nccl-tests does: the library then serves its plans for moved buffers; -G puts every single
- * call in a group of its own, as nccl-tests does; -r R: R ranks, above)
+ * call in a group of its own, as nccl-tests does; -r R: R ranks, above; -P, one rank only: before
+ * the cases, an all-reduce from host memory the driver does not know and one from device memory,
+ * printed as "POINTER host_malloc=<result> device=<result> last=<ncclGetLastError>", to see
+ * NCCL_CHECK_MODE's pointer checks)
  * Exit 0 when every call succeeded, ncclCommDestroy too, and no element was wrong; 1
  * otherwise; 2 on bad usage or a run past the alarm (600 s). */
 #define _GNU_SOURCE
@@ -277,17 +280,20 @@ int main(int argc, char **argv) {
   int opt;
   const char *only_coll = NULL;
   long only_bytes = -1;
-  while ((opt = getopt(argc, argv, "n:c:s:m:Gr:")) != -1) {
+  int probe = 0;
+  while ((opt = getopt(argc, argv, "n:c:s:m:Gr:P")) != -1) {
     if (opt == 'n') iters = atol(optarg);
     else if (opt == 'c') only_coll = optarg;
     else if (opt == 's') only_bytes = atol(optarg);
     else if (opt == 'm') moves = atol(optarg);
     else if (opt == 'G') grouped = 1;
     else if (opt == 'r') nranks = atoi(optarg);
+    else if (opt == 'P') probe = 1;
     else iters = 0;
   }
-  if (iters < 1 || moves < 1 || moves > 64 || nranks < 1 || nranks > MAX_RANKS || optind != argc) {
-    fprintf(stderr, "usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m 1..64] [-G] [-r 1..8]\n");
+  if (iters < 1 || moves < 1 || moves > 64 || nranks < 1 || nranks > MAX_RANKS || optind != argc ||
+      (probe && nranks != 1)) {
+    fprintf(stderr, "usage: hostpath_cpu [-n N] [-c COLLECTIVE] [-s BYTES] [-m 1..64] [-G] [-r 1..8] [-P]\n");
     return 2;
   }
   signal(SIGALRM, onAlarm);
@@ -329,6 +335,18 @@ int main(int argc, char **argv) {
          "counters %s\n",
          version, nranks, nranks - 1, iters, cu.calls ? "from the stand-in" : "absent");
 
+  if (probe) {
+    float *host = malloc(64);
+    if (host == NULL) return 2;
+    ncclResult_t fromHost = ncclAllReduce(host, out, 8, ncclFloat, ncclSum, comms[0], streams[0]);
+    const char *last = ncclGetLastError(comms[0]);
+    char lastText[512];
+    snprintf(lastText, sizeof lastText, "%s", last ? last : "");
+    ncclResult_t fromDevice = ncclAllReduce(in, out, 8, ncclFloat, ncclSum, comms[0], streams[0]);
+    printf("POINTER host_malloc=%d device=%d last=%s\n", (int)fromHost, (int)fromDevice, lastText);
+    syncAll();
+    free(host);
+  }
   static const char *colls[] = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce",
                                 "alltoall",  "gather",    "scatter",       "sendrecv"};
   static const size_t sizes[] = {8, 32 << 10, MAX_BYTES};

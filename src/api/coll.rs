@@ -77,7 +77,7 @@ fn submit_call(c: std::sync::Arc<crate::core::Comm>, call: Call, cfg: CallConfig
             c.nranks()
         )));
     }
-    check_buffers(&call, c.rank(), c.nranks())?;
+    check_buffers(&call, c.rank(), c.cuda_dev)?;
     let task = Task {
         kind: call.kind,
         dtype,
@@ -92,8 +92,10 @@ fn submit_call(c: std::sync::Arc<crate::core::Comm>, call: Call, cfg: CallConfig
     crate::core::enqueue::enqueue(&c, task, call.stream, cfg.launch_event)
 }
 
-/// Buffers a rank actually touches must not be NULL when there is data to move.
-fn check_buffers(call: &Call, rank: i32, _nranks: i32) -> Result<()> {
+/// Buffers a rank actually touches must not be NULL when there is data to move; with
+/// `NCCL_CHECK_MODE` set they must also be memory the GPU reaches, and device memory of the
+/// communicator's device `dev` where they are device memory (NVIDIA's `CudaPtrCheck`).
+fn check_buffers(call: &Call, rank: i32, dev: i32) -> Result<()> {
     if call.count == 0 {
         return Ok(());
     }
@@ -112,6 +114,31 @@ fn check_buffers(call: &Call, rank: i32, _nranks: i32) -> Result<()> {
     }
     if needs_recv && call.recvbuff.is_null() {
         return Err(Error::invalid_argument("recvbuff argument is NULL"));
+    }
+    if crate::core::watchdog::check::mode() != crate::core::watchdog::check::Mode::Default {
+        if needs_send {
+            check_pointer(call.sendbuff as u64, "sendbuff", dev)?;
+        }
+        if needs_recv {
+            check_pointer(call.recvbuff as u64, "recvbuff", dev)?;
+        }
+    }
+    Ok(())
+}
+
+/// The driver's word on one buffer, in NVIDIA's words.
+fn check_pointer(ptr: u64, name: &str, dev: i32) -> Result<()> {
+    let facts = crate::cuda::pointer_facts(ptr)?;
+    if facts.device_pointer == 0 {
+        return Err(Error::invalid_argument(format!(
+            "{name} {ptr:#x} is not a valid pointer"
+        )));
+    }
+    if facts.on_device && facts.device != dev {
+        return Err(Error::invalid_argument(format!(
+            "{name} allocated on device {} mismatchs with NCCL device {dev}",
+            facts.device
+        )));
     }
     Ok(())
 }

@@ -284,6 +284,58 @@ pub fn memset_zero(dst: CUdeviceptr, bytes: usize) -> Result<()> {
     stream_synchronize(stream.raw())
 }
 
+/// What the driver says of the memory at `ptr` (`cuPointerGetAttributes`, which answers
+/// for any address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PointerFacts {
+    /// The address a kernel uses for it; 0 where it is no memory the GPU can reach (host
+    /// memory that is not registered, or no memory at all).
+    pub device_pointer: CUdeviceptr,
+    /// Device memory (not host or managed memory).
+    pub on_device: bool,
+    /// The device ordinal of device memory.
+    pub device: i32,
+}
+
+/// [`PointerFacts`] of `ptr`.
+pub fn pointer_facts(ptr: u64) -> Result<PointerFacts> {
+    use sys::CUpointer_attribute as A;
+    let mut device_pointer: CUdeviceptr = 0;
+    let mut memory_type: u32 = 0;
+    let mut device: i32 = -1;
+    let mut managed: i32 = 0;
+    let mut attributes = [
+        A::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        A::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+    ];
+    let mut data: [*mut std::ffi::c_void; 4] = [
+        (&mut device_pointer as *mut CUdeviceptr).cast(),
+        (&mut memory_type as *mut u32).cast(),
+        (&mut device as *mut i32).cast(),
+        (&mut managed as *mut i32).cast(),
+    ];
+    // SAFETY: each data slot points at a live value of the type its attribute writes
+    // (CUdeviceptr, unsigned int, int, int); the arrays have the count passed.
+    check(
+        unsafe {
+            sys::cuPointerGetAttributes(
+                attributes.len() as u32,
+                attributes.as_mut_ptr(),
+                data.as_mut_ptr(),
+                ptr,
+            )
+        },
+        "cuPointerGetAttributes",
+    )?;
+    Ok(PointerFacts {
+        device_pointer,
+        on_device: memory_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 && managed == 0,
+        device,
+    })
+}
+
 /// Wait for all work of the current context.
 pub fn ctx_synchronize() -> Result<()> {
     // SAFETY: no arguments.

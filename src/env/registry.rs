@@ -259,6 +259,10 @@ registry! {
         "Seconds an operation may go without progress before the watchdog reports it (0: never)").undocumented();
     HANG_ERROR = Param::boolean("OXCCL_HANG_ERROR", false,
         "Whether a reported hang also fails the communicator").undocumented();
+    CHECK_MODE = Param::text("NCCL_CHECK_MODE", None,
+        "DEBUG_LOCAL: each call's buffers are checked with the driver; DEBUG_GLOBAL: also every rank's calls against each other");
+    CHECK_POINTERS = Param::boolean("NCCL_CHECK_POINTERS", false,
+        "Check each call's buffers with the driver (older form of NCCL_CHECK_MODE=DEBUG_LOCAL)");
     CHECK_COLLECTIVES = Param::boolean("OXCCL_CHECK_COLLECTIVES", false,
         "Check that every rank calls the same collectives with matching arguments").undocumented();
     YIELD = Param::boolean("OXCCL_YIELD", true,

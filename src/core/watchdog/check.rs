@@ -48,10 +48,42 @@ const CAUSE_WAIT: Duration = Duration::from_secs(4);
 /// Most signatures kept from peers, unused (a broken peer cannot fill the memory).
 const MAX_KEPT: usize = 1 << 20;
 
-static ENABLED: crate::env::Cached<bool> =
-    crate::env::Cached::new(|| crate::env::registry::CHECK_COLLECTIVES.flag());
+/// NVIDIA's `NCCL_CHECK_MODE`: `DEBUG_LOCAL` checks each call's buffers with the driver,
+/// `DEBUG_GLOBAL` also compares the calls of every rank (here: the collective check);
+/// `NCCL_CHECK_POINTERS=1`, its older form, is `DEBUG_LOCAL`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Default,
+    Local,
+    Global,
+}
 
-/// Whether `OXCCL_CHECK_COLLECTIVES` is on.
+/// The mode of `NCCL_CHECK_MODE` (case-insensitive) over `NCCL_CHECK_POINTERS`.
+pub fn parse_mode(check_mode: Option<&str>, check_pointers: bool) -> Mode {
+    match check_mode.map(str::trim) {
+        Some(m) if m.eq_ignore_ascii_case("DEBUG_GLOBAL") => Mode::Global,
+        Some(m) if m.eq_ignore_ascii_case("DEBUG_LOCAL") => Mode::Local,
+        _ if check_pointers => Mode::Local,
+        _ => Mode::Default,
+    }
+}
+
+static MODE: crate::env::Cached<Mode> = crate::env::Cached::new(|| {
+    use crate::env::registry as reg;
+    parse_mode(reg::CHECK_MODE.get().as_deref(), reg::CHECK_POINTERS.flag())
+});
+
+/// The check mode in force.
+pub fn mode() -> Mode {
+    MODE.get()
+}
+
+static ENABLED: crate::env::Cached<bool> = crate::env::Cached::new(|| {
+    crate::env::registry::CHECK_COLLECTIVES.flag() || mode() == Mode::Global
+});
+
+/// Whether the collective check is on: `OXCCL_CHECK_COLLECTIVES=1` or
+/// `NCCL_CHECK_MODE=DEBUG_GLOBAL`.
 pub fn enabled() -> bool {
     #[cfg(test)]
     if FORCED.load(std::sync::atomic::Ordering::Acquire) {
@@ -393,4 +425,19 @@ impl Round {
 #[cfg(test)]
 pub fn kept(comm: &Comm) -> usize {
     comm.watch.check.lock().received.len()
+}
+
+#[cfg(test)]
+mod mode_tests {
+    use super::*;
+
+    #[test]
+    fn nvidias_check_modes() {
+        assert_eq!(parse_mode(None, false), Mode::Default);
+        assert_eq!(parse_mode(None, true), Mode::Local);
+        assert_eq!(parse_mode(Some("debug_local"), false), Mode::Local);
+        assert_eq!(parse_mode(Some("DEBUG_GLOBAL"), false), Mode::Global);
+        assert_eq!(parse_mode(Some("DEBUG_GLOBAL"), true), Mode::Global);
+        assert_eq!(parse_mode(Some("other"), false), Mode::Default);
+    }
 }
