@@ -7,8 +7,9 @@
 //! meter gives every period and every switch the exchange agrees on; the parent watches
 //! them, cuts the fast link to a quarter with `tc qdisc change`, and checks that the measured
 //! rates and the agreed speeds follow: the fast link's rate falls to about the slow one's,
-//! and the speeds move towards 1:1 in bounded steps. No tight timings: every figure is a
-//! median over periods or a proportion with wide margins.
+//! and the speeds move towards 1:1 in bounded steps; then it restores the link's rate and
+//! checks that both come back towards 4:1. No tight timings: every figure is a median over
+//! periods or a proportion with wide margins.
 
 use super::super::api::{MemType, Net};
 use super::super::meter::NetMeter;
@@ -557,6 +558,9 @@ const SETTLE_PERIODS: usize = 3;
 /// The fast device's share of the speeds (permille) that counts as "moved towards 1:1": from
 /// 800 at 4:1, 500 at 1:1.
 const MOVED_SHARE: u64 = 600;
+/// The fast device's share (permille) that counts as "back towards 4:1" once the link is
+/// restored.
+const RECOVERED_SHARE: u64 = 700;
 
 #[test]
 fn measured_rates_and_agreed_weights_follow_a_link_cut_mid_run() {
@@ -628,6 +632,29 @@ fn follow_a_cut(tag: &str, launches: bool) {
             Err(_) => continue,
         }
     }
+    let cut_end = seen.rates.len();
+
+    // Then the fast link recovers: its rate and its share come back.
+    if let Err(why) = tbf(&hosts, &V4, "change", FAST_MBPS) {
+        std::fs::write(&stop.0, b"").unwrap();
+        watch.finish(&mut seen);
+        panic!("tc qdisc change: {why}");
+    }
+    while let Ok(line) = watch.lines.try_recv() {
+        seen.take(line);
+    }
+    let restored_at = seen.rates.len();
+    let back_from = restored_at + SETTLE_PERIODS;
+    let back_end = back_from + MEDIAN_PERIODS;
+    let back =
+        |s: &Seen| s.rates.len() >= back_end && s.fast_share_at(s.rates.len()) >= RECOVERED_SHARE;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !back(&seen) && Instant::now() < deadline {
+        match watch.lines.recv_timeout(Duration::from_millis(500)) {
+            Ok(line) => seen.take(line),
+            Err(_) => continue,
+        }
+    }
     std::fs::write(&stop.0, b"").unwrap();
     let rest = watch.rest.clone();
     let ended_well = watch.finish(&mut seen);
@@ -671,10 +698,11 @@ fn follow_a_cut(tag: &str, launches: bool) {
         .filter(|(at, _)| *at >= cut_at)
         .map(|(_, s)| s)
         .collect();
-    let final_share = seen.fast_share_at(seen.rates.len());
+    let final_share = seen.fast_share_at(cut_end);
     eprintln!(
-        "speeds after the cut: {switches:?} (fast share {final_share}‰ after {} periods)",
-        seen.rates.len() - cut_at
+        "speeds after the cut and the restore: {switches:?} (fast share {final_share}‰ after {} \
+         periods of the cut)",
+        cut_end - cut_at
     );
     assert!(
         final_share <= MOVED_SHARE,
@@ -699,4 +727,23 @@ fn follow_a_cut(tag: &str, launches: bool) {
         }
         previous = next.clone();
     }
+
+    // Restored: the fast link measures its rate again, and its share comes back.
+    let restored = seen.median_rates(back_from, seen.rates.len().min(back_end));
+    let (fast_back, slow_back) =
+        restored.unwrap_or_else(|| panic!("no rates after the restore:\n{log}"));
+    let back_share = seen.fast_share_at(seen.rates.len());
+    eprintln!(
+        "after the restore: fast {fast_back} Mbit/s, slow {slow_back} Mbit/s, fast share \
+         {back_share}‰ after {} periods",
+        seen.rates.len() - restored_at
+    );
+    assert!(
+        fast_back * 10 >= slow_back * 25,
+        "the fast link's rate did not come back: {fast_back} vs {slow_back}\n{log}"
+    );
+    assert!(
+        back_share >= RECOVERED_SHARE,
+        "the weights did not follow the restore ({back_share}‰)\n{log}"
+    );
 }
