@@ -514,6 +514,35 @@ impl Watch {
         }
     }
 
+    /// Shape the fast link to `mbps` and take the reporter's periods until `enough(seen, at)`
+    /// holds, or 10 s; `at` (returned) is the number of periods reported before the change
+    /// (those reported while `tc` ran, slow on a busy machine, count before it). A failed
+    /// `tc` stops the children and fails the test.
+    fn change_fast_link(
+        &self,
+        hosts: &TwoHosts,
+        stop: &StopFile,
+        seen: &mut Seen,
+        mbps: u32,
+        enough: impl Fn(&Seen, usize) -> bool,
+    ) -> usize {
+        if let Err(why) = tbf(hosts, &V4, "change", mbps) {
+            std::fs::write(&stop.0, b"").unwrap();
+            panic!("tc qdisc change to {mbps} Mbit/s: {why}");
+        }
+        while let Ok(line) = self.lines.try_recv() {
+            seen.take(line);
+        }
+        let at = seen.rates.len();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !enough(seen, at) && Instant::now() < deadline {
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
+                seen.take(line);
+            }
+        }
+        at
+    }
+
     /// Wait (at most 20 s, then kill) for both children; whether both ended well.
     fn finish(mut self, seen: &mut Seen) -> bool {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -609,52 +638,23 @@ fn follow_a_cut(tag: &str, launches: bool) {
     });
     let share_at_cut = seen.fast_share_at(seen.rates.len());
     let before = seen.median_rates(RAMP_PERIODS, seen.rates.len());
-    if let Err(why) = tbf(&hosts, &V4, "change", CUT_MBPS) {
-        std::fs::write(&stop.0, b"").unwrap();
-        watch.finish(&mut seen);
-        panic!("tc qdisc change: {why}");
-    }
-    // The periods reported while `tc` ran (slow on a busy machine) came before the cut.
-    while let Ok(line) = watch.lines.try_recv() {
-        seen.take(line);
-    }
-    let cut_at = seen.rates.len();
-    let after_from = cut_at + SETTLE_PERIODS;
-    let after_end = after_from + MEDIAN_PERIODS;
     // Enough periods after the cut, and the speeds moved (or 10 s: the checks below say what
     // is missing).
-    let moved =
-        |s: &Seen| s.rates.len() >= after_end && s.fast_share_at(s.rates.len()) <= MOVED_SHARE;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !moved(&seen) && Instant::now() < deadline {
-        match watch.lines.recv_timeout(Duration::from_millis(500)) {
-            Ok(line) => seen.take(line),
-            Err(_) => continue,
-        }
-    }
+    let cut_at = watch.change_fast_link(&hosts, &stop, &mut seen, CUT_MBPS, |s, at| {
+        s.rates.len() >= at + SETTLE_PERIODS + MEDIAN_PERIODS
+            && s.fast_share_at(s.rates.len()) <= MOVED_SHARE
+    });
+    let after_from = cut_at + SETTLE_PERIODS;
+    let after_end = after_from + MEDIAN_PERIODS;
     let cut_end = seen.rates.len();
 
     // Then the fast link recovers: its rate and its share come back.
-    if let Err(why) = tbf(&hosts, &V4, "change", FAST_MBPS) {
-        std::fs::write(&stop.0, b"").unwrap();
-        watch.finish(&mut seen);
-        panic!("tc qdisc change: {why}");
-    }
-    while let Ok(line) = watch.lines.try_recv() {
-        seen.take(line);
-    }
-    let restored_at = seen.rates.len();
+    let restored_at = watch.change_fast_link(&hosts, &stop, &mut seen, FAST_MBPS, |s, at| {
+        s.rates.len() >= at + SETTLE_PERIODS + MEDIAN_PERIODS
+            && s.fast_share_at(s.rates.len()) >= RECOVERED_SHARE
+    });
     let back_from = restored_at + SETTLE_PERIODS;
     let back_end = back_from + MEDIAN_PERIODS;
-    let back =
-        |s: &Seen| s.rates.len() >= back_end && s.fast_share_at(s.rates.len()) >= RECOVERED_SHARE;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !back(&seen) && Instant::now() < deadline {
-        match watch.lines.recv_timeout(Duration::from_millis(500)) {
-            Ok(line) => seen.take(line),
-            Err(_) => continue,
-        }
-    }
     std::fs::write(&stop.0, b"").unwrap();
     let rest = watch.rest.clone();
     let ended_well = watch.finish(&mut seen);
