@@ -183,6 +183,8 @@ registry! {
         "InfiniBand local ACK timeout exponent (4.096 us * 2^timeout), 1..31");
     IB_RETRY_CNT = Param::integer("NCCL_IB_RETRY_CNT", 7,
         "InfiniBand transport retry count, 0..7");
+    IB_ROUTABLE_FLID_GID_INDEX = Param::integer("NCCL_IB_ROUTABLE_FLID_GID_INDEX", 1,
+        "GID index of an InfiniBand port used when it holds a routable FLID (routing to other subnets)");
     IB_DEVICE_PCI_ORDER = Param::boolean("NCCL_IB_DEVICE_PCI_ORDER", true,
         "Number the IB devices in the order of their PCI bus ids");
     IB_MQP_RETRY_ALL = Param::boolean("NCCL_IB_MQP_RETRY_ALL", false,

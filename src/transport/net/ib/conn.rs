@@ -18,7 +18,7 @@
 //! q mod (remote members) on both sides (`fifo::qp_routes`). Member ports of different link
 //! layers at the two ends are an error naming the peer.
 
-use super::devices::{Port, MAX_MEMBERS};
+use super::devices::{flid_of, ib_subnet_of, Port, MAX_MEMBERS};
 use super::fifo::{qp_routes, Conn, Cts, DataPath, QpRoute, RemoteFifo, MAX_QPS, SLOTS};
 use super::verbs::{self, Cq, Ece, Gid, Mr, Qp, QpAttr, QpCap};
 use crate::error::{Error, Result};
@@ -366,6 +366,37 @@ impl Marking {
     }
 }
 
+/// How a QP on an InfiniBand port reaches the remote port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct IbRoute {
+    dlid: u16,
+    /// With a global route header (`is_global`, the remote GID).
+    global: bool,
+}
+
+/// NVIDIA's rule: within one subnet (the low 16 bits of the GIDs' subnet prefixes agree) by
+/// LID, with a GRH only where the port requires one; across subnets globally, to the remote
+/// port's routable FLID (its LID, with a WARN, where its GID carries none).
+fn ib_route(local_gid: &Gid, remote: &MemberInfo, grh_required: bool) -> IbRoute {
+    let same_subnet = ib_subnet_of(local_gid) == ib_subnet_of(&remote.gid);
+    let dlid = match (same_subnet, flid_of(&remote.gid)) {
+        (true, _) => remote.lid,
+        (false, 0) => {
+            crate::warn!(
+                "NET/IB : remote FLID configured as zero even when endpoints are on different \
+                 subnets, using dlid {} as fallback",
+                remote.lid
+            );
+            remote.lid
+        }
+        (false, flid) => flid,
+    };
+    IbRoute {
+        dlid,
+        global: !same_subnet || grh_required,
+    }
+}
+
 /// Bring `qp` to RTR then RTS against the remote QP `remote_qpn` on the port `remote`.
 fn to_rts(
     qp: &Qp,
@@ -393,7 +424,18 @@ fn to_rts(
         a.ah_attr.grh.hop_limit = 255;
         a.ah_attr.grh.traffic_class = mark.traffic_class;
     } else {
-        a.ah_attr.dlid = remote.lid;
+        let route = ib_route(
+            &port.gid,
+            remote,
+            port.attr.flags & verbs::QPF_GRH_REQUIRED != 0,
+        );
+        a.ah_attr.dlid = route.dlid;
+        if route.global {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid = remote.gid;
+            a.ah_attr.grh.sgid_index = port.gid_index as u8;
+            a.ah_attr.grh.hop_limit = 255;
+        }
     }
     qp.modify(
         &mut a,
@@ -950,6 +992,66 @@ pub fn add_flush_qp(conn: &mut Conn, port: &Port, qs: &QpSettings) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An InfiniBand GID in NVIDIA's routable layout.
+    fn gid(flid: u16, subnet: u16) -> Gid {
+        let mut g = [0u8; 16];
+        g[..2].copy_from_slice(&[0xfe, 0x80]);
+        g[4..6].copy_from_slice(&flid.to_be_bytes());
+        g[6..8].copy_from_slice(&subnet.to_be_bytes());
+        g
+    }
+
+    #[test]
+    fn ib_routes_stay_local_within_a_subnet_and_go_to_the_flid_across() {
+        let remote = |flid, subnet| MemberInfo {
+            lid: 17,
+            link_layer: verbs::LINK_LAYER_INFINIBAND,
+            mtu: 5,
+            gid: gid(flid, subnet),
+            fifo_rkey: 0,
+        };
+        let local = gid(0x4011, 1);
+        let route = |r: &MemberInfo, grh| ib_route(&local, r, grh);
+        assert_eq!(
+            route(&remote(0x4022, 1), false),
+            IbRoute {
+                dlid: 17,
+                global: false
+            }
+        );
+        assert_eq!(
+            route(&remote(0x4022, 1), true),
+            IbRoute {
+                dlid: 17,
+                global: true
+            },
+            "a port that requires a GRH"
+        );
+        assert_eq!(
+            route(&remote(0x4022, 2), false),
+            IbRoute {
+                dlid: 0x4022,
+                global: true
+            }
+        );
+        assert_eq!(
+            route(&remote(0, 2), false),
+            IbRoute {
+                dlid: 17,
+                global: true
+            },
+            "no FLID: the LID"
+        );
+        // GID 0 on both sides (no FLID anywhere): one subnet, LIDs as before.
+        assert_eq!(
+            ib_route(&[0; 16], &remote(0, 0), false),
+            IbRoute {
+                dlid: 17,
+                global: false
+            }
+        );
+    }
 
     #[test]
     fn handles_and_descriptions_round_trip() {

@@ -128,6 +128,29 @@ pub struct GidChoice {
     pub ipv6: bool,
     /// `NCCL_IB_ADDR_RANGE`: the subnet the chosen GID's address must be in.
     pub range: Option<Subnet>,
+    /// `NCCL_IB_ROUTABLE_FLID_GID_INDEX`: on an InfiniBand port, the GID used when it holds a
+    /// routable FLID (else GID 0).
+    pub routable_flid_index: i64,
+}
+
+/// The FLID of an InfiniBand GID in NVIDIA's routable layout (bytes 4-5, big-endian): the LID
+/// that routers forward to the port from another subnet; 0 where none.
+pub fn flid_of(gid: &Gid) -> u16 {
+    u16::from_be_bytes([gid[4], gid[5]])
+}
+
+/// The local subnet of an InfiniBand GID (the low 16 bits of its subnet prefix, bytes 6-7).
+pub fn ib_subnet_of(gid: &Gid) -> u16 {
+    u16::from_be_bytes([gid[6], gid[7]])
+}
+
+/// The GID index of an InfiniBand port, as NVIDIA's `ncclIbGetGidIndex`: the routable index
+/// when the table has it and its GID carries a FLID (`gid_at` reads the table), else 0.
+pub fn ib_gid_index(gid_tbl_len: i32, routable: i64, gid_at: impl Fn(i32) -> Option<Gid>) -> i32 {
+    match i32::try_from(routable) {
+        Ok(i) if (0..gid_tbl_len).contains(&i) && gid_at(i).is_some_and(|g| flid_of(&g) != 0) => i,
+        _ => 0,
+    }
 }
 
 /// An address prefix: `bits` leading bits of `addr` (an IPv4 subnet is the IPv4-mapped form,
@@ -242,7 +265,7 @@ pub struct Port {
     pub port: u8,
     pub ctx: Arc<Context>,
     pub attr: PortAttr,
-    /// The GID index used (RoCE), and the GID.
+    /// The GID index used (RoCE, or InfiniBand's routable FLID GID), and the GID.
     pub gid_index: i32,
     pub gid: Gid,
     pub pci_path: String,
@@ -403,7 +426,9 @@ pub fn find_ports(
                     .collect();
                 choose_gid(&gids, gid)
             } else {
-                0
+                ib_gid_index(attr.gid_tbl_len, gid.routable_flid_index, |i| {
+                    ctx.query_gid(port, i).map(|(g, _)| g)
+                })
             };
             let gid_bytes = ctx.query_gid(port, gid_index).map_or([0; 16], |(g, _)| g);
             ports.push(Port {
@@ -579,6 +604,7 @@ mod tests {
             roce_version: 2,
             ipv6: false,
             range: None,
+            routable_flid_index: 1,
         };
         assert_eq!(choose_gid(&gids, auto), 3, "RoCE v2, IPv4");
         assert_eq!(
@@ -616,6 +642,7 @@ mod tests {
             roce_version: 2,
             ipv6: false,
             range: Subnet::parse(spec, false),
+            routable_flid_index: 1,
         };
         assert_eq!(choose_gid(&gids, v4_range("0.0.0.0/0")), 1);
         assert_eq!(choose_gid(&gids, v4_range("192.168.0.0/16")), 2);
@@ -643,5 +670,29 @@ mod tests {
             ..v6_range
         };
         assert_eq!(choose_gid(&gids, elsewhere), 0);
+    }
+
+    /// An InfiniBand GID in NVIDIA's routable layout.
+    fn routable(flid: u16, subnet: u16) -> Gid {
+        let mut g = [0u8; 16];
+        g[..2].copy_from_slice(&[0xfe, 0x80]);
+        g[4..6].copy_from_slice(&flid.to_be_bytes());
+        g[6..8].copy_from_slice(&subnet.to_be_bytes());
+        g[8..].copy_from_slice(&0x0002_c903_0001_0203_u64.to_be_bytes());
+        g
+    }
+
+    #[test]
+    fn an_ib_port_uses_its_routable_gid_where_it_has_a_flid() {
+        let table = [routable(0, 0), routable(0xc123, 7)];
+        let at = |i: i32| table.get(i as usize).copied();
+        assert_eq!(flid_of(&table[1]), 0xc123);
+        assert_eq!(ib_subnet_of(&table[1]), 7);
+        assert_eq!(ib_gid_index(2, 1, at), 1);
+        assert_eq!(ib_gid_index(1, 1, at), 0, "past the table");
+        assert_eq!(ib_gid_index(2, 0, at), 0);
+        assert_eq!(ib_gid_index(2, -1, at), 0);
+        let no_flid = [routable(0, 0), routable(0, 7)];
+        assert_eq!(ib_gid_index(2, 1, |i| no_flid.get(i as usize).copied()), 0);
     }
 }

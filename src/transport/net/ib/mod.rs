@@ -97,6 +97,7 @@ impl Settings {
                 index: reg::IB_GID_INDEX.int(),
                 roce_version: reg::IB_ROCE_VERSION_NUM.int(),
                 ipv6,
+                routable_flid_index: reg::IB_ROUTABLE_FLID_GID_INDEX.int(),
                 range: reg::IB_ADDR_RANGE.get().and_then(|r| {
                     crate::info!(ENV, "NCCL_IB_ADDR_RANGE set by environment to {r}");
                     devices::Subnet::parse(&r, ipv6)

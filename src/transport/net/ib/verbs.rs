@@ -290,6 +290,8 @@ pub struct MrHead {
 pub const PORT_ACTIVE: u32 = 4;
 pub const LINK_LAYER_INFINIBAND: u8 = 1;
 pub const LINK_LAYER_ETHERNET: u8 = 2;
+/// `ibv_port_attr.flags`: the port's packets need a GRH (`IBV_QPF_GRH_REQUIRED`).
+pub const QPF_GRH_REQUIRED: u8 = 1;
 pub const QPT_RC: u32 = 2;
 pub const QPS_INIT: u32 = 1;
 pub const QPS_RTR: u32 = 2;
