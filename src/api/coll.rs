@@ -6,6 +6,7 @@ use crate::abi::{
 };
 use crate::core::coll_config::{self, CallConfig};
 use crate::core::redop::RedOp;
+use crate::core::watchdog::check::Mode as CheckMode;
 use crate::error::{Error, Result};
 use crate::sched::{CollKind, Task};
 use std::os::raw::{c_int, c_void};
@@ -77,7 +78,7 @@ fn submit_call(c: std::sync::Arc<crate::core::Comm>, call: Call, cfg: CallConfig
             c.nranks()
         )));
     }
-    check_buffers(&call, c.rank(), c.cuda_dev)?;
+    check_buffers(&call, c.rank(), c.cuda_dev, c.check_mode)?;
     let task = Task {
         kind: call.kind,
         dtype,
@@ -92,10 +93,11 @@ fn submit_call(c: std::sync::Arc<crate::core::Comm>, call: Call, cfg: CallConfig
     crate::core::enqueue::enqueue(&c, task, call.stream, cfg.launch_event)
 }
 
-/// Buffers a rank actually touches must not be NULL when there is data to move; with
-/// `NCCL_CHECK_MODE` set they must also be memory the GPU reaches, and device memory of the
-/// communicator's device `dev` where they are device memory (NVIDIA's `CudaPtrCheck`).
-fn check_buffers(call: &Call, rank: i32, dev: i32) -> Result<()> {
+/// Buffers a rank actually touches must not be NULL when there is data to move; with the
+/// communicator's `NCCL_CHECK_MODE` (`mode`) set they must also be memory the GPU reaches,
+/// and device memory of its device `dev` where they are device memory (NVIDIA's
+/// `CudaPtrCheck`).
+fn check_buffers(call: &Call, rank: i32, dev: i32, mode: CheckMode) -> Result<()> {
     if call.count == 0 {
         return Ok(());
     }
@@ -115,7 +117,7 @@ fn check_buffers(call: &Call, rank: i32, dev: i32) -> Result<()> {
     if needs_recv && call.recvbuff.is_null() {
         return Err(Error::invalid_argument("recvbuff argument is NULL"));
     }
-    if crate::core::watchdog::check::mode() != crate::core::watchdog::check::Mode::Default {
+    if mode != CheckMode::Default {
         if needs_send {
             check_pointer(call.sendbuff as u64, "sendbuff", dev)?;
         }

@@ -36,6 +36,8 @@ pub struct Comm {
     rank: AtomicI32,
     nranks: AtomicI32,
     pub cuda_dev: i32,
+    /// `NCCL_CHECK_MODE` as it was when the communicator was made (NVIDIA reads it then).
+    pub check_mode: watchdog::check::Mode,
     /// This rank's index among the ranks of its host, and how many share the host.
     pub local_rank: AtomicI32,
     pub local_nranks: AtomicI32,
@@ -82,6 +84,7 @@ impl Comm {
             rank: AtomicI32::new(rank),
             nranks: AtomicI32::new(nranks),
             cuda_dev,
+            check_mode: watchdog::check::mode(),
             local_rank: AtomicI32::new(rank),
             local_nranks: AtomicI32::new(nranks),
             rt: Mutex::new(None),
