@@ -56,6 +56,27 @@
  *     the options it answered with) and, if they differ, refuses the connection by closing it,
  *     so the requester's work requests complete with IBV_WC_RETRY_EXC_ERR, as with no path.
  *     A QP connected to another of its own process follows the same rule.
+ *   - InfiniBand subnets joined by routers, with NVIDIA's routable FLIDs:
+ *     SOFT_VERBS_IB_SUBNET=<0..0xffff> (decimal or 0x hex, anything else counts as unset;
+ *     read when the first device is opened; ignored with SOFT_VERBS_LINK_LAYER=eth). Unset:
+ *     as above (one GID, LID routing, nothing checked). Set: every port of the process is in
+ *     that subnet and has gid_tbl_len 2: GID 0 as above, GID 1 (type IB) in NVIDIA's routable
+ *     layout fe80:0000:<FLID>:<subnet>:<GID 0's GUID> (bytes 4-5 the FLID, 6-7 the subnet,
+ *     big-endian). Such a process takes a LID of 1..SV_FLID_LID_MAX (0x3ff); port p of its
+ *     device d has the FLID SV_FLID_BASE (0xc000) + ((2d + p) << 10) + LID: 0xc401..0xe3ff,
+ *     one for each port of each process, never a LID of such a process. Routing: a global
+ *     address (is_global) whose dlid is a port's FLID and whose grh.dgid carries that FLID
+ *     (bytes 4-5) goes to that FLID's port; any other dlid is a LID, as ever. In a process
+ *     with a subnet, or towards a FLID, a global RTR address needs an sgid_index below
+ *     gid_tbl_len, else ibv_modify_qp fails with EINVAL. The requester tells the responder
+ *     its subnet (or none) and its address (is_global, dlid, grh.dgid) in the connection
+ *     hello. Where either end has a subnet the responder checks them against its QP's port
+ *     once that QP is past INIT (as for ECE): a requester without a subnet counts as subnet
+ *     0 (its GID 0's); a global address must name one of the port's GIDs; a requester of
+ *     another subnet must be global, to the port's FLID and its GID 1 (NVIDIA's address
+ *     across subnets); one of the same subnet may use the LID or the FLID. Else the
+ *     connection is refused as an ECE mismatch is, by closing it: the requester's work
+ *     requests complete with IBV_WC_RETRY_EXC_ERR, as with no path.
  *   - what NVIDIA's NCCL IB transport needs to run over it (host memory): NVIDIA_IB.md.
  *   - fault injection: SOFT_VERBS_FAIL_AFTER=N (read when a QP is created): the N+1-th and
  *     later work requests posted on that QP complete with IBV_WC_RETRY_EXC_ERR (then flush);
@@ -75,20 +96,21 @@
  * every other extended op is NULL, so the inline helpers that need one answer EOPNOTSUPP.
  *
  * Design (why not process_vm_readv/writev): each process is its own "NIC". Identity is
- * (LID, QP number), exchanged out of band as with real hardware. A process claims a unique
- * LID by binding the abstract Unix socket "@soft_verbs.lid.<lid>" (binding is atomic and the
- * name disappears when the process dies, so this is the machine-wide registry); QP numbers
- * are (lid << 10) | index, hence unique per machine. A QP moving to RTS connects a stream
- * socket to its peer's process, naming the peer QP. The requester writes requests (with the
- * payload of writes and sends) on that socket; in the target process a responder thread does
- * the memory access itself, after checking the rkey, bounds and access flags against its own
- * MR table, and answers; a requester thread reads the answers and produces send completions
- * in order. Memory is only ever touched by its own process, which needs no ptrace permission
- * (process_vm_* may be refused by Yama or in containers) and is how a real target NIC works:
- * checks happen at the target. Deadlock freedom: a requester-side reader only reads, the
- * responder only writes to a socket drained by such a reader, so every blocking write drains.
- * A connection that is lost (peer gone, ECE refused) leaves the QP without a path: what is
- * outstanding and whatever is posted later completes with IBV_WC_RETRY_EXC_ERR.
+ * (LID or FLID, QP number), exchanged out of band as with real hardware. A process claims a
+ * unique LID by binding the abstract Unix socket "@soft_verbs.lid.<lid>" (binding is atomic
+ * and the name disappears when the process dies, so this is the machine-wide registry); QP
+ * numbers are (lid << 10) | index, hence unique per machine. A QP moving to RTS connects a
+ * stream socket to its peer's process, naming the peer QP. The requester writes requests
+ * (with the payload of writes and sends) on that socket; in the target process a responder
+ * thread does the memory access itself, after checking the rkey, bounds and access flags
+ * against its own MR table, and answers; a requester thread reads the answers and produces
+ * send completions in order. Memory is only ever touched by its own process, which needs no
+ * ptrace permission (process_vm_* may be refused by Yama or in containers) and is how a real
+ * target NIC works: checks happen at the target. Deadlock freedom: a requester-side reader
+ * only reads, the responder only writes to a socket drained by such a reader, so every
+ * blocking write drains. A connection that is lost (peer gone, ECE or subnets refused) leaves
+ * the QP without a path: what is outstanding and whatever is posted later completes with
+ * IBV_WC_RETRY_EXC_ERR.
  */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
@@ -114,12 +136,22 @@
 #define SV_MAX_QP_PER_PROC 1024
 #define SV_MAX_WR 8192
 #define SV_LID_MAX 0x3fff
-#define SV_HELLO_MAGIC 0x736f6677u /* "sofw": a hello with ECE options ("sofv" had none) */
+/* "sofx": a hello with ECE options and the requester's subnet and address ("sofw" had neither
+ * of the latter, "sofv" no ECE options either) */
+#define SV_HELLO_MAGIC 0x736f6678u
 #define SV_BOUNCE (256 * 1024) /* payload staging of one reader thread */
 #define SV_MAX_DEVICES 4
 #define SV_ETH_GIDS 4 /* GID table of an Ethernet port */
 #define SV_MAX_INLINE 256 /* the largest cap.max_inline_data a QP may ask for */
 #define SV_ECE_VENDOR 0x15b3 /* Mellanox's PCI vendor id, which mlx5 reports as ECE vendor */
+/* SOFT_VERBS_IB_SUBNET: the port's routable FLID (GID 1, bytes 4-5) is
+ * SV_FLID_BASE + ((2 * device + port) << 10) + LID, for a process LID of 1..SV_FLID_LID_MAX
+ * (such a process claims its LID there): 0xc401..0xe3ff, a FLID for each port of each device
+ * of every process, none equal to a LID of such a process (their bits 10-13 are clear). */
+#define SV_FLID_BASE 0xc000
+#define SV_FLID_LID_MAX 0x3ff
+#define SV_IB_ROUTABLE_GIDS 2 /* GID table of an InfiniBand port with a subnet */
+#define SV_NO_SUBNET 0xffffffffu /* the hello's subnet of a requester without one */
 #ifndef SV_DEFAULT_DEVICES
 #define SV_DEFAULT_DEVICES 1
 #endif
@@ -144,6 +176,8 @@ static struct {
   int eth; /* SOFT_VERBS_LINK_LAYER=eth: RoCE ports */
   int port_down;
   uint32_t ece_mask; /* SOFT_VERBS_ECE: the ECE options every QP offers; 0: no ECE */
+  int subnet_set;    /* SOFT_VERBS_IB_SUBNET was given (InfiniBand ports only) */
+  uint16_t subnet;   /* its value: the subnet of every port, GID 1 bytes 6-7 */
   struct sv_context *ctxs[64];
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .listen_fd = -1};
 
@@ -210,6 +244,12 @@ struct sv_qp {
   uint32_t ece_accepted;
   int ece_set;
   uint32_t peer_ece;
+  /* the requester's subnet (SV_NO_SUBNET: none) and address (is_global, dlid, grh.dgid), from
+   * the same hello; checked against this QP's port once past INIT, as the ECE options are */
+  uint32_t peer_subnet;
+  int peer_global;
+  uint16_t peer_dlid;
+  uint8_t peer_dgid[16];
   uint64_t posted;
   /* requester side */
   int out_fd;
@@ -251,6 +291,10 @@ struct sv_hello {
   uint32_t src_qpn;
   uint32_t src_lid;
   uint32_t ece; /* the requester QP's ECE wire options */
+  uint32_t subnet; /* the requester's SOFT_VERBS_IB_SUBNET, SV_NO_SUBNET when unset */
+  uint32_t global; /* how it addressed the responder: its RTR ah_attr's is_global, */
+  uint32_t dlid;   /* dlid */
+  uint8_t dgid[16]; /* and grh.dgid (zero unless global) */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -338,11 +382,87 @@ static int env_int(const char *name, int dflt) {
   return atoi(s);
 }
 
+/* A number of 0..0xffff written in decimal or 0x hex, nothing else: 1 and *out, else 0. */
+static int parse_u16(const char *s, uint16_t *out) {
+  int hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+  const char *d = s + (hex ? 2 : 0);
+  unsigned long v = 0;
+  if (!*d) return 0;
+  for (; *d; d++) {
+    int c = *d;
+    int x = c >= '0' && c <= '9'         ? c - '0'
+            : hex && c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : hex && c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                          : -1;
+    if (x < 0) return 0;
+    v = v * (hex ? 16 : 10) + (unsigned long)x;
+    if (v > 0xffff) return 0;
+  }
+  *out = (uint16_t)v;
+  return 1;
+}
+
 static void lid_sockaddr(uint16_t lid, struct sockaddr_un *a, socklen_t *len) {
   memset(a, 0, sizeof *a);
   a->sun_family = AF_UNIX;
   int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "soft_verbs.lid.%u", (unsigned)lid);
   *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* ---------------------------------------------------------------- InfiniBand subnets */
+
+/* How many GIDs an InfiniBand port has: 2 with SOFT_VERBS_IB_SUBNET (the routable one at
+ * index 1), else 1. */
+static int ib_gids(void) { return G.subnet_set ? SV_IB_ROUTABLE_GIDS : 1; }
+
+/* The routable FLID of port `port` of device `dev` of the process with LID `lid` (one with a
+ * subnet, so lid <= SV_FLID_LID_MAX). */
+static uint16_t ib_flid(uint16_t lid, int dev, int port) {
+  return (uint16_t)(SV_FLID_BASE + ((2 * dev + port) << 10) + lid);
+}
+
+/* Whether `flid` is the FLID of a port (of any process): that process's LID in *lid, the
+ * device and the port in *dev and *port. */
+static int flid_port(uint16_t flid, uint16_t *lid, int *dev, int *port) {
+  if (flid < SV_FLID_BASE) return 0;
+  int k = (flid - SV_FLID_BASE) >> 10; /* 2 * device + port */
+  uint16_t l = (uint16_t)(flid & SV_FLID_LID_MAX);
+  if (k < 1 || k > 2 * SV_MAX_DEVICES || l < 1) return 0;
+  *lid = l;
+  *dev = (k - 1) / 2;
+  *port = (k - 1) % 2 + 1;
+  return 1;
+}
+
+/* GID `index` of InfiniBand port `port` of device `dev` of this process: 0 the link-local
+ * fe80::<port GUID>; 1 (with a subnet) NVIDIA's routable layout, fe80:0000:<FLID>:<subnet>
+ * then the same GUID. The GUID is per process, device and port. */
+static void ib_gid(int dev, int port, int index, union ibv_gid *gid) {
+  memset(gid, 0, sizeof *gid);
+  gid->raw[0] = 0xfe;
+  gid->raw[1] = 0x80;
+  if (index == 1) {
+    uint16_t flid = ib_flid(G.lid, dev, port);
+    gid->raw[4] = (uint8_t)(flid >> 8);
+    gid->raw[5] = (uint8_t)flid;
+    gid->raw[6] = (uint8_t)(G.subnet >> 8);
+    gid->raw[7] = (uint8_t)G.subnet;
+  }
+  uint64_t g = SV_SYS_IMAGE_GUID + ((uint64_t)dev << 8) + (uint64_t)G.lid * 4 + (uint64_t)port;
+  for (int i = 0; i < 8; i++) gid->raw[8 + i] = (uint8_t)(g >> (56 - 8 * i));
+}
+
+/* Whether an InfiniBand address routes by FLID, as NVIDIA addresses a port of another subnet:
+ * global, its dlid the FLID of a port, and grh.dgid carrying that FLID (bytes 4-5). The
+ * FLID's process LID in *lid. Any other dlid is a LID, routed as ever. */
+static int flid_route(const struct ibv_ah_attr *ah, uint16_t *lid) {
+  int dev, port;
+  uint16_t l;
+  if (!ah->is_global || !flid_port(ah->dlid, &l, &dev, &port) ||
+      ah->grh.dgid.raw[4] != (uint8_t)(ah->dlid >> 8) || ah->grh.dgid.raw[5] != (uint8_t)ah->dlid)
+    return 0;
+  *lid = l;
+  return 1;
 }
 
 static struct sv_context *sv_ctx(struct ibv_context *c) {
@@ -610,10 +730,46 @@ static int ece_agrees(struct sv_qp *q) {
   return same;
 }
 
+static struct sv_device *sv_dev(struct ibv_device *device);
+
+/* Caller holds q->mu, q past INIT (its port is set). Whether the requester of the connection
+ * to q reached q's port by a path that exists. Without subnets on either end, any (as
+ * before SOFT_VERBS_IB_SUBNET). Else a requester without one counts as subnet 0 (that of a
+ * GID 0); a global address must name one of the port's GIDs (grh.dgid); a requester of
+ * another subnet must have come through the routers: global, to the port's FLID (dlid) and
+ * its routable GID 1 (grh.dgid). RoCE ports have no subnets. */
+static int subnet_agrees_locked(const struct sv_qp *q) {
+  if (G.eth || (!G.subnet_set && q->peer_subnet == SV_NO_SUBNET)) return 1;
+  struct sv_device *v = sv_dev(q->qp.context->device);
+  int dev = v ? v->index : 0;
+  int port = q->attr.port_num;
+  union ibv_gid g0, g1;
+  ib_gid(dev, port, 0, &g0);
+  ib_gid(dev, port, 1, &g1);
+  int to_g1 = G.subnet_set && !memcmp(q->peer_dgid, g1.raw, sizeof g1.raw);
+  if (q->peer_global && !to_g1 && memcmp(q->peer_dgid, g0.raw, sizeof g0.raw))
+    return 0; /* a route header for another port's GID */
+  uint32_t mine = G.subnet_set ? G.subnet : 0;
+  uint32_t theirs = q->peer_subnet == SV_NO_SUBNET ? 0 : q->peer_subnet;
+  if (mine == theirs) return 1; /* one subnet: by LID, or by FLID */
+  return q->peer_global && to_g1 && q->peer_dlid == ib_flid(G.lid, dev, port);
+}
+
+/* Responder: whether the connection to q is one q's port accepts: the requester's ECE options
+ * agree with q's (ece_agrees) and its subnet and address reach q's port
+ * (subnet_agrees_locked), checked once q is past INIT as ece_agrees says. */
+static int conn_agrees(struct sv_qp *q) {
+  if (!ece_agrees(q)) return 0;
+  pthread_mutex_lock(&q->mu);
+  int ok = q->destroying || subnet_agrees_locked(q);
+  pthread_mutex_unlock(&q->mu);
+  return ok;
+}
+
 static void *in_reader(void *arg) {
   struct sv_qp *q = arg;
   int fd = q->in_fd;
-  if (!ece_agrees(q)) { /* refused: the requester sees the connection end, as with no path */
+  if (!conn_agrees(q)) { /* refused: the requester sees the connection end, as with no path */
     shutdown(fd, SHUT_RDWR);
     return NULL; /* the fd stays q->in_fd (closed with the QP): no other requester is let in */
   }
@@ -717,6 +873,10 @@ static void *listener(void *arg) {
         if (q->in_fd < 0 && !q->destroying) {
           q->in_fd = fd;
           q->peer_ece = h.ece; /* compared by in_reader once q's own options are final */
+          q->peer_subnet = h.subnet; /* and these once q's port is set */
+          q->peer_global = h.global != 0;
+          q->peer_dlid = (uint16_t)h.dlid;
+          memcpy(q->peer_dgid, h.dgid, sizeof q->peer_dgid);
           if (pthread_create(&q->in_thread, NULL, in_reader, q) == 0) {
             q->in_started = 1;
             ok = 1;
@@ -766,12 +926,16 @@ static int engine_init_locked(void) {
   G.eth = ll && !strcmp(ll, "eth");
   const char *ece = getenv("SOFT_VERBS_ECE");
   G.ece_mask = ece && *ece ? (uint32_t)strtoul(ece, NULL, 0) : 0;
+  const char *subnet = getenv("SOFT_VERBS_IB_SUBNET");
+  G.subnet_set = subnet && !G.eth && parse_u16(subnet, &G.subnet); /* IB ports only */
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  uint16_t start = (uint16_t)(getpid() % SV_LID_MAX) + 1;
+  /* A process with a subnet takes a LID its ports' FLIDs can carry (ib_flid). */
+  int lid_max = G.subnet_set ? SV_FLID_LID_MAX : SV_LID_MAX;
+  uint16_t start = (uint16_t)(getpid() % lid_max) + 1;
   int bound = 0;
-  for (int i = 0; i < SV_LID_MAX && !bound; i++) {
-    uint16_t lid = (uint16_t)((start - 1 + i) % SV_LID_MAX + 1);
+  for (int i = 0; i < lid_max && !bound; i++) {
+    uint16_t lid = (uint16_t)((start - 1 + i) % lid_max + 1);
     struct sockaddr_un a;
     socklen_t len;
     lid_sockaddr(lid, &a, &len);
@@ -1015,7 +1179,7 @@ static int fill_port(struct ibv_context *context, uint8_t port, struct ibv_port_
   a->state = G.port_down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
   a->max_mtu = IBV_MTU_4096;
   a->active_mtu = IBV_MTU_4096;
-  a->gid_tbl_len = G.eth ? SV_ETH_GIDS : 1;
+  a->gid_tbl_len = G.eth ? SV_ETH_GIDS : ib_gids();
   a->port_cap_flags = 0;
   a->max_msg_sz = 0x80000000u;
   a->pkey_tbl_len = 1;
@@ -1096,19 +1260,13 @@ static int eth_gid_route(const union ibv_gid *gid, int index, uint16_t *lid) {
 SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index,
                             union ibv_gid *gid) {
   if (port < 1 || port > (G.ports ? G.ports : 1) || index < 0 ||
-      index >= (G.eth ? SV_ETH_GIDS : 1))
+      index >= (G.eth ? SV_ETH_GIDS : ib_gids()))
     return -1;
   struct sv_device *v = sv_dev(context->device);
-  if (G.eth) {
+  if (G.eth)
     eth_gid(G.lid, v ? v->index : 0, port, index, gid);
-    return 0;
-  }
-  memset(gid, 0, sizeof *gid);
-  gid->raw[0] = 0xfe;
-  gid->raw[1] = 0x80;
-  uint64_t g = (v ? v->guid : SV_SYS_IMAGE_GUID) + (uint64_t)G.lid * 4 + port; /* per process,
-                                                                                device, port */
-  for (int i = 0; i < 8; i++) gid->raw[8 + i] = (uint8_t)(g >> (56 - 8 * i));
+  else
+    ib_gid(v ? v->index : 0, port, index, gid);
   return 0;
 }
 
@@ -1420,18 +1578,30 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
   return &q->qp;
 }
 
-/* Connects the requester socket to the peer QP (dlid, or on Ethernet the LID the dgid
- * carries; dest_qp_num), telling it q's ECE wire options `ece`. */
+/* Connects the requester socket to the peer QP (dlid: a LID, or a FLID addressed as
+ * flid_route says; on Ethernet the LID the dgid carries; dest_qp_num), telling it q's ECE
+ * wire options `ece`, this process's subnet and how q addressed it. */
 static int qp_connect(struct sv_qp *q, uint32_t ece) {
-  uint16_t dlid = q->attr.ah_attr.dlid & SV_LID_MAX;
-  if (G.eth && !eth_gid_route(&q->attr.ah_attr.grh.dgid, q->attr.ah_attr.grh.sgid_index, &dlid))
-    return -1;
+  const struct ibv_ah_attr *ah = &q->attr.ah_attr;
+  uint16_t dlid = ah->dlid & SV_LID_MAX;
+  if (G.eth && !eth_gid_route(&ah->grh.dgid, ah->grh.sgid_index, &dlid)) return -1;
+  if (!G.eth) flid_route(ah, &dlid); /* a FLID: its process's LID */
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   struct sockaddr_un a;
   socklen_t len;
   lid_sockaddr(dlid, &a, &len);
-  struct sv_hello h = {SV_HELLO_MAGIC, q->attr.dest_qp_num, q->qp.qp_num, G.lid, ece};
+  struct sv_hello h;
+  memset(&h, 0, sizeof h);
+  h.magic = SV_HELLO_MAGIC;
+  h.dst_qpn = q->attr.dest_qp_num;
+  h.src_qpn = q->qp.qp_num;
+  h.src_lid = G.lid;
+  h.ece = ece;
+  h.subnet = G.subnet_set ? G.subnet : SV_NO_SUBNET;
+  h.global = ah->is_global;
+  h.dlid = ah->dlid;
+  if (ah->is_global) memcpy(h.dgid, ah->grh.dgid.raw, sizeof h.dgid);
   uint32_t ok = 0;
   if (connect(fd, (struct sockaddr *)&a, len) || write_all(fd, &h, sizeof h) ||
       readn(fd, &ok, sizeof ok) || !ok) {
@@ -1506,6 +1676,12 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
       (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= SV_ETH_GIDS ||
        !eth_gid_route(&attr->ah_attr.grh.dgid, attr->ah_attr.grh.sgid_index, &route) ||
        ((mask & IBV_QP_DEST_QPN) && (attr->dest_qp_num >> 10) != route)))
+    ok = 0;
+  /* On InfiniBand where subnets are in play (this process has one, or the address is to a
+   * FLID) a global address needs a source GID index the port has. */
+  if (ok && !G.eth && (mask & IBV_QP_AV) && attr->ah_attr.is_global &&
+      (G.subnet_set || flid_route(&attr->ah_attr, &route)) &&
+      attr->ah_attr.grh.sgid_index >= ib_gids())
     ok = 0;
   if (!ok || ((mask & IBV_QP_PORT) && (attr->port_num < 1 || attr->port_num > G.ports)) ||
       ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index >= 1 /* pkey_tbl_len */)) {

@@ -29,6 +29,13 @@
  * 48-byte IBV_SEND_INLINE write from an unregistered stack buffer lands, 65 bytes EINVAL with
  * bad_wr, max_inline_data 1024 refused with EINVAL); soft_verbs_qp_facts: ECE wire options
  * (0x5, or 0 when never set), sl 5, traffic class 0 for a non-global address, max_inline.
+ * Then two more pairs of fresh processes, with SOFT_VERBS_IB_SUBNET 1 and 0x2, then 1 and 1:
+ * gid_tbl_len 2, GID 0 unchanged, GID 1 in NVIDIA's routable layout (FLID, subnet, GID 0's
+ * GUID; type IB for ibv_query_gid_ex), FLIDs distinct, a global RTR from sgid_index 2 EINVAL;
+ * across the subnets a write addressed as NVIDIA's NCCL does (global, the peer's FLID and GID
+ * 1) lands exactly, while plain LID routing, a global address by LID and the FLID with GID 0
+ * complete with RETRY_EXC_ERR and land nothing; within subnet 1 the LID, the FLID and a global
+ * address by LID land exactly, a global address to a GID of no port is refused.
  * soft_verbs_qp_facts is looked up with dlvsym (SOFT_VERBS_TEST); built against rdma-core's
  * library (run.sh's verbs_test_real) those checks are skipped.
  * Not tested here: iova registration, SEND larger than the receive (LOC_LEN_ERR).
@@ -1045,6 +1052,166 @@ static int ece_check(void) {
   return failed ? 1 : 0;
 }
 
+/* ---- InfiniBand subnets: two fresh processes with SOFT_VERBS_IB_SUBNET ---- */
+
+#define SN_NQP 4
+#define SN_SRC 32768 /* where a side's writes come from; the peer's land at [0, SN_NQP * 4096) */
+
+struct sn_info {
+  uint16_t lid;
+  uint32_t qpn[SN_NQP];
+  uint64_t buf;
+  uint32_t rkey;
+  union ibv_gid gid[2]; /* port 1's GIDs 0 and 1 */
+};
+
+/* How a QP addresses its peer: by LID; as NVIDIA across subnets (global, the FLID of the
+ * peer's GID 1, that GID); global by LID to GID 1 (a GRH within a subnet); global to the FLID
+ * but with GID 0; global by LID to a GID of no port. */
+enum { SN_LID, SN_FLID, SN_LID_GRH, SN_FLID_GID0, SN_LID_NO_GID };
+
+static uint16_t gid_flid(const union ibv_gid *g) { return (uint16_t)(g->raw[4] << 8 | g->raw[5]); }
+
+/* Moves q to RTR towards the peer's QP i, addressed as `how`, from GID `sgid_index`. */
+static int sn_rtr(struct ibv_qp *q, const struct sn_info *peer, int i, int how, int sgid_index) {
+  struct ibv_qp_attr a = rtr_attr(peer->qpn[i]);
+  a.ah_attr.dlid = how == SN_FLID || how == SN_FLID_GID0 ? gid_flid(&peer->gid[1]) : peer->lid;
+  if (how != SN_LID) {
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = peer->gid[how == SN_FLID_GID0 ? 0 : 1];
+    if (how == SN_LID_NO_GID) a.ah_attr.grh.dgid.raw[15] ^= 0x5a;
+    a.ah_attr.grh.sgid_index = (uint8_t)sgid_index;
+    a.ah_attr.grh.hop_limit = 255;
+  }
+  return ibv_modify_qp(q, &a, RTR_MASK);
+}
+
+/* A fresh process that forks into sides A and B before either opens the device: A with
+ * SOFT_VERBS_IB_SUBNET=1, B with 0x2 (or 1 too when `same`). Each checks its port's GID table
+ * (gid_tbl_len 2, GID 1 = fe80:0000:<FLID>:<subnet>:<GID 0's GUID>), then connects SN_NQP QPs
+ * to the other's, addressed as below, and writes 4 KiB over each: across the two subnets only
+ * NVIDIA's global address to the peer's FLID and GID 1 reaches the peer, plain LID routing
+ * and the other addresses complete with IBV_WC_RETRY_EXC_ERR; within subnet 1, the LID, the
+ * FLID and a GRH by LID all do, a GID of no port does not. What lands is checked. */
+static int subnet_check(int same) {
+  static const int cross_how[SN_NQP] = {SN_FLID, SN_LID, SN_LID_GRH, SN_FLID_GID0};
+  static const int same_how[SN_NQP] = {SN_LID, SN_FLID, SN_LID_GRH, SN_LID_NO_GID};
+  static const char *const name[] = {
+      "plain LID routing", "global to the peer's FLID and GID 1 (NVIDIA's)",
+      "global by LID to the peer's GID 1", "global to the peer's FLID with its GID 0",
+      "global by LID to a GID of no port"};
+  const int *how = same ? same_how : cross_how;
+  pid_t pid = fork_pair(same ? "sn1-a" : "sn-a", same ? "sn1-b" : "sn-b");
+  if (pid < 0) return 2;
+  int side_b = pid == 0;
+  uint16_t subnet = side_b && !same ? 2 : 1;
+  setenv("SOFT_VERBS_IB_SUBNET", side_b && !same ? "0x2" : "1", 1);
+  const char *pair = same ? "both on subnet 1" : "subnets 1 and 2";
+  char what[200];
+  struct ibv_device **list = ibv_get_device_list(NULL);
+  if (!list || !list[0]) die("no device");
+  ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!ctx) die("ibv_open_device");
+  pd = ibv_alloc_pd(ctx);
+  cq = pd ? ibv_create_cq(ctx, 64, NULL, NULL, 0) : NULL;
+  buf = aligned_alloc(4096, 65536);
+  if (!cq || !buf) die("pd, cq, buffer");
+  memset(buf, 0, 65536);
+  mr = ibv_reg_mr(pd, buf, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr) die("ibv_reg_mr");
+
+  struct sn_info me, peer;
+  memset(&me, 0, sizeof me);
+  struct ibv_port_attr pa;
+  if (ibv_query_port(ctx, 1, &pa)) die("ibv_query_port");
+  me.lid = pa.lid;
+  union ibv_gid none;
+  struct ibv_gid_entry ge;
+  check(pa.gid_tbl_len == 2 && ibv_query_gid(ctx, 1, 0, &me.gid[0]) == 0 &&
+            ibv_query_gid(ctx, 1, 1, &me.gid[1]) == 0 && ibv_query_gid(ctx, 1, 2, &none) != 0,
+        "SOFT_VERBS_IB_SUBNET: gid_tbl_len 2, GIDs 0 and 1, no GID 2");
+  static const uint8_t zero[8];
+  const uint8_t *g0 = me.gid[0].raw, *g1 = me.gid[1].raw;
+  check(g0[0] == 0xfe && g0[1] == 0x80 && !memcmp(g0 + 2, zero, 6),
+        "GID 0 is still the link-local fe80::<guid> (no FLID, subnet 0)");
+  uint16_t flid = gid_flid(&me.gid[1]);
+  snprintf(what, sizeof what,
+           "GID 1 = fe80:0000:<FLID>:<subnet %u>:<GID 0's GUID>, FLID 0x%x nonzero, not the "
+           "LID 0x%x",
+           (unsigned)subnet, (unsigned)flid, (unsigned)pa.lid);
+  check(g1[0] == 0xfe && g1[1] == 0x80 && g1[2] == 0 && g1[3] == 0 && flid != 0 &&
+            flid != pa.lid && g1[6] == subnet >> 8 && g1[7] == (subnet & 0xff) &&
+            !memcmp(g1 + 8, g0 + 8, 8),
+        what);
+  memset(&ge, 0, sizeof ge);
+  check(ibv_query_gid_ex(ctx, 1, 1, &ge, 0) == 0 && ge.gid_type == IBV_GID_TYPE_IB &&
+            ge.gid_index == 1 && !memcmp(&ge.gid, &me.gid[1], sizeof ge.gid),
+        "ibv_query_gid_ex: GID 1, type IB");
+
+  for (int i = 0; i < SN_NQP; i++) {
+    qp[i] = rc_qp(pd, cq, 16);
+    to_init(qp[i], IBV_ACCESS_REMOTE_WRITE);
+    me.qpn[i] = qp[i]->qp_num;
+  }
+  me.buf = (uint64_t)(uintptr_t)buf;
+  me.rkey = mr->rkey;
+  put(&me, sizeof me);
+  get(&peer, sizeof peer);
+  check(gid_flid(&peer.gid[1]) != flid && peer.gid[1].raw[7] == (same ? 1 : 3 - subnet),
+        "the peer's FLID differs; its GID 1 carries its subnet");
+
+  check(sn_rtr(qp[0], &peer, 0, SN_FLID, 2) == EINVAL,
+        "RTR, global from sgid_index 2 (past gid_tbl_len 2): EINVAL");
+  for (int i = 0; i < SN_NQP; i++) {
+    if (sn_rtr(qp[i], &peer, i, how[i], 1)) die("modify RTR");
+    to_rts(qp[i]);
+  }
+  sync_with_peer('c'); /* both sides RTS */
+  int seed = side_b ? 40 : 30;
+  for (int i = 0; i < SN_NQP; i++) {
+    int works = same ? how[i] != SN_LID_NO_GID : how[i] == SN_FLID;
+    for (int k = 0; k < 4096; k++) buf[SN_SRC + i * 4096 + k] = (char)pat((size_t)k, seed + i);
+    struct ibv_wc wc;
+    memset(&wc, 0, sizeof wc);
+    int rc = post_rdma(i, IBV_WR_RDMA_WRITE, 10 + (uint64_t)i, SN_SRC + (size_t)i * 4096, 4096,
+                       peer.buf + (uint64_t)i * 4096, peer.rkey, 1, 0);
+    int n = poll_n(&wc, 1);
+    snprintf(what, sizeof what, "%s, %s: the write %s", pair, name[how[i]],
+             works ? "completes" : "completes with IBV_WC_RETRY_EXC_ERR");
+    check(rc == 0 && n == 1 && wc.wr_id == 10 + (uint64_t)i &&
+              wc.status == (works ? IBV_WC_SUCCESS : IBV_WC_RETRY_EXC_ERR),
+          what);
+  }
+  sync_with_peer('w'); /* both sides' writes are done */
+  int peer_seed = side_b ? 30 : 40;
+  for (int i = 0; i < SN_NQP; i++) {
+    int works = same ? how[i] != SN_LID_NO_GID : how[i] == SN_FLID;
+    int ok = 1;
+    for (int k = 0; k < 4096 && ok; k++)
+      ok = (uint8_t)buf[i * 4096 + k] == (works ? pat((size_t)k, peer_seed + i) : 0);
+    snprintf(what, sizeof what, "%s, %s: %s", pair, name[how[i]],
+             works ? "the peer's write landed exactly" : "nothing landed");
+    check(ok, what);
+  }
+  sync_with_peer('e');
+  for (int i = 0; i < SN_NQP; i++) ibv_destroy_qp(qp[i]);
+  ibv_dereg_mr(mr);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  free(buf);
+  if (side_b) {
+    printf("%s: %d passed, %d failed\n", who, passed, failed);
+    fflush(stdout);
+    return failed ? 1 : 0;
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "side B exited cleanly with no failures");
+  return failed ? 1 : 0;
+}
+
 /* Runs this program again with `mode` (exec: the library's process state must start fresh);
  * whether it exited with 0. */
 static int run_fresh(const char *self, const char *mode) {
@@ -1063,6 +1230,8 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "ports") == 0) return port_down_check();
   if (argc > 1 && strcmp(argv[1], "roce") == 0) return roce_check();
   if (argc > 1 && strcmp(argv[1], "ece") == 0) return ece_check();
+  if (argc > 1 && strcmp(argv[1], "subnets") == 0) return subnet_check(0);
+  if (argc > 1 && strcmp(argv[1], "subnet1") == 0) return subnet_check(1);
   setenv("SOFT_VERBS_RATE_GBPS", "100", 1);
   pid_t pid = fork_pair("rank0", "rank1");
   if (pid < 0) return 2;
@@ -1092,6 +1261,8 @@ int main(int argc, char **argv) {
   check(run_fresh(argv[0], "ports"), "port checks in a fresh process");
   check(run_fresh(argv[0], "roce"), "RoCE checks in a fresh process");
   check(run_fresh(argv[0], "ece"), "ECE and inline checks in two fresh processes");
+  check(run_fresh(argv[0], "subnets"), "IB subnets 1 and 2 (routable FLIDs), two fresh processes");
+  check(run_fresh(argv[0], "subnet1"), "IB subnet 1 on both ends in two fresh processes");
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

@@ -1478,3 +1478,47 @@ fn busy_qp_transitions_are_retried_until_the_count_runs_out() {
         "{out}"
     );
 }
+
+#[test]
+fn ranks_in_two_ib_subnets_reach_each_other_at_their_flids() {
+    if stand_in().is_none() {
+        return;
+    }
+    // The receiver on subnet 1, the sender on subnet 2: each port's GID 1 carries its FLID,
+    // so the ranks address each other globally, at the FLID, and every size arrives.
+    let env = [
+        ("SOFT_VERBS_IB_SUBNET", "1"),
+        (SENDER_ENV, "SOFT_VERBS_IB_SUBNET=2"),
+    ];
+    let (ok, out) = finish_child(spawn_child("recv", None, &env), Duration::from_secs(60));
+    assert!(ok && out.contains("CHILD_OK"), "{out}");
+    let (ok, out) = finish_child(
+        spawn_child("gid", None, &[("SOFT_VERBS_IB_SUBNET", "1")]),
+        Duration::from_secs(30),
+    );
+    assert!(ok, "{out}");
+    let line = out
+        .lines()
+        .find_map(|l| l.find("CHILD_PORT ").map(|at| &l[at..]))
+        .unwrap_or_else(|| panic!("{out}"));
+    // "CHILD_PORT soft_0:1/IB lid L gid 1 fe800000<flid><subnet 0001><guid>"
+    let words: Vec<&str> = line.split(' ').collect();
+    assert_eq!(words[4..6], ["gid", "1"], "{line}");
+    assert!(
+        words[6].starts_with("fe800000") && &words[6][12..16] == "0001",
+        "{line}"
+    );
+    // Without the routable GID both ends use GID 0, route by LID across the subnets, and
+    // the stand-in's routers refuse: the sends fail naming the status.
+    let env = [
+        ("SOFT_VERBS_IB_SUBNET", "1"),
+        ("NCCL_IB_ROUTABLE_FLID_GID_INDEX", "0"),
+        (
+            SENDER_ENV,
+            "SOFT_VERBS_IB_SUBNET=2;NCCL_IB_ROUTABLE_FLID_GID_INDEX=0",
+        ),
+    ];
+    let (ok, out) = finish_child(spawn_child("recv", None, &env), Duration::from_secs(90));
+    assert!(!ok, "LID routing across subnets cannot succeed:\n{out}");
+    assert!(out.contains("transport retry counter exceeded"), "{out}");
+}
