@@ -478,6 +478,30 @@ if [[ ${tuner_built:-0} == 1 ]]; then
     fail "tuner plugin v6 picking ring/LL on 3 channels" "exit $tuner_rc, ${pick_colls:-0} allreduce coll calls"
     tuner_show pick
   fi
+
+  # NCCL_TUNER_PLUGIN unset and no libnccl-tuner.so: the tuner is found in the net plugin's
+  # library (as aws-ofi-nccl ships its tuner), here the test net plugin and tuner in one file.
+  if "$CC" -shared -fPIC -O2 "${WARN[@]}" -DOXTEST_TUNER_VERSION=6 -I "$ROOT/include" \
+      -o "$TU_OUT/libnccl-net-oxtuned.so" "$ROOT/ffi-tests/net_plugin/oxtest_net.c" \
+      "$ROOT/ffi-tests/tuner_plugin/oxtest_tuner.c" 2>>"$TU_OUT/build.log"; then
+    rm -f "$TU_OUT/in-net.tuner.log"
+    env -u NCCL_TUNER_PLUGIN -u NCCL_DEBUG_FILE \
+      LD_LIBRARY_PATH="$SI_OUT:$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      NCCL_NET_PLUGIN="$TU_OUT/libnccl-net-oxtuned.so" OXTEST_TUNER_LOG="$TU_OUT/in-net.tuner.log" \
+      NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,NET \
+      timeout 120 "$SI_OUT/hostpath_cpu" -r 2 -c allreduce -s 8 -n 10 >"$TU_OUT/in-net.out" 2>"$TU_OUT/in-net.err"
+    tuner_rc=$?
+    in_net_inits=$(tuner_count in-net '^init v=6 ')
+    if [[ $tuner_rc == 0 && ${in_net_inits:-0} == 2 ]] &&
+        grep -q 'TUNER/Plugin: Using OxTestTuner (v6)' "$TU_OUT/in-net.out"; then
+      pass "tuner plugin in the net plugin's library, NCCL_TUNER_PLUGIN unset: found, 2 inits"
+    else
+      fail "tuner plugin in the net plugin's library" "exit $tuner_rc, ${in_net_inits:-0} inits"
+      tuner_show in-net
+    fi
+  else
+    fail "net plugin and tuner in one library build" "see $TU_OUT/build.log"
+  fi
 fi
 
 echo
