@@ -201,12 +201,36 @@ pub static NOT_BUILT: &[&str] = &[
     "NCCL_WORK_FIFO_BYTES",
 ];
 
+/// Values of not-built settings that ask for what oxccl does anyway (the feature off): set so,
+/// they are not reported. Compared as numbers where both are numbers.
+pub static AGREEING: &[(&str, &str)] = &[
+    ("NCCL_COLLNET_ENABLE", "0"),
+    ("NCCL_GDRCOPY_ENABLE", "0"),
+    ("NCCL_GIN_ENABLE", "0"),
+    ("NCCL_MNNVL_ENABLE", "0"),
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("NCCL_NVTX_DISABLE", "1"),
+    ("NCCL_PXN_DISABLE", "1"),
+];
+
+/// Whether `value` of the not-built `name` asks for what oxccl does anyway.
+fn agrees(name: &str, value: &str) -> bool {
+    AGREEING.iter().any(|&(n, v)| {
+        n == name
+            && match (super::parse_int(value), super::parse_int(v)) {
+                (Some(a), Some(b)) => a == b,
+                _ => value.trim() == v,
+            }
+    })
+}
+
 /// The not-built settings that are set (environment, then the configuration files), with
-/// their values.
+/// their values, except those set to what oxccl does anyway ([`AGREEING`]).
 pub fn set_ones() -> Vec<(&'static str, String)> {
     NOT_BUILT
         .iter()
         .filter_map(|&name| super::lookup_raw(name).map(|v| (name, v)))
+        .filter(|(name, value)| !agrees(name, value))
         .collect()
 }
 
@@ -244,5 +268,18 @@ mod tests {
         super::super::tests::sources::with(&[("NCCL_CROSS_NIC", "1")], &[], || {
             assert_eq!(set_ones(), vec![("NCCL_CROSS_NIC", "1".to_string())]);
         });
+    }
+
+    #[test]
+    fn a_feature_turned_off_that_oxccl_never_uses_is_not_reported() {
+        let env = [("NCCL_NVLS_ENABLE", "0"), ("NCCL_PXN_DISABLE", "0x1")];
+        super::super::tests::sources::with(&env, &[], || assert!(set_ones().is_empty()));
+        let env = [("NCCL_NVLS_ENABLE", "1")];
+        super::super::tests::sources::with(&env, &[], || {
+            assert_eq!(set_ones(), vec![("NCCL_NVLS_ENABLE", "1".to_string())]);
+        });
+        for (name, _) in AGREEING {
+            assert!(NOT_BUILT.contains(name), "{name}");
+        }
     }
 }
