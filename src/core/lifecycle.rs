@@ -264,6 +264,10 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         }
     };
     let bus_id = cuda::pci_bus_id(comm.cuda_dev)?;
+    // The rest of init, where threads start and host buffers are first touched, runs on the
+    // CPUs near the GPU, as NVIDIA's does; the runtime keeps them for its connections.
+    let cpus = topo::affinity::for_gpu(&topo::pci::Sysfs::system(), &bus_id, comm.cuda_dev);
+    let _pinned = topo::affinity::Pinned::enter(cpus.as_deref());
     let me = PeerInfo {
         rank: comm.rank(),
         host_hash: topo::host_hash(),
@@ -313,6 +317,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         let tuner = plugin.init(comm_hash, topo_nranks, topo_nnodes)?;
         rt.set_tuner(Arc::new(tuner));
     }
+    rt.set_cpus(cpus);
     rt.set_net_link(net_link, routes);
     rt.start_adaptive_weights(comm.weights.clone(), device_names, comm.abort.clone())?;
     rt.set_network(comm.config.net_name.clone(), comm.config.traffic_class);

@@ -200,6 +200,8 @@ pub struct Runtime {
     adaptive: Option<AdaptiveWeights>,
     /// The communicator's context of the tuner plugin, when one is loaded.
     tuner: Option<Arc<dyn sched::Tuner>>,
+    /// The CPUs near the GPU (`topo::affinity`): connections are made there.
+    cpus: Option<Vec<usize>>,
 }
 
 /// A runtime's part of the adaptive channel weights. The agent is dropped (its thread
@@ -879,7 +881,14 @@ impl Runtime {
             connection_bytes: Arc::default(),
             adaptive: None,
             tuner: None,
+            cpus: None,
         })
+    }
+
+    /// Make connections on `cpus` (their threads start there, their host buffers are first
+    /// touched there).
+    pub fn set_cpus(&mut self, cpus: Option<Vec<usize>>) {
+        self.cpus = cpus;
     }
 
     /// Ask `tuner` about this communicator's ring collectives from now on.
@@ -1198,6 +1207,7 @@ impl Runtime {
 
     /// Set up the connections `needed` that do not exist yet, with every peer doing the same.
     fn connect_rows(&mut self, needed: Vec<(u32, i32, sched::Dir)>) -> Result<()> {
+        let _pinned = crate::topo::affinity::Pinned::enter(self.cpus.as_deref());
         // The one-shot all-reduce's rows get small LL-only buffers; every other row the
         // configured ones. Both ends split alike (the row decides).
         let (direct, regular): (Vec<_>, Vec<_>) = needed

@@ -143,6 +143,8 @@ registry! {
         "Size in bytes of the buffer used between each pair of ranks");
     NET = Param::text("NCCL_NET", None,
         "Network to use, by name (e.g. IB or Socket, or a plugin's)");
+    IGNORE_CPU_AFFINITY = Param::boolean("NCCL_IGNORE_CPU_AFFINITY", false,
+        "Use the CPUs of the GPU's NUMA node for the library's threads even outside the process's CPU affinity");
     RUNTIME_CONNECT = Param::boolean("NCCL_RUNTIME_CONNECT", true,
         "Dynamically connect peers during runtime (e.g., calling ncclAllreduce()) instead of init stage");
     TUNER_PLUGIN = Param::text("NCCL_TUNER_PLUGIN", None,

@@ -10,6 +10,7 @@
 //! `NCCL_MULTI_RANK_GPU_ENABLE=1` (NVIDIA's variable since 2.30); otherwise `ncclInvalidUsage`
 //! with NVIDIA 2.32's words ("Multiple Ranks are using the same GPU/Partition ...").
 
+pub mod affinity;
 pub mod dump;
 pub mod file;
 pub mod nics;

@@ -221,6 +221,15 @@ impl Sysfs {
             .unwrap_or(-1)
     }
 
+    /// The CPU list of NUMA node `node` (`/sys/devices/system/node/node<N>/cpulist`).
+    pub fn node_cpulist(&self, node: i32) -> Option<String> {
+        std::fs::read_to_string(
+            self.under(&format!("/sys/devices/system/node/node{node}"))
+                .join("cpulist"),
+        )
+        .ok()
+    }
+
     /// The place of the device at sysfs path `path`, or None when it is not a PCI device.
     pub fn place(&self, path: &str) -> Option<Place> {
         Some(Place {
@@ -315,6 +324,15 @@ pub(crate) mod tests {
             let id = path.rsplit('/').next().unwrap();
             std::os::unix::fs::symlink(&dir, bus.join(id)).unwrap();
             path.to_string()
+        }
+
+        /// NUMA node `node` with the CPU list `cpus`.
+        pub fn node_cpus(&self, node: i32, cpus: &str) {
+            let dir = self
+                .root
+                .join(format!("sys/devices/system/node/node{node}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("cpulist"), format!("{cpus}\n")).unwrap();
         }
 
         /// Add network interface `ifname`, whose device is `device` (a sysfs path) if given.
