@@ -180,6 +180,29 @@ static struct ibv_mr *mr;
 static char *buf; /* [0, 4 MiB): 0..1M write target, 1..2M read source, 2..3M local scratch */
 static int wfd, rfd;
 
+/* The first device of a freshly read list, opened (dies where there is none). */
+static struct ibv_context *open_first_device(void) {
+  struct ibv_device **list = ibv_get_device_list(NULL);
+  if (!list || !list[0]) die("no device");
+  struct ibv_context *c = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!c) die("ibv_open_device");
+  return c;
+}
+
+/* ctx, pd, cq on the first device, and `bytes` of zeroed buffer registered for local and
+ * remote writes as mr. */
+static void open_with_buffer(size_t bytes) {
+  ctx = open_first_device();
+  pd = ibv_alloc_pd(ctx);
+  cq = pd ? ibv_create_cq(ctx, 64, NULL, NULL, 0) : NULL;
+  buf = aligned_alloc(4096, bytes);
+  if (!cq || !buf) die("pd, cq, buffer");
+  memset(buf, 0, bytes);
+  mr = ibv_reg_mr(pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr) die("ibv_reg_mr");
+}
+
 static void put(const void *p, size_t n) {
   if (write(wfd, p, n) != (ssize_t)n) die("pipe write");
 }
@@ -716,11 +739,7 @@ static int roce_rtr(struct ibv_qp *q, uint32_t dest_qpn, int global, int sgid_in
 static int roce_check(void) {
   who = "roce";
   setenv("SOFT_VERBS_LINK_LAYER", "eth", 1);
-  struct ibv_device **list = ibv_get_device_list(NULL);
-  if (!list || !list[0]) die("no device");
-  struct ibv_context *c = ibv_open_device(list[0]);
-  ibv_free_device_list(list);
-  if (!c) die("ibv_open_device");
+  struct ibv_context *c = open_first_device();
   struct ibv_port_attr pa;
   check(ibv_query_port(c, 1, &pa) == 0 && pa.link_layer == IBV_LINK_LAYER_ETHERNET &&
             pa.lid == 0 && pa.gid_tbl_len == 4,
@@ -805,11 +824,7 @@ static int port_down_check(void) {
   setenv("SOFT_VERBS_PORTS", "2", 1);
   setenv("SOFT_VERBS_RATE_GBPS", "200", 1);
   setenv("SOFT_VERBS_PORT_DOWN_AFTER_MS", "100", 1);
-  struct ibv_device **list = ibv_get_device_list(NULL);
-  if (!list || !list[0]) die("no device");
-  struct ibv_context *c = ibv_open_device(list[0]);
-  ibv_free_device_list(list);
-  if (!c) die("ibv_open_device");
+  struct ibv_context *c = open_first_device();
   struct ibv_device_attr da;
   struct ibv_port_attr p1, p2;
   check(ibv_query_device(c, &da) == 0 && da.phys_port_cnt == 2, "SOFT_VERBS_PORTS=2: two ports");
@@ -987,18 +1002,7 @@ static int ece_check(void) {
   if (pid < 0) return 2;
   int side_b = pid == 0;
   setenv("SOFT_VERBS_ECE", side_b ? "0x5" : "0x7", 1);
-  struct ibv_device **list = ibv_get_device_list(NULL);
-  if (!list || !list[0]) die("no device");
-  ctx = ibv_open_device(list[0]);
-  ibv_free_device_list(list);
-  if (!ctx) die("ibv_open_device");
-  pd = ibv_alloc_pd(ctx);
-  cq = pd ? ibv_create_cq(ctx, 64, NULL, NULL, 0) : NULL;
-  buf = aligned_alloc(4096, ECE_BUF);
-  if (!cq || !buf) die("pd, cq, buffer");
-  memset(buf, 0, ECE_BUF);
-  mr = ibv_reg_mr(pd, buf, ECE_BUF, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  if (!mr) die("ibv_reg_mr");
+  open_with_buffer(ECE_BUF);
   struct ibv_qp_cap got;
   errno = 0;
   check(rc_qp_inline(pd, cq, 16, 1024, NULL) == NULL && errno == EINVAL,
@@ -1108,18 +1112,7 @@ static int subnet_check(int same) {
   setenv("SOFT_VERBS_IB_SUBNET", side_b && !same ? "0x2" : "1", 1);
   const char *pair = same ? "both on subnet 1" : "subnets 1 and 2";
   char what[200];
-  struct ibv_device **list = ibv_get_device_list(NULL);
-  if (!list || !list[0]) die("no device");
-  ctx = ibv_open_device(list[0]);
-  ibv_free_device_list(list);
-  if (!ctx) die("ibv_open_device");
-  pd = ibv_alloc_pd(ctx);
-  cq = pd ? ibv_create_cq(ctx, 64, NULL, NULL, 0) : NULL;
-  buf = aligned_alloc(4096, 65536);
-  if (!cq || !buf) die("pd, cq, buffer");
-  memset(buf, 0, 65536);
-  mr = ibv_reg_mr(pd, buf, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  if (!mr) die("ibv_reg_mr");
+  open_with_buffer(65536);
 
   struct sn_info me, peer;
   memset(&me, 0, sizeof me);
