@@ -213,7 +213,8 @@ static char *whole_log(const char *dir, int r) {
 /* The rank a log line or error message speaks for, -1 if none: the R of the head that the
  * watchdog's lines (the hang report, the culprit's answer, the GPU's wait, the collective
  * check) and its errors begin with, "comm 0x.. commHash 0x.. rank R (host ..", after the
- * "host:pid:tid [dev] NCCL WARN " of src/debug.rs and an API entry's "ncclXxx: ". The pid is
+ * "[time] host:pid:tid [dev] file:line (func) NCCL WARN " of src/debug.rs (a WARN's empty
+ * line before it names no rank) and an API entry's "ncclXxx: ". The pid is
  * every rank's under -t and the tid no use (the watchdog's thread writes most lines). A lost
  * peer's line ("commHash 0x..: rank P (host ..) is gone", no case under -t) names the peer,
  * not the writer: -1. Of the few lines without a communicator's name, "rank R: .." (a
