@@ -39,7 +39,8 @@
 #           place, odd sizes 0 B .. 64 MiB+4 for 1 and 2 ranks in one process, to 16 MiB+4
 #           otherwise, then 64 MiB+4 for 4 and 8 ranks with float/bfloat16/int8 and
 #           sum/max/avg, all --check 1 -w 0 -n 1; then --graph and NCCL_P2P_DISABLE=1
-#           subsets, in that order (what no longer fits is skipped). MATRIX_PART=2 skips the
+#           subsets, then 4 ranks with the test tuner plugin forcing ring/LL on 3 channels and
+#           ring/Simple on 5, in that order (what no longer fits is skipped). MATRIX_PART=2 skips the
 #           first four steps; MATRIX_ONLY=REGEX runs only the steps whose names match. The
 #           '#wrong' totals (JSON records) and WRONG lines are summed into the summary.
 #   bench   one rank, ours vs NVIDIA side by side (-g 1 -c all, 8 B .. 1 GiB x4, in and out of
@@ -456,6 +457,16 @@ sec_matrix() {
     --devices "$(zeros 4)" --sizes "$small" -w 0 -n 1
   bench_step matrix "R=2 processes NCCL_P2P_DISABLE=1" 90 "${multi[@]}" NCCL_P2P_DISABLE=1 -- "${sub[@]}" \
     -p 2 --ranks-per-gpu 2 --sizes "$small" -w 0 -n 1
+  # A tuner plugin's choices on real kernels: the test tuner forcing ring/LL on 3 channels,
+  # then ring/Simple on 5, for the ring collectives of 4 ranks.
+  local tuner=$DEV/lib/libnccl-tuner-oxtest.so
+  # shellcheck disable=SC2054 # commas inside the -c, -d and -o values
+  local rings=(--lib "$OURS" -c all_reduce,all_gather,reduce_scatter,broadcast,reduce -d float,int8 -o sum,max
+    --inplace both --check 1 -w 0 -n 1 --timeout 30 --devices "$(zeros 4)" --sizes "$small")
+  bench_step matrix "R=4 tuner ring/LL 3 channels" 60 "${multi[@]}" NCCL_TUNER_PLUGIN="$tuner" \
+    OXTEST_TUNER_PICK=ring,ll OXTEST_TUNER_CHANNELS=3 -- "${rings[@]}"
+  bench_step matrix "R=4 tuner ring/Simple 5 channels" 60 "${multi[@]}" NCCL_TUNER_PLUGIN="$tuner" \
+    OXTEST_TUNER_PICK=ring,simple OXTEST_TUNER_CHANNELS=5 -- "${rings[@]}"
 }
 
 # The network transport on one GPU: ranks forced onto it in one process
