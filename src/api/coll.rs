@@ -128,8 +128,8 @@ fn check_buffers(call: &Call, rank: i32, dev: i32, mode: CheckMode) -> Result<()
     Ok(())
 }
 
-/// The driver's word on one buffer, in NVIDIA's words.
-fn check_pointer(ptr: u64, name: &str, dev: i32) -> Result<()> {
+/// The driver's word on one buffer, in NVIDIA's words (`NCCL_CHECK_MODE`).
+pub(crate) fn check_pointer(ptr: u64, name: &str, dev: i32) -> Result<()> {
     let facts = crate::cuda::pointer_facts(ptr)?;
     if facts.device_pointer == 0 {
         return Err(Error::invalid_argument(format!(

@@ -52,6 +52,9 @@ pub extern "C" fn ncclCommRegister(
             return Err(Error::invalid_argument("buff is NULL or size is 0"));
         }
         c.check_usable()?;
+        if c.check_mode != crate::core::watchdog::check::Mode::Default {
+            super::coll::check_pointer(buff as u64, "buff", c.cuda_dev)?;
+        }
         handle.write(c.registrations.register(buff as u64, size) as *mut c_void);
         Ok(())
     })
