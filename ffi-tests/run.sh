@@ -310,7 +310,8 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
   # Two ranks of one process on two stand-in devices, driven by group calls.
   hostpath_case two-ranks 20 2 -n 2000 -r 2
   # NCCL_CHECK_MODE=DEBUG_LOCAL: a call from host memory the driver does not know fails with
-  # NVIDIA's words, one from device memory runs; without it neither is checked.
+  # NVIDIA's words, and so does registering it; one from device memory runs; without it
+  # nothing is checked.
   for mode in DEBUG_LOCAL unset; do
     probe_log=$SI_OUT/hostpath_cpu.probe-$mode.log
     if [[ $mode == unset ]]; then
@@ -321,7 +322,7 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
         timeout 120 "$SI_OUT/hostpath_cpu" -P -n 10 -c allreduce -s 8 >"$probe_log" 2>&1
     fi
     probe=$(grep -m1 '^POINTER ' "$probe_log")
-    if [[ $mode == unset ]]; then want="POINTER host_malloc=0 device=0"; else want="POINTER host_malloc=4 device=0"; fi
+    if [[ $mode == unset ]]; then want="POINTER host_malloc=0 device=0 register_host=0"; else want="POINTER host_malloc=4 device=0 register_host=4"; fi
     if [[ $probe == "$want"* && ($mode == unset || $probe == *"is not a valid pointer"*) ]]; then
       pass "NCCL_CHECK_MODE=$mode: ${probe:0:160}"
     else

@@ -30,8 +30,9 @@
  * nccl-tests does: the library then serves its plans for moved buffers; -G puts every single
  * call in a group of its own, as nccl-tests does; -r R: R ranks, above; -P, one rank only: before
  * the cases, an all-reduce from host memory the driver does not know and one from device memory,
- * printed as "POINTER host_malloc=<result> device=<result> last=<ncclGetLastError>", to see
- * NCCL_CHECK_MODE's pointer checks)
+ * and ncclCommRegister of the host memory, printed as "POINTER host_malloc=<result>
+ * device=<result> register_host=<result> last=<ncclGetLastError>", to see NCCL_CHECK_MODE's
+ * pointer checks)
  * Exit 0 when every call succeeded, ncclCommDestroy too, and no element was wrong; 1
  * otherwise; 2 on bad usage or a run past the alarm (600 s). */
 #define _GNU_SOURCE
@@ -343,7 +344,11 @@ int main(int argc, char **argv) {
     char lastText[512];
     snprintf(lastText, sizeof lastText, "%s", last ? last : "");
     ncclResult_t fromDevice = ncclAllReduce(in, out, 8, ncclFloat, ncclSum, comms[0], streams[0]);
-    printf("POINTER host_malloc=%d device=%d last=%s\n", (int)fromHost, (int)fromDevice, lastText);
+    void *handle = NULL;
+    ncclResult_t registered = ncclCommRegister(comms[0], host, 64, &handle);
+    if (registered == ncclSuccess) ncclCommDeregister(comms[0], handle);
+    printf("POINTER host_malloc=%d device=%d register_host=%d last=%s\n", (int)fromHost, (int)fromDevice,
+           (int)registered, lastText);
     syncAll();
     free(host);
   }
