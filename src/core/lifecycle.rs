@@ -43,6 +43,27 @@ pub enum Origin {
     },
 }
 
+impl Origin {
+    /// The entry point that makes such a communicator, as NVIDIA's lifecycle lines name it.
+    pub fn function(&self) -> &'static str {
+        match self {
+            Origin::Ids(_) => "ncclCommInitRank",
+            Origin::Split { .. } => "ncclCommSplit",
+            Origin::Shrink { .. } => "ncclCommShrink",
+            Origin::Grow { .. } => "ncclCommGrow",
+        }
+    }
+
+    /// The parent communicator, if the communicator has one.
+    fn parent(&self) -> Option<&Arc<Comm>> {
+        match self {
+            Origin::Ids(_) => None,
+            Origin::Split { parent, .. } | Origin::Shrink { parent, .. } => Some(parent),
+            Origin::Grow { parent, .. } => parent.as_ref(),
+        }
+    }
+}
+
 /// One pending creation: the child (if this rank gets one) and where it comes from.
 pub struct InitJob {
     pub child: Option<Arc<Comm>>,
@@ -263,7 +284,22 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
             (b, child_hash(rt.comm_hash(), tag, &members))
         }
     };
+    let bootstrap_s = start.elapsed().as_secs_f64();
     let bus_id = cuda::pci_bus_id(comm.cuda_dev)?;
+    let ident = Ident::of(comm, &bus_id);
+    crate::info!(
+        INIT,
+        "[Rank {}] {} comm {:p} rank {} nranks {} cudaDev {} nvmlDev {} busId {:x} commId {:#x} - Init START",
+        comm.rank(),
+        origin.function(),
+        Arc::as_ptr(comm),
+        comm.rank(),
+        comm.nranks(),
+        comm.cuda_dev,
+        ident.nvml_dev,
+        ident.bus_id,
+        comm_hash
+    );
     // The rest of init, where threads start and host buffers are first touched, runs on the
     // CPUs near the GPU, as NVIDIA's does; the runtime keeps them for its connections.
     let cpus = topo::affinity::for_gpu(&topo::pci::Sysfs::system(), &bus_id, comm.cuda_dev);
@@ -278,11 +314,14 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         host: crate::debug::hostname(),
         gpu_uuid: cuda::device_uuid(comm.cuda_dev)?,
     };
+    let allgather_start = Instant::now();
     let peers = bootstrap
         .allgather(&me.to_bytes())?
         .iter()
         .map(|b| PeerInfo::from_bytes(b))
         .collect::<Result<Vec<_>>>()?;
+    let mut allgathers_s = allgather_start.elapsed().as_secs_f64();
+    let topo_start = Instant::now();
     let topo = Topology::new(peers, comm.rank(), cuda::device_by_pci_bus_id, |a, b| {
         cuda::can_access_peer(a, b).unwrap_or(false)
     })?;
@@ -291,6 +330,8 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     comm.local_rank.store(topo.local_rank(), Ordering::Release);
     comm.local_nranks
         .store(topo.local_ranks.len() as i32, Ordering::Release);
+    let topo_s = topo_start.elapsed().as_secs_f64();
+    let agree_start = Instant::now();
     let nchannels =
         (crate::sched::NCHANNELS as i32).clamp(comm.config.min_ctas, comm.config.max_ctas) as u32;
     let nchannels = shared_gpu_channels(&topo, &bootstrap, comm.cuda_dev, nchannels)?;
@@ -300,6 +341,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         comm.config.net_name.as_deref(),
         nchannels,
     )?;
+    allgathers_s += agree_start.elapsed().as_secs_f64();
     // The names of the devices the routes' positions stand for, for the weights' INFO lines.
     let device_names =
         crate::transport::net::local_device_names(comm.config.net_name.as_deref(), &topo);
@@ -322,21 +364,78 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     rt.start_adaptive_weights(comm.weights.clone(), device_names, comm.abort.clone())?;
     rt.set_network(comm.config.net_name.clone(), comm.config.traffic_class);
     rt.count_connections_into(comm.mem.suspendable.clone());
+    let connect_start = Instant::now();
     if !crate::env::registry::RUNTIME_CONNECT.flag() {
         rt.connect_rings(comm.rank(), comm.nranks())?;
     }
+    let connections_s = connect_start.elapsed().as_secs_f64();
     *comm.rt.lock() = Some(rt);
     super::watchdog::start(comm);
+    log_init_complete(comm, origin, &ident, comm_hash);
+    let total = start.elapsed().as_secs_f64();
     crate::info!(
-        INIT,
-        "ncclCommInitRank comm {:p} rank {} nranks {} cudaDev {} - Init COMPLETE ({:.3} s)",
+        INIT | PROFILE,
+        "Init timings - {}: rank {} nranks {} total {:.2} (kernels 0.00, alloc 0.00, bootstrap {:.2}, \
+         allgathers {:.2}, topo {:.2}, graphs 0.00, connections {:.2}, rest {:.2})",
+        origin.function(),
+        comm.rank(),
+        comm.nranks(),
+        total,
+        bootstrap_s,
+        allgathers_s,
+        topo_s,
+        connections_s,
+        (total - bootstrap_s - allgathers_s - topo_s - connections_s).max(0.0)
+    );
+    Ok(())
+}
+
+/// How NVIDIA's lifecycle lines name a communicator's GPU: its NVML index (the bus-id order
+/// of the machine's GPUs; the CUDA device where sysfs does not say) and its bus id as a number.
+pub struct Ident {
+    pub nvml_dev: i32,
+    pub bus_id: i64,
+}
+
+impl Ident {
+    fn of(comm: &Comm, bus_id: &str) -> Ident {
+        Ident {
+            nvml_dev: topo::pci::Sysfs::system()
+                .gpu_ordinal(bus_id)
+                .map_or(comm.cuda_dev, |o| o as i32),
+            bus_id: topo::pci::bus_id_value(bus_id),
+        }
+    }
+}
+
+/// NVIDIA's `Init COMPLETE` line: a child names its parent, the parent's children so far,
+/// and its color and key.
+fn log_init_complete(comm: &Arc<Comm>, origin: &Origin, ident: &Ident, comm_hash: u64) {
+    let head = format!(
+        "{} comm {:p} rank {} nranks {} cudaDev {} nvmlDev {} busId {:x}",
+        origin.function(),
         Arc::as_ptr(comm),
         comm.rank(),
         comm.nranks(),
         comm.cuda_dev,
-        start.elapsed().as_secs_f64()
+        ident.nvml_dev,
+        ident.bus_id
     );
-    Ok(())
+    match origin.parent() {
+        Some(parent) => {
+            let (color, key) = match origin {
+                Origin::Split { color, key, .. } => (*color, *key),
+                _ => (0, comm.rank()),
+            };
+            crate::info!(
+                INIT,
+                "{head} parent {:p} childCount {} color {color} key {key} - Init COMPLETE",
+                Arc::as_ptr(parent),
+                parent.children.load(Ordering::Acquire)
+            );
+        }
+        None => crate::info!(INIT, "{head} commId {comm_hash:#x} - Init COMPLETE"),
+    }
 }
 
 /// What a rank says at init about the network: whether it uses it (`Topology::uses_net`),
@@ -618,10 +717,23 @@ pub fn finalize(comm: &Arc<Comm>) -> Result<()> {
 /// left for it (a peer still receiving it takes it; a dead peer fails it at once).
 const NETWORK_DRAIN_LIMIT: Duration = Duration::from_secs(300);
 
-/// `ncclCommDestroy` (waits for issued work) / `ncclCommAbort` (stops it).
+/// `ncclCommDestroy` (waits for issued work) / `ncclCommAbort` (stops it), with NVIDIA's
+/// `DESTROY` lines.
 pub fn destroy(handle: ncclComm_t, abort: bool) -> Result<()> {
     let comm = Comm::from_handle(handle)?;
+    let said = |what: &str| {
+        let bus_id = cuda::pci_bus_id(comm.cuda_dev).map_or(0, |b| topo::pci::bus_id_value(&b));
+        crate::info!(
+            DESTROY,
+            "comm {:p} rank {} nranks {} cudaDev {} busId {bus_id:x} - {what}",
+            Arc::as_ptr(&comm),
+            comm.rank(),
+            comm.nranks(),
+            comm.cuda_dev
+        );
+    };
     if abort {
+        said("Abort START");
         // The farewell says what completed before the abort ends the rest.
         watchdog::stop(&comm, Departure::Aborted);
         abort_operations(&comm);
@@ -636,6 +748,11 @@ pub fn destroy(handle: ncclComm_t, abort: bool) -> Result<()> {
     Comm::unregister(handle);
     // Free device state now (the Arc may outlive this call in another thread's hands).
     drop(comm.rt.lock().take());
+    said(if abort {
+        "Abort COMPLETE"
+    } else {
+        "Destroy COMPLETE"
+    });
     Ok(())
 }
 
