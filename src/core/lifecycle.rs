@@ -331,6 +331,16 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     comm.local_nranks
         .store(topo.local_ranks.len() as i32, Ordering::Release);
     let topo_s = topo_start.elapsed().as_secs_f64();
+    crate::info!(
+        INIT,
+        "comm {:p} rank {} nRanks {} nNodes {} localRanks {} localRank {} MNNVL 0",
+        Arc::as_ptr(comm),
+        comm.rank(),
+        comm.nranks(),
+        topo.nnodes(),
+        topo.local_ranks.len(),
+        topo.local_rank()
+    );
     let agree_start = Instant::now();
     let nchannels =
         (crate::sched::NCHANNELS as i32).clamp(comm.config.min_ctas, comm.config.max_ctas) as u32;
@@ -342,6 +352,12 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
         nchannels,
     )?;
     allgathers_s += agree_start.elapsed().as_secs_f64();
+    crate::info!(
+        INIT,
+        "{nchannels} coll channels, 0 collnet channels, 0 nvls channels, {nchannels} p2p channels, \
+         {} p2p channels per peer",
+        crate::sched::cost::p2p_channels_per_peer(nchannels)
+    );
     // The names of the devices the routes' positions stand for, for the weights' INFO lines.
     let device_names =
         crate::transport::net::local_device_names(comm.config.net_name.as_deref(), &topo);
