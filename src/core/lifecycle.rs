@@ -287,6 +287,7 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     let bootstrap_s = start.elapsed().as_secs_f64();
     let bus_id = cuda::pci_bus_id(comm.cuda_dev)?;
     let ident = Ident::of(comm, &bus_id);
+    let _ = comm.bus_id.set(ident.bus_id);
     crate::info!(
         INIT,
         "[Rank {}] {} comm {:p} rank {} nranks {} cudaDev {} nvmlDev {} busId {:x} commId {:#x} - Init START",
@@ -738,7 +739,7 @@ const NETWORK_DRAIN_LIMIT: Duration = Duration::from_secs(300);
 pub fn destroy(handle: ncclComm_t, abort: bool) -> Result<()> {
     let comm = Comm::from_handle(handle)?;
     let said = |what: &str| {
-        let bus_id = cuda::pci_bus_id(comm.cuda_dev).map_or(0, |b| topo::pci::bus_id_value(&b));
+        let bus_id = comm.bus_id.get().copied().unwrap_or(0);
         crate::info!(
             DESTROY,
             "comm {:p} rank {} nranks {} cudaDev {} busId {bus_id:x} - {what}",

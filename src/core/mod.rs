@@ -38,6 +38,8 @@ pub struct Comm {
     pub cuda_dev: i32,
     /// `NCCL_CHECK_MODE` as it was when the communicator was made (NVIDIA reads it then).
     pub check_mode: watchdog::check::Mode,
+    /// The GPU's PCI bus id as a number (NVIDIA's `busId` in log lines), once init knows it.
+    pub bus_id: std::sync::OnceLock<i64>,
     /// This rank's index among the ranks of its host, and how many share the host.
     pub local_rank: AtomicI32,
     pub local_nranks: AtomicI32,
@@ -85,6 +87,7 @@ impl Comm {
             nranks: AtomicI32::new(nranks),
             cuda_dev,
             check_mode: watchdog::check::mode(),
+            bus_id: std::sync::OnceLock::new(),
             local_rank: AtomicI32::new(rank),
             local_nranks: AtomicI32::new(nranks),
             rt: Mutex::new(None),
