@@ -180,6 +180,20 @@ static struct ibv_mr *mr;
 static char *buf; /* [0, 4 MiB): 0..1M write target, 1..2M read source, 2..3M local scratch */
 static int wfd, rfd;
 
+/* The end of a pair of processes (fork_pair): side B prints its counts as `name` and
+ * exits with them; side A waits for it, checks it ended cleanly, and answers its own. */
+static int end_pair(int side_b, pid_t pid, const char *name) {
+  if (side_b) {
+    printf("%s: %d passed, %d failed\n", name, passed, failed);
+    fflush(stdout);
+    return failed ? 1 : 0;
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "side B exited cleanly with no failures");
+  return failed ? 1 : 0;
+}
+
 /* The first device of a freshly read list, opened (dies where there is none). */
 static struct ibv_context *open_first_device(void) {
   struct ibv_device **list = ibv_get_device_list(NULL);
@@ -1045,15 +1059,7 @@ static int ece_check(void) {
   ibv_dealloc_pd(pd);
   ibv_close_device(ctx);
   free(buf);
-  if (side_b) {
-    printf("ece-b: %d passed, %d failed\n", passed, failed);
-    fflush(stdout);
-    return failed ? 1 : 0;
-  }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "side B exited cleanly with no failures");
-  return failed ? 1 : 0;
+  return end_pair(side_b, pid, "ece-b");
 }
 
 /* ---- InfiniBand subnets: two fresh processes with SOFT_VERBS_IB_SUBNET ---- */
@@ -1194,15 +1200,7 @@ static int subnet_check(int same) {
   ibv_dealloc_pd(pd);
   ibv_close_device(ctx);
   free(buf);
-  if (side_b) {
-    printf("%s: %d passed, %d failed\n", who, passed, failed);
-    fflush(stdout);
-    return failed ? 1 : 0;
-  }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "side B exited cleanly with no failures");
-  return failed ? 1 : 0;
+  return end_pair(side_b, pid, who);
 }
 
 /* Runs this program again with `mode` (exec: the library's process state must start fresh);

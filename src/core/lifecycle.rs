@@ -290,16 +290,9 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
     let _ = comm.bus_id.set(ident.bus_id);
     crate::info!(
         INIT,
-        "[Rank {}] {} comm {:p} rank {} nranks {} cudaDev {} nvmlDev {} busId {:x} commId {:#x} - Init START",
+        "[Rank {}] {} commId {comm_hash:#x} - Init START",
         comm.rank(),
-        origin.function(),
-        Arc::as_ptr(comm),
-        comm.rank(),
-        comm.nranks(),
-        comm.cuda_dev,
-        ident.nvml_dev,
-        ident.bus_id,
-        comm_hash
+        ident.head(comm, origin)
     );
     // The rest of init, where threads start and host buffers are first touched, runs on the
     // CPUs near the GPU, as NVIDIA's does; the runtime keeps them for its connections.
@@ -415,6 +408,21 @@ pub struct Ident {
 }
 
 impl Ident {
+    /// What NVIDIA's init lines start with: `ncclCommInitRank comm 0x.. rank 0 nranks 2
+    /// cudaDev 0 nvmlDev 0 busId 1b000`.
+    fn head(&self, comm: &Arc<Comm>, origin: &Origin) -> String {
+        format!(
+            "{} comm {:p} rank {} nranks {} cudaDev {} nvmlDev {} busId {:x}",
+            origin.function(),
+            Arc::as_ptr(comm),
+            comm.rank(),
+            comm.nranks(),
+            comm.cuda_dev,
+            self.nvml_dev,
+            self.bus_id
+        )
+    }
+
     fn of(comm: &Comm, bus_id: &str) -> Ident {
         Ident {
             nvml_dev: topo::pci::Sysfs::system()
@@ -428,16 +436,7 @@ impl Ident {
 /// NVIDIA's `Init COMPLETE` line: a child names its parent, the parent's children so far,
 /// and its color and key.
 fn log_init_complete(comm: &Arc<Comm>, origin: &Origin, ident: &Ident, comm_hash: u64) {
-    let head = format!(
-        "{} comm {:p} rank {} nranks {} cudaDev {} nvmlDev {} busId {:x}",
-        origin.function(),
-        Arc::as_ptr(comm),
-        comm.rank(),
-        comm.nranks(),
-        comm.cuda_dev,
-        ident.nvml_dev,
-        ident.bus_id
-    );
+    let head = ident.head(comm, origin);
     match origin.parent() {
         Some(parent) => {
             let (color, key) = match origin {
