@@ -183,16 +183,7 @@ impl CommConfig {
             c.num_rma_sig = v;
         }
         c.apply_env_overrides(u);
-        if c.min_ctas > c.max_ctas {
-            crate::info!(
-                ENV,
-                "minCTAs {} is larger than maxCTAs {}, set both to {}",
-                c.min_ctas,
-                c.max_ctas,
-                c.max_ctas
-            );
-            c.min_ctas = c.max_ctas;
-        }
+        c.settle_channel_bounds();
         Ok(c)
     }
 
@@ -272,30 +263,35 @@ impl CommConfig {
         }
     }
 
-    /// Defaults with the environment applied (`NCCL_COMM_BLOCKING`, `NCCL_MIN_CTAS`, ...).
+    /// Defaults with the environment applied: the older names of the channel bounds
+    /// (`NCCL_MIN_NCHANNELS` over the legacy `NCCL_MIN_NRINGS`, the same for the maximum), then
+    /// every setting that stands for a config field (`apply_env_overrides`, `NCCL_MIN_CTAS`
+    /// among them, so the newest name that is set wins).
     pub fn from_env() -> CommConfig {
         use crate::env::registry as env;
         let d = CommConfig::default();
         let clamp = |v: i64| v.clamp(1, MAX_CHANNELS as i64) as i32;
-        // The newest name that is set wins: *_CTAS, then *_NCHANNELS, then the legacy *_NRINGS.
-        let min_ctas = clamp(
-            env::MIN_CTAS
-                .int_or(env::MIN_NCHANNELS.int_or(env::MIN_NRINGS.int_or(d.min_ctas as i64))),
-        );
-        let max_ctas = clamp(
-            env::MAX_CTAS
-                .int_or(env::MAX_NCHANNELS.int_or(env::MAX_NRINGS.int_or(d.max_ctas as i64))),
-        );
-        CommConfig {
-            blocking: env::COMM_BLOCKING.flag(),
-            cga_cluster_size: env::CGA_CLUSTER_SIZE.int().clamp(0, 8) as i32,
-            min_ctas: min_ctas.min(max_ctas),
-            max_ctas,
-            net_name: env::NET.get(),
-            split_share: env::COMM_SPLIT_SHARE_RESOURCES.flag(),
-            shrink_share: env::COMM_SHRINK_SHARE_RESOURCES.flag(),
-            comm_name: None,
+        let mut c = CommConfig {
+            min_ctas: clamp(env::MIN_NCHANNELS.int_or(env::MIN_NRINGS.int_or(d.min_ctas as i64))),
+            max_ctas: clamp(env::MAX_NCHANNELS.int_or(env::MAX_NRINGS.int_or(d.max_ctas as i64))),
             ..d
+        };
+        c.apply_env_overrides(&ncclConfig_t::default());
+        c.settle_channel_bounds();
+        c
+    }
+
+    /// Bounds that cross (the environment's may) are both set to the upper one, as NVIDIA's.
+    fn settle_channel_bounds(&mut self) {
+        if self.min_ctas > self.max_ctas {
+            crate::info!(
+                ENV,
+                "minCTAs {} is larger than maxCTAs {}, set both to {}",
+                self.min_ctas,
+                self.max_ctas,
+                self.max_ctas
+            );
+            self.min_ctas = self.max_ctas;
         }
     }
 }

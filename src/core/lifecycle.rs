@@ -402,9 +402,9 @@ fn init_comm(comm: &Arc<Comm>, origin: &Origin) -> Result<()> {
 
 /// How NVIDIA's lifecycle lines name a communicator's GPU: its NVML index (the bus-id order
 /// of the machine's GPUs; the CUDA device where sysfs does not say) and its bus id as a number.
-pub struct Ident {
-    pub nvml_dev: i32,
-    pub bus_id: i64,
+struct Ident {
+    nvml_dev: i32,
+    bus_id: i64,
 }
 
 impl Ident {

@@ -1178,8 +1178,6 @@ impl Runtime {
             self.connected_shapes.note_last(tasks);
             return Ok(());
         }
-        cuda::set_current(self.ctx)?;
-        let _counted = cuda::account_into(&self.connection_bytes);
         // The first operation of a shape may come while the user's stream captures a graph:
         // allocating the connections is then allowed, as NVIDIA's library allows its own.
         let _relaxed = cuda::RelaxedCapture::enter()?;
@@ -1196,8 +1194,6 @@ impl Runtime {
         if nranks == 1 {
             return Ok(());
         }
-        cuda::set_current(self.ctx)?;
-        let _counted = cuda::account_into(&self.connection_bytes);
         let (next, prev) = (self.ring.next_of(rank), self.ring.prev_of(rank));
         let rows = (0..self.nchannels)
             .flat_map(|ch| [(ch, next, sched::Dir::Send), (ch, prev, sched::Dir::Recv)])
@@ -1205,8 +1201,11 @@ impl Runtime {
         self.connect_rows(rows)
     }
 
-    /// Set up the connections `needed` that do not exist yet, with every peer doing the same.
+    /// Set up the connections `needed` that do not exist yet, with every peer doing the same:
+    /// in this communicator's context, on its CPUs, their memory counted as its connections'.
     fn connect_rows(&mut self, needed: Vec<(u32, i32, sched::Dir)>) -> Result<()> {
+        cuda::set_current(self.ctx)?;
+        let _counted = cuda::account_into(&self.connection_bytes);
         let _pinned = crate::topo::affinity::Pinned::enter(self.cpus.as_deref());
         // The one-shot all-reduce's rows get small LL-only buffers; every other row the
         // configured ones. Both ends split alike (the row decides).

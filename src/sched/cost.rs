@@ -250,6 +250,24 @@ pub struct Protocols {
     pub ll: bool,
 }
 
+impl Protocols {
+    /// `proto` alone.
+    pub fn only(proto: Proto) -> Protocols {
+        Protocols {
+            simple: proto == Proto::Simple,
+            ll: proto == Proto::Ll,
+        }
+    }
+
+    /// Whether `proto` is allowed.
+    pub fn allows(self, proto: Proto) -> bool {
+        match proto {
+            Proto::Simple => self.simple,
+            Proto::Ll => self.ll,
+        }
+    }
+}
+
 /// Parse NCCL's protocol list: comma separated, case-insensitive names; a leading `^`
 /// excludes the listed ones instead. `LL128` (and unknown names) are accepted and ignored.
 /// If nothing we implement is left, Simple is used.
@@ -491,10 +509,7 @@ pub fn ring_plan_net_routed(
         ring_time_net_us(proto, kind, bytes, nranks, c, link_of(c))
     });
     let only = Limits {
-        protocols: Protocols {
-            simple: proto == Proto::Simple,
-            ll: proto == Proto::Ll,
-        },
+        protocols: Protocols::only(proto),
         ..*lim
     };
     let (_, floor) = ring_plan_in(kind, bytes, nranks, &only);

@@ -79,15 +79,16 @@ pub fn ring_choice(
     lim: &Limits,
     best: &dyn Fn(Proto) -> (u32, f64),
 ) -> Result<Option<(Proto, u32)>> {
+    let mut table = CostTable::ignored();
     let offered: Vec<(Proto, usize, u32)> = [(Proto::Ll, PROTO_LL), (Proto::Simple, PROTO_SIMPLE)]
         .into_iter()
-        .filter(|&(proto, _)| allows(lim, proto))
-        .map(|(proto, col)| (proto, col, best(proto).0))
+        .filter(|&(proto, _)| lim.protocols.allows(proto))
+        .map(|(proto, col)| (proto, col, best(proto)))
+        .map(|(proto, col, (nch, time))| {
+            table.0[ALGO_RING][col] = time as f32;
+            (proto, col, nch)
+        })
         .collect();
-    let mut table = CostTable::ignored();
-    for &(proto, col, _) in &offered {
-        table.0[ALGO_RING][col] = best(proto).1 as f32;
-    }
     let asked = tuner.tune(query, &mut table)?;
     let chosen = offered
         .iter()
@@ -101,13 +102,6 @@ pub fn ring_choice(
         };
         (proto, nch)
     }))
-}
-
-fn allows(lim: &Limits, proto: Proto) -> bool {
-    match proto {
-        Proto::Ll => lim.protocols.ll,
-        Proto::Simple => lim.protocols.simple,
-    }
 }
 
 #[cfg(test)]

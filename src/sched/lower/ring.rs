@@ -88,10 +88,7 @@ impl Lowering<'_> {
         };
         let best = |proto: Proto| {
             let only = Limits {
-                protocols: Protocols {
-                    simple: proto == Proto::Simple,
-                    ll: proto == Proto::Ll,
-                },
+                protocols: Protocols::only(proto),
                 ..self.limits
             };
             let (_, nch) = plan_in(&only);
