@@ -7,6 +7,8 @@
 //! What each field does here:
 //! - `minCTAs` / `maxCTAs`: the channels (CTAs) of this call, within 1..= the communicator's
 //!   `maxCTAs`; the planner raises its choice to the first and never uses more than the second.
+//!   As NVIDIA's, a bound outside that range is ignored and a minimum above the maximum
+//!   becomes 1, each with an INFO line; neither is an error.
 //! - `algSelection` / `forceAlgSelection`: `sched::options::select`; an unsatisfiable
 //!   selection is `ncclInvalidArgument` when forced, else the automatic choice.
 //! - `CTAPolicy`: checked (unset or 0..=3) and otherwise as the communicator's policy is
@@ -89,17 +91,35 @@ fn check_range(name: &str, v: i32, lo: i32, hi: i32) -> Result<Option<i32>> {
     Ok(Some(v))
 }
 
+/// A call's CTA bound `v` unless unset or outside `1..=max` (the communicator's bound): as
+/// NVIDIA's, such a bound is ignored with a line saying so, not refused.
+fn within_bounds(name: &str, v: i32, max: i32) -> Option<i32> {
+    if v == NCCL_CONFIG_UNDEF_INT {
+        return None;
+    }
+    if !(1..=max).contains(&v) {
+        crate::info!(
+            TUNING,
+            "Config {name}={v} is ignored because value out of bound min/max=[1, {max}]"
+        );
+        return None;
+    }
+    Some(v)
+}
+
 /// The options of a call of `kind` with the configuration `u` on a communicator configured
 /// as `comm`: its CTA bounds checked against the communicator's, its selection read.
 pub fn resolve(u: &ncclCollConfig_t, comm: &CommConfig, kind: CollKind) -> Result<CallConfig> {
     let max = comm.max_ctas;
-    let min_ctas = check_range("minCTAs", u.minCTAs, 1, max)?;
-    let max_ctas = check_range("maxCTAs", u.maxCTAs, 1, max)?;
+    let max_ctas = within_bounds("maxCTAs", u.maxCTAs, max);
+    let mut min_ctas = within_bounds("minCTAs", u.minCTAs, max);
     if let (Some(lo), Some(hi)) = (min_ctas, max_ctas) {
         if lo > hi {
-            return Err(Error::invalid_argument(format!(
-                "config.minCTAs ({lo}) is larger than config.maxCTAs ({hi})"
-            )));
+            crate::info!(
+                TUNING,
+                "Task minCTAs({lo}) is larger than maxCTAs({hi}), reset task minCTAs to 1"
+            );
+            min_ctas = Some(1);
         }
     }
     check_range("cgaClusterSize", u.cgaClusterSize, 0, 8)?;
@@ -252,18 +272,31 @@ mod tests {
     fn cta_bounds_are_checked_against_the_communicator() {
         let d = ncclCollConfig_t::default;
         let at = |u: ncclCollConfig_t, max| resolve(&u, &comm(max), CollKind::AllGather);
-        assert!(is_invalid(at(ncclCollConfig_t { maxCTAs: 0, ..d() }, 64)));
-        assert!(is_invalid(at(ncclCollConfig_t { minCTAs: 0, ..d() }, 64)));
-        assert!(is_invalid(at(ncclCollConfig_t { maxCTAs: 65, ..d() }, 64)));
-        assert!(is_invalid(at(ncclCollConfig_t { maxCTAs: 9, ..d() }, 8)));
-        assert!(is_invalid(at(
-            ncclCollConfig_t {
-                minCTAs: 5,
-                maxCTAs: 4,
-                ..d()
-            },
-            64
-        )));
+        let bounds = |u: ncclCollConfig_t, max| {
+            let c = at(u, max).unwrap();
+            (c.opts.min_ctas, c.opts.max_ctas)
+        };
+        // Out of 1..=the communicator's maximum: ignored (0 = no bound), as NVIDIA's.
+        assert_eq!(bounds(ncclCollConfig_t { maxCTAs: 0, ..d() }, 64), (0, 0));
+        assert_eq!(bounds(ncclCollConfig_t { minCTAs: 0, ..d() }, 64), (0, 0));
+        assert_eq!(
+            bounds(
+                ncclCollConfig_t {
+                    maxCTAs: 1000,
+                    ..d()
+                },
+                64
+            ),
+            (0, 0)
+        );
+        assert_eq!(bounds(ncclCollConfig_t { maxCTAs: 9, ..d() }, 8), (0, 0));
+        // A minimum above the maximum falls back to 1.
+        let crossed = ncclCollConfig_t {
+            minCTAs: 5,
+            maxCTAs: 4,
+            ..d()
+        };
+        assert_eq!(bounds(crossed, 64), (1, 4));
         assert!(is_invalid(at(
             ncclCollConfig_t {
                 cgaClusterSize: 9,

@@ -93,6 +93,31 @@ fn check_range(name: &str, v: Option<i32>, lo: i32, hi: i32) -> Result<Option<i3
     }
 }
 
+/// NVIDIA's order check of the caller's channel bounds: the fields as given, an undefined one
+/// being the `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`) that marks it, so a minimum set without a
+/// maximum is refused as well as a minimum above the maximum.
+fn check_cta_order(u: &ncclConfig_t) -> Result<()> {
+    if u.minCTAs > u.maxCTAs {
+        return Err(Error::invalid_argument(format!(
+            "Invalid config min/max channels attribute value {}/{}",
+            u.minCTAs, u.maxCTAs
+        )));
+    }
+    Ok(())
+}
+
+/// A channel bound above what the library has is capped to it, as NVIDIA's does.
+fn cap_channels(field: &str, v: i32) -> i32 {
+    if v > MAX_CHANNELS {
+        crate::info!(
+            ENV,
+            "{field} {v} is larger than #channels upper limit {MAX_CHANNELS}, cap it to {MAX_CHANNELS}"
+        );
+        return MAX_CHANNELS;
+    }
+    v
+}
+
 fn string_field(p: *const std::os::raw::c_char) -> Option<String> {
     if p.is_null() {
         return None;
@@ -113,13 +138,14 @@ impl CommConfig {
         let u = user.unwrap_or(&undefined);
         let blocking = check_range("blocking", defined(u.blocking), 0, 1)?;
         let cga = check_range("cgaClusterSize", defined(u.cgaClusterSize), 0, 8)?;
-        let min_ctas = check_range("minCTAs", defined(u.minCTAs), 1, MAX_CHANNELS)?;
-        let max_ctas = check_range("maxCTAs", defined(u.maxCTAs), 1, MAX_CHANNELS)?;
+        let min_ctas = check_range("minCTAs", defined(u.minCTAs), 1, i32::MAX)?;
+        let max_ctas = check_range("maxCTAs", defined(u.maxCTAs), 1, i32::MAX)?;
+        check_cta_order(u)?;
         let split_share = check_range("splitShare", defined(u.splitShare), 0, 1)?;
         let collnet = check_range("collnetEnable", defined(u.collnetEnable), 0, 1)?;
         let policy = check_range("CTAPolicy", defined(u.CTAPolicy), 0, 0x03)?;
         let shrink_share = check_range("shrinkShare", defined(u.shrinkShare), 0, 1)?;
-        let nvls_ctas = check_range("nvlsCTAs", defined(u.nvlsCTAs), 1, MAX_CHANNELS)?;
+        let nvls_ctas = check_range("nvlsCTAs", defined(u.nvlsCTAs), 1, i32::MAX)?;
         let per_peer = check_range(
             "nChannelsPerNetPeer",
             defined(u.nChannelsPerNetPeer),
@@ -135,16 +161,10 @@ impl CommConfig {
             c.cga_cluster_size = v;
         }
         if let Some(v) = min_ctas {
-            c.min_ctas = v;
+            c.min_ctas = cap_channels("minCTAs", v);
         }
         if let Some(v) = max_ctas {
-            c.max_ctas = v;
-        }
-        if c.min_ctas > c.max_ctas {
-            return Err(Error::invalid_argument(format!(
-                "config.minCTAs ({}) is larger than config.maxCTAs ({})",
-                c.min_ctas, c.max_ctas
-            )));
+            c.max_ctas = cap_channels("maxCTAs", v);
         }
         if let Some(name) = string_field(u.netName) {
             c.net_name = Some(name);
@@ -422,6 +442,29 @@ mod tests {
             ..Default::default()
         };
         assert!(CommConfig::resolve(Some(&cfg), Some(&CommConfig::default())).is_err());
+    }
+
+    #[test]
+    fn channel_bounds_are_checked_and_capped_as_nvidias() {
+        let resolve = |min, max| {
+            let cfg = ncclConfig_t {
+                minCTAs: min,
+                maxCTAs: max,
+                ..Default::default()
+            };
+            CommConfig::resolve(Some(&cfg), Some(&CommConfig::default()))
+                .map(|c| (c.min_ctas, c.max_ctas))
+        };
+        let undef = NCCL_CONFIG_UNDEF_INT;
+        // A minimum without a maximum compares with the undefined marker, INT_MIN.
+        assert!(resolve(4, undef).is_err());
+        assert_eq!(resolve(undef, 4).unwrap(), (1, 4));
+        assert!(resolve(0, 4).is_err());
+        assert!(resolve(1, -3).is_err());
+        // Above the library's channels: capped, not refused.
+        assert_eq!(resolve(8, 1000).unwrap(), (8, MAX_CHANNELS));
+        assert_eq!(resolve(100, 1000).unwrap(), (MAX_CHANNELS, MAX_CHANNELS));
+        assert!(resolve(1000, 100).is_err());
     }
 
     #[test]
