@@ -236,27 +236,27 @@ pub fn copy_to_device(dst: CUdeviceptr, src: &[u8]) -> Result<()> {
     // On a private non-blocking stream, as memset_zero: a copy on the legacy stream would wait
     // for the blocking streams of every thread of the process, among them another rank's
     // kernel that may be waiting for this rank (ranks as threads sharing a GPU).
-    let stream = Stream::new()?;
-    // SAFETY: dst holds at least src.len() bytes (caller's contract); src is readable for
-    // that long and outlives the synchronisation below.
-    check(
-        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), stream.raw()) },
-        "cuMemcpyHtoDAsync",
-    )?;
-    stream_synchronize(stream.raw())
+    on_private_stream(|stream| {
+        // SAFETY: dst holds at least src.len() bytes (caller's contract); src is readable for
+        // that long and outlives the synchronisation that follows.
+        check(
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), stream) },
+            "cuMemcpyHtoDAsync",
+        )
+    })
 }
 
 /// Device-to-host copy on a private non-blocking stream (so it waits for no other thread's
 /// work on the legacy stream), complete on return.
 pub fn read_device(dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
-    let stream = Stream::new()?;
-    // SAFETY: src holds at least dst.len() bytes (caller's contract); dst is writable for that
-    // long and outlives the synchronisation below.
-    check(
-        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, dst.len(), stream.raw()) },
-        "cuMemcpyDtoHAsync",
-    )?;
-    stream_synchronize(stream.raw())
+    on_private_stream(|stream| {
+        // SAFETY: src holds at least dst.len() bytes (caller's contract); dst is writable for
+        // that long and outlives the synchronisation that follows.
+        check(
+            unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, dst.len(), stream) },
+            "cuMemcpyDtoHAsync",
+        )
+    })
 }
 
 /// Synchronous device-to-host copy.
@@ -275,13 +275,46 @@ pub fn copy_from_device(dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
 /// already wrote (seen with ranks of several processes time-slicing one GPU). So the memset
 /// runs on a private non-blocking stream (it waits for no user work) that is synchronised.
 pub fn memset_zero(dst: CUdeviceptr, bytes: usize) -> Result<()> {
-    let stream = Stream::new()?;
-    // SAFETY: dst holds at least `bytes` bytes (caller's contract); the stream is live.
-    check(
-        unsafe { sys::cuMemsetD8Async(dst, 0, bytes, stream.raw()) },
-        "cuMemsetD8Async",
-    )?;
-    stream_synchronize(stream.raw())
+    on_private_stream(|stream| {
+        // SAFETY: dst holds at least `bytes` bytes (caller's contract); the stream is live.
+        check(
+            unsafe { sys::cuMemsetD8Async(dst, 0, bytes, stream) },
+            "cuMemsetD8Async",
+        )
+    })
+}
+
+thread_local! {
+    /// The calling thread's private non-blocking stream of each context it used, for the
+    /// synchronous helpers above: made on first use and kept for the thread's life, so a
+    /// connection's buffers do not each create and destroy a stream.
+    static PRIVATE_STREAMS: std::cell::RefCell<Vec<(usize, Stream)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Enqueue `work` on this thread's private stream of the current context and wait for it.
+/// A stream that failed is dropped from the cache, so a later call starts on a fresh one
+/// (after a context reset, say).
+fn on_private_stream(work: impl FnOnce(CUstream) -> Result<()>) -> Result<()> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one handle.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    let key = ctx as usize;
+    let stream = PRIVATE_STREAMS.with(|cache| -> Result<CUstream> {
+        let mut cache = cache.borrow_mut();
+        if let Some((_, s)) = cache.iter().find(|(c, _)| *c == key) {
+            return Ok(s.raw());
+        }
+        let s = Stream::new()?;
+        let raw = s.raw();
+        cache.push((key, s));
+        Ok(raw)
+    })?;
+    let result = work(stream).and_then(|()| stream_synchronize(stream));
+    if result.is_err() {
+        PRIVATE_STREAMS.with(|cache| cache.borrow_mut().retain(|(c, _)| *c != key));
+    }
+    result
 }
 
 /// What the driver says of the memory at `ptr` (`cuPointerGetAttributes`, which answers
