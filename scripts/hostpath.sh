@@ -11,6 +11,11 @@
 # daemon; it is stopped at the end).
 # usage: scripts/hostpath.sh [ITERATIONS]   (calls per case, default 2000; HOSTPATH_SIZES,
 #        HOSTPATH_MODES (default "1 2 p") and HOSTPATH_BEFORE=<folder of another oxccl build>)
+# The same library differs by up to 1 µs per call from one process to the next (where the
+# scheduler puts the calling thread), so every library runs HOSTPATH_REPEAT times (default 3),
+# the libraries taking turns, each run pinned to the same CPUs near GPU 0 (HOSTPATH_CPUS, default
+# the first two CPUs of the GPU's NUMA node; "none" leaves the scheduler free); side-by-side.txt
+# gives each row's median over the runs, and <lib>-<mode>-<run>.txt keep every run.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hostpath}
@@ -32,6 +37,12 @@ fi
 # it, and run once more with it (oursprof) for the breakdown.
 libs+=("oursprof=.device/lib")
 MODES=${HOSTPATH_MODES:-1 2 p}
+REPEAT=${HOSTPATH_REPEAT:-3}
+# CPUs near GPU 0 (scripts/gpu-cpus), unless HOSTPATH_CPUS says.
+cpus=${HOSTPATH_CPUS:-$(scripts/gpu-cpus 2)}
+pin=()
+[[ -n $cpus && $cpus != none ]] && command -v taskset >/dev/null && pin=(taskset -c "$cpus")
+echo "runs pinned to CPUs: ${cpus:-none} (${pin[*]:-not pinned}); $REPEAT runs per library, in turns" | tee "$OUT/runs.txt"
 SIZES=${HOSTPATH_SIZES:-8,32768,524288,8388608,16777216,33554432}
 # MPS lets the kernels of the two processes of -p run side by side (stopped again at the end;
 # its pipe folder is HOSTPATH_MPS_DIR, default /tmp/hostpath-mps, so that a caller that had to
@@ -53,38 +64,44 @@ for mode in $MODES; do
       echo "no MPS daemon: the 2-process runs time-slice the GPU" | tee -a "$OUT/runs.txt"
     fi
   fi
-  for entry in "${libs[@]}"; do
-    name=${entry%%=*} dir=${entry#*=}
-    prof=()
-    [[ $name == oursprof ]] && prof=(OXCCL_HOST_PROFILE=1)
-    env "${prof[@]}" LD_LIBRARY_PATH="$dir" timeout -k 5 150 .device/bin/hostpath "${args[@]}" -n "$N" -s "$SIZES" \
-      >"$OUT/$name-$mode.txt" 2>"$OUT/$name-$mode.err"
-    echo "rc=$? $name mode=$mode: $(grep -c '^ROW' "$OUT/$name-$mode.txt") rows" | tee -a "$OUT/runs.txt"
+  for ((run = 1; run <= REPEAT; run++)); do
+    for entry in "${libs[@]}"; do
+      name=${entry%%=*} dir=${entry#*=}
+      prof=()
+      [[ $name == oursprof ]] && prof=(OXCCL_HOST_PROFILE=1)
+      # The profile is one breakdown, not a timing: one run of it is enough.
+      [[ $name == oursprof && $run -gt 1 ]] && continue
+      env "${prof[@]}" LD_LIBRARY_PATH="$dir" timeout -k 5 150 "${pin[@]}" .device/bin/hostpath "${args[@]}" \
+        -n "$N" -s "$SIZES" >"$OUT/$name-$mode-$run.txt" 2>"$OUT/$name-$mode-$run.err"
+      echo "rc=$? $name mode=$mode run=$run: $(grep -c '^ROW' "$OUT/$name-$mode-$run.txt") rows" | tee -a "$OUT/runs.txt"
+    done
   done
 done
 stop_mps
 # The driver's own price per stream operation (ffi-tests/gpu/enqueue_floor.c): the floor under
 # every library's rows.
 if [[ -x .device/bin/enqueue_floor ]]; then
-  timeout -k 5 60 .device/bin/enqueue_floor -n "$N" >"$OUT/floor.txt" 2>&1
+  timeout -k 5 60 "${pin[@]}" .device/bin/enqueue_floor -n "$N" >"$OUT/floor.txt" 2>&1
   echo "rc=$? enqueue_floor: $(grep -c '^FLOOR' "$OUT/floor.txt") rows" | tee -a "$OUT/runs.txt"
 fi
 # Side by side: one line per case, host and stream µs of each library.
 python3 - "$OUT" "${libs[@]}" >"$OUT/side-by-side.txt" <<'PY'
 import sys, re, os
 out, libs = sys.argv[1], [l.split('=')[0] for l in sys.argv[2:]]
-rows = {}
+import glob
+samples = {}
 for mode in ("1", "2", "p"):
     for lib in libs:
-        path = os.path.join(out, f"{lib}-{mode}.txt")
-        if not os.path.exists(path):
-            continue
-        for line in open(path):
-            m = re.match(r"ROW (\d+) (\S+)\s+(\d+) (\S+)\s+host=([\d.]+) stream=([\d.]+)", line)
-            if m:
-                key = (mode, m[2], int(m[3]), m[4])
-                rows.setdefault(key, {})[lib] = (float(m[5]), float(m[6]))
-print("mode collective bytes place | " + " | ".join(f"{l} host/stream" for l in libs) + " | ours stream / best NVIDIA")
+        for path in sorted(glob.glob(os.path.join(out, f"{lib}-{mode}-*.txt"))):
+            for line in open(path):
+                m = re.match(r"ROW (\d+) (\S+)\s+(\d+) (\S+)\s+host=([\d.]+) stream=([\d.]+)", line)
+                if m:
+                    key = (mode, m[2], int(m[3]), m[4])
+                    samples.setdefault(key, {}).setdefault(lib, []).append((float(m[5]), float(m[6])))
+# Each library's row: the run with the median stream time (host time from the same run).
+rows = {k: {lib: sorted(v, key=lambda t: t[1])[(len(v) - 1) // 2] for lib, v in libs_.items()}
+        for k, libs_ in samples.items()}
+print("mode collective bytes place | " + " | ".join(f"{l} host/stream" for l in libs) + " | ours stream / best NVIDIA (medians of the runs)")
 for key in sorted(rows):
     r = rows[key]
     cells = " | ".join("%.2f / %.2f" % r[l] if l in r else "-" for l in libs)

@@ -142,13 +142,16 @@ PY
 # with a cut and TRACE_MS a "recover ..." line.
 run() {
   local label=$1 lib=$2 ifname=$3
+  # Log names keep to letters, digits, dots, dashes and underscores (a row's label may hold
+  # settings: OXCCL_X=1+NCCL_DEBUG=TRACE), so that every tool that copies them takes them.
+  local file=${label//[^A-Za-z0-9._-]/_}
   shift 3
   local port=$((30000 + RANDOM % 2000)) r ns pids=() ok=1 hex log trace=()
   [ -n "${TRACE_MS:-}" ] && trace=(--trace-interval "$TRACE_MS")
   local env=(NCCL_COMM_ID=10.213.81.1:$port NCCL_SOCKET_IFNAME=$ifname OXCCL_NET_SPEEDS=$SPEEDS
     NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@")
-  if ! hex=$(set -o pipefail; uid "$lib" "${env[@]}" 2>"$OUTDIR/$label-uid.log") || [ -z "$hex" ]; then
-    echo "FAIL $label: no unique id ($OUTDIR/$label-uid.log)" >&2
+  if ! hex=$(set -o pipefail; uid "$lib" "${env[@]}" 2>"$OUTDIR/$file-uid.log") || [ -z "$hex" ]; then
+    echo "FAIL $label: no unique id ($OUTDIR/$file-uid.log)" >&2
     return 1
   fi
   for r in 0 1; do
@@ -157,12 +160,12 @@ run() {
     "$IP" netns exec "$ns" sh -c "unset $UNSET; exec env \"\$@\"" sh "${env[@]}" NCCL_HOSTID=links-bench-$r \
       "$BENCH" --lib "$lib" -c all_reduce -d float -o sum --sizes "$SIZES" --inplace 0 --devices 0,0 \
       -w 3 -n "$ITERS" --timeout 300 ${trace[@]+"${trace[@]}"} --child-rank "$r" --child-nranks 2 --child-id "$hex" \
-      >"$OUTDIR/$label-$r.log" 2>&1 &
+      >"$OUTDIR/$file-$r.log" 2>&1 &
     pids+=($!)
   done
   # CUT_AFTER_S=N CUT_TO=MBIT: N s into a run over both links, the fast link drops to MBIT
   # (restored after the run); ranks log the weights as they change (NCCL_DEBUG_SUBSYS NET).
-  local cutter= cutfile=$OUTDIR/$label-cut.txt
+  local cutter= cutfile=$OUTDIR/$file-cut.txt
   rm -f "$cutfile"
   if [ -n "${CUT_AFTER_S:-}" ] && [ "$ifname" = oxf,oxs ]; then
     (sleep "$CUT_AFTER_S" && reshape oxf "${CUT_TO:-1000}" && date +%s.%N >"$cutfile" &&
@@ -175,26 +178,26 @@ run() {
     wait "$cutter" 2>/dev/null
     reshape oxf "$FAST"
   fi
-  if [ $ok = 0 ] || grep -q 'wrong=[1-9]' "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log"; then
-    echo "FAIL $label (logs: $OUTDIR/$label-[01].log)" >&2
-    tail -n 3 "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log" >&2
+  if [ $ok = 0 ] || grep -q 'wrong=[1-9]' "$OUTDIR/$file-0.log" "$OUTDIR/$file-1.log"; then
+    echo "FAIL $label (logs: $OUTDIR/$file-[01].log)" >&2
+    tail -n 3 "$OUTDIR/$file-0.log" "$OUTDIR/$file-1.log" >&2
     return 1
   fi
   # Each size's time is the slower rank's; all_reduce of 2 ranks: busbw = algbw = bytes / time.
-  cat "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log" | awk '
+  cat "$OUTDIR/$file-0.log" "$OUTDIR/$file-1.log" | awk '
     /^@@OXCCL res / { s = b = t = 0
       for (i = 3; i <= NF; i++) { split($i, kv, "=")
         if (kv[1] == "size") s = kv[2]; if (kv[1] == "bytes") b = kv[2]; if (kv[1] == "time_us") t = kv[2] }
       if (t > worst[s]) worst[s] = t; bytes[s] = b }
     END { for (s in worst) printf "%s %.3f\n", s, bytes[s] / worst[s] / 1e3 }'
   if [ -n "${TRACE_MS:-}" ] && [ -s "$cutfile" ]; then
-    recover "$OUTDIR/$label-0.log" "$(cat "$cutfile")"
+    recover "$OUTDIR/$file-0.log" "$(cat "$cutfile")"
   fi
   # A run that succeeded may still have warned (a false hang report, a failed exchange).
   local warns
-  warns=$(cat "$OUTDIR/$label-0.log" "$OUTDIR/$label-1.log" | grep -c 'NCCL WARN')
-  [ "$warns" = 0 ] || echo "warn: $warns WARN lines, first: $(grep -h -m1 'NCCL WARN' "$OUTDIR/$label-0.log" \
-    "$OUTDIR/$label-1.log" | head -1 | sed 's/.*NCCL WARN //' | cut -c1-140)"
+  warns=$(cat "$OUTDIR/$file-0.log" "$OUTDIR/$file-1.log" | grep -c 'NCCL WARN')
+  [ "$warns" = 0 ] || echo "warn: $warns WARN lines, first: $(grep -h -m1 'NCCL WARN' "$OUTDIR/$file-0.log" \
+    "$OUTDIR/$file-1.log" | head -1 | sed 's/.*NCCL WARN //' | cut -c1-140)"
 }
 
 libs=()

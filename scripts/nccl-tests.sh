@@ -49,7 +49,8 @@
 #   env: NT_COLLS (all_reduce all_gather reduce_scatter broadcast reduce alltoall gather scatter
 #   sendrecv), NT_ARGS (the arguments after -g 1, as above), NT_BIN (a folder with the *_perf
 #   binaries; default: .device/nccl-tests/nccl-tests.tar.xz unpacked into a temporary folder),
-#   NT_BUDGET_S (100) and NT_RUN_TIMEOUT_S (30): the runs share the budget, counted from the
+#   NT_CPUS (the CPUs every run is pinned to; default the first CPU of GPU 0's NUMA node, from
+#   scripts/gpu-cpus; none: not pinned), NT_BUDGET_S (100) and NT_RUN_TIMEOUT_S (30): the runs share the budget, counted from the
 #   first run; each is limited to the smaller of its timeout and what is left, and one with
 #   less than 5 s left is not started (SKIPPED (time budget)). OUT (/tmp/nccl-tests-run) gets
 #   nccl-tests-run.tar.gz (table.txt, BUILD-INFO, logs/); the table is printed too.
@@ -286,7 +287,7 @@ run_one() {
   # shellcheck disable=SC2086 # NT_ARGS is a list of arguments
   env -u LD_BIND_NOW LD_LIBRARY_PATH="$dir" NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO \
     NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE="$log.nccl" LD_DEBUG=libs LD_DEBUG_OUTPUT="$log.ld" \
-    timeout -k 5 "$t" "$bin/${coll}_perf" -g 1 $args >"$log.out" 2>&1 </dev/null
+    timeout -k 5 "$t" ${pin[@]+"${pin[@]}"} "$bin/${coll}_perf" -g 1 $args >"$log.out" 2>&1 </dev/null
   rc=$?
   echo "$rc" >"$log.rc"
   mkdir -p "$data/$coll"
@@ -298,6 +299,12 @@ run_one() {
 
 run() {
   local out=${OUT:-/tmp/nccl-tests-run}
+  # Every run pinned to the same CPUs near GPU 0 (NT_CPUS, default scripts/gpu-cpus 1; "none":
+  # not pinned): where the scheduler puts a process moves a call by up to 1 µs.
+  local cpus=${NT_CPUS:-$("$here/gpu-cpus" 1)}
+  pin=()
+  [[ -n $cpus && $cpus != none ]] && command -v taskset >/dev/null && pin=(taskset -c "$cpus")
+  say "runs pinned to CPUs: ${cpus:-none}"
   local colls=${NT_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall gather scatter sendrecv}
   args=${NT_ARGS:--b 8 -e 8M -f 4 -w 5 -n 20 -c 1 -d float}
   local budget=${NT_BUDGET_S:-100} run_to=${NT_RUN_TIMEOUT_S:-30}
