@@ -3,10 +3,10 @@
 # ffi-tests/gpu/hostpath.c (built by scripts/stage-device into .device/bin) against ours
 # (.device/lib), NVIDIA's 2.28.9 (PyTorch's, found through python3's nvidia.nccl) and NVIDIA's
 # 2.32.3 (.device/ref, made by ../shared/tools/nccl-reference 2.32.3 90 .device/ref). Writes
-# under ${OUT:-/tmp/hostpath}: <lib>-<mode>.txt (ROW lines: host µs per call, stream µs per
-# operation), side-by-side.txt, profile.txt (oxccl's host profile of each mode), all packed
-# as hostpath.tar.gz, and floor.txt (what the CUDA driver alone charges per copy, kernel launch
-# and event record: ffi-tests/gpu/enqueue_floor.c). Modes: 1 = one rank, 2 = two ranks of one
+# ${OUT:-/tmp/hostpath}/hostpath.tar.gz: <lib>-<mode>-<run>.txt (ROW lines: host µs per call,
+# stream µs per operation), side-by-side.txt (also left beside the archive), profile.txt
+# (oxccl's host profile of each mode), runs.txt and floor.txt (what the CUDA driver alone
+# charges per copy, kernel launch and event record: ffi-tests/gpu/enqueue_floor.c). Modes: 1 = one rank, 2 = two ranks of one
 # process (group calls), p = two processes (under MPS when nvidia-cuda-mps-control starts a
 # daemon; it is stopped at the end).
 # usage: scripts/hostpath.sh [ITERATIONS]   (calls per case, default 2000; HOSTPATH_SIZES,
@@ -18,8 +18,11 @@
 # gives each row's median over the runs, and <lib>-<mode>-<run>.txt keep every run.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/hostpath}
-mkdir -p "$OUT"
+# Everything is written in a folder of its own; what stays in OUT is side-by-side.txt and
+# hostpath.tar.gz (every file of the run), so a device call that returns few files loses none.
+DEST=${OUT:-/tmp/hostpath}
+mkdir -p "$DEST" || exit 2
+OUT=$(mktemp -d /tmp/hostpath-run.XXXXXX) || exit 2
 N=${1:-2000}
 export NCCL_NVLS_ENABLE=0 NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_DEBUG=WARN
 libs=("ours=.device/lib")
@@ -112,4 +115,4 @@ PY
 cat "$OUT/side-by-side.txt"
 grep -H "host profile" "$OUT"/oursprof-*.err >"$OUT/profile.txt" 2>/dev/null
 cat "$OUT/profile.txt"
-tar -czf "$OUT.tar.gz" -C "$OUT" . && mv "$OUT.tar.gz" "$OUT/hostpath.tar.gz"
+cp "$OUT/side-by-side.txt" "$DEST/" && tar -czf "$DEST/hostpath.tar.gz" -C "$OUT" . && rm -rf "$OUT"

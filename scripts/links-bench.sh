@@ -17,7 +17,8 @@
 #        FAST=4000 SLOW=1000 (Mbit/s), BENCH (default .device/bin/oxccl-bench, else
 #        target/release/oxccl-bench), IP and TC (default .device/iproute/ipw and tcw as
 #        scripts/stage-device bundles them, else ip and tc on PATH), PYTHON (python3, to make
-#        each library's unique id), ITERS=10, OUTDIR (logs; default a temporary folder),
+#        each library's unique id), ITERS=10, OUTDIR (where links-bench.tar.gz, every log of
+#        the run, is left; default a temporary folder),
 #        OURS_ENV ("A=1 B=2;C=3": a row of ours per ';'-separated set of settings),
 #        TRACE_MS (off by default): the bench prints busbw every TRACE_MS ms while each size
 #        runs (`# trace` lines, kept in the logs); with CUT_AFTER_S each row over both links
@@ -235,5 +236,12 @@ for lib in "${libs[@]:1}"; do
   n=$((n + 1))
   row "nvidia$n" "$lib"
 done
-echo "rates: fast $FAST Mbit/s, slow $SLOW Mbit/s; logs: $OUTDIR"
+# Every log into one archive (a device call returns only a few files): OUTDIR keeps
+# links-bench.tar.gz alone.
+if (cd "$OUTDIR" && tar -czf links-bench.tar.gz.part --exclude 'links-bench.tar.gz*' . &&
+  find . -maxdepth 1 -type f ! -name 'links-bench.tar.gz*' -delete && mv links-bench.tar.gz.part links-bench.tar.gz); then
+  echo "rates: fast $FAST Mbit/s, slow $SLOW Mbit/s; logs: $OUTDIR/links-bench.tar.gz"
+else
+  echo "rates: fast $FAST Mbit/s, slow $SLOW Mbit/s; logs: $OUTDIR (not packed)"
+fi
 [ "$failed" = 0 ]

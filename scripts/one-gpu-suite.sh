@@ -66,8 +66,9 @@
 #           against a plain TCP pair, reference rows), and torch-hostid (scripts/torch-all.sh
 #           --hostid: DDP on 2 and 4 ranks over the network, loss curves against NVIDIA's).
 #           MATRIX_ONLY=REGEX runs only its steps that match.
-# Output in ${OUT:-./out}: summary.txt (also printed last), machine.log and one SECTION.log per
-# section run (each kept under 16 MiB).
+# Output in ${OUT:-./out}: summary.txt (also printed last) and one-gpu-suite.tar.gz, which holds
+# machine.log and one SECTION.log per section run (each kept under 16 MiB) and the folders of
+# the steps that write their own (api232, two-hosts, ...).
 # Exit status: 0 when no step failed (reference runs and budget skips do not count), else 1.
 set -u -o pipefail
 
@@ -701,6 +702,16 @@ for f in "$OUT"/*; do
     { head -c 2000000 "$f"; printf '\n\n######## [cut: %s bytes in all]\n\n' "$size"; tail -c 13000000 "$f"; } >"$TMP/cut" && mv -f "$TMP/cut" "$f"
   fi
 done
+# Every log (and the folders of api232, two-hosts, ...) into one archive beside summary.txt:
+# a device call returns only a few files.
+# Only what this run wrote is packed and removed (OUT may hold other things).
+wrote=(machine.log)
+for s in "${SECTIONS[@]}"; do wrote+=("$s.log"); done
+for d in api232 two-hosts; do [ -e "$OUT/$d" ] && wrote+=("$d"); done
+if (cd "$OUT" && tar -czf "$TMP/one-gpu-suite.tar.gz" "${wrote[@]}" && rm -rf "${wrote[@]}" &&
+  mv "$TMP/one-gpu-suite.tar.gz" .); then
+  echo "logs: $OUT/one-gpu-suite.tar.gz" >>"$SUMMARY"
+fi
 echo
 echo "==== summary"
 cat "$SUMMARY"
