@@ -190,12 +190,19 @@ pub fn shares_permille(speeds: &[u64]) -> Vec<u64> {
     speeds.iter().map(|&s| s * 1000 / total).collect()
 }
 
+/// Fewest collectives a fence lies beyond a rank's count.
+pub const MIN_FENCE_MARGIN: u64 = 2;
+
 /// Collectives a rank may plan beyond its count at a round's start before it must know the
-/// round's outcome: what it plans in two periods at its recent pace, and at least 16, so
-/// that the outcome is normally there first and no call waits for it.
+/// round's outcome: what it plans in two periods at its recent pace (an exchange takes
+/// milliseconds, so the outcome is normally there first and no call waits for it), plus
+/// `MIN_FENCE_MARGIN`. The margin is also how late the outcome takes effect: at the pace of
+/// collectives that each take a long time (64 MiB over a slowed link: 0.45 s each) a fixed
+/// margin of many collectives would hold the new weights back for seconds, so only the pace
+/// makes it large; a burst after a quiet spell may wait once for one exchange.
 pub fn fence_margin(collectives_per_s: f64, period_s: f64) -> u64 {
     let ahead = collectives_per_s.max(0.0) * 2.0 * period_s;
-    16 + ahead.min(1e12) as u64
+    MIN_FENCE_MARGIN + ahead.min(1e12) as u64
 }
 
 #[cfg(test)]
@@ -335,7 +342,9 @@ mod tests {
         };
         assert_eq!(switch_from(0, &[r(10), r(40), r(25)]), 41);
         assert_eq!(switch_from(100, &[r(10), r(40)]), 101);
-        assert!(fence_margin(0.0, 0.2) >= 16);
-        assert_eq!(fence_margin(10_000.0, 0.2), 16 + 4000);
+        assert_eq!(fence_margin(0.0, 0.2), MIN_FENCE_MARGIN);
+        assert_eq!(fence_margin(10_000.0, 0.2), MIN_FENCE_MARGIN + 4000);
+        // Collectives of 0.45 s each: the new weights apply about a second later, not seven.
+        assert_eq!(fence_margin(1.0 / 0.45, 0.2), MIN_FENCE_MARGIN);
     }
 }
