@@ -39,6 +39,9 @@ struct WorkArena {
     done: Vec<Event>,
     recorded: Vec<bool>,
     next: usize,
+    /// Most eager launches of the arena that may be unfinished at once, the new one included
+    /// (`ARENA_SLOTS` unless adaptive weights limit it: `limit_depth`).
+    depth: usize,
     /// The last eager write had to wait for an earlier launch to finish.
     waited: bool,
 }
@@ -52,8 +55,14 @@ impl WorkArena {
                 .collect::<Result<_>>()?,
             recorded: vec![false; ARENA_SLOTS],
             next: 0,
+            depth: ARENA_SLOTS,
             waited: false,
         })
+    }
+
+    /// Let at most `depth` eager launches of the arena be unfinished at once.
+    fn limit_depth(&mut self, depth: usize) {
+        self.depth = depth.clamp(1, ARENA_SLOTS);
     }
 
     /// Copy `items` for an eager launch into the next slot, once the launch that used it last
@@ -62,13 +71,15 @@ impl WorkArena {
         check_items_size(items)?;
         let slot = self.next;
         self.next = (self.next + 1) % ARENA_SLOTS;
-        if self.recorded[slot] && !self.done[slot].done()? {
-            self.waited = true;
-            wait_event(
-                &self.done[slot],
-                abort,
-                "a previous launch of this communicator",
-            )?;
+        for s in slots_to_wait_for(slot, self.depth) {
+            if self.recorded[s] && !self.done[s].done()? {
+                self.waited = true;
+                wait_event(
+                    &self.done[s],
+                    abort,
+                    "a previous launch of this communicator",
+                )?;
+            }
         }
         let off = slot * ARENA_SLOT_BYTES;
         // SAFETY: off + items.len() <= the arena's size (checked above); no running kernel
@@ -95,6 +106,15 @@ impl WorkArena {
         cuda::keep_for_graph(cuda::capturing_graph(stream)?, Box::new(mem))?;
         Ok(dev)
     }
+}
+
+/// The slots whose launches must be done before an eager launch writes `slot`: the slot's
+/// previous launch (it still reads the slot), and the launch `depth` launches back, which used
+/// `slot - depth` since slots are used in turn (the same slot at full depth), so that at most
+/// `depth` launches are unfinished at once.
+fn slots_to_wait_for(slot: usize, depth: usize) -> [usize; 2] {
+    let depth = depth.clamp(1, ARENA_SLOTS);
+    [(slot + ARENA_SLOTS - depth) % ARENA_SLOTS, slot]
 }
 
 fn check_items_size(items: &[u8]) -> Result<()> {
@@ -545,6 +565,31 @@ mod tests {
     use super::*;
     use crate::sched::device::{OxWork, WorkKind};
 
+    #[test]
+    fn a_limited_arena_waits_for_the_launch_depth_launches_back() {
+        // Full depth: only the slot's own previous launch.
+        assert_eq!(slots_to_wait_for(5, ARENA_SLOTS), [5, 5]);
+        // Depth 4: launch n waits for launch n - 4, which used the slot 4 back (wrapping).
+        assert_eq!(slots_to_wait_for(5, 4), [1, 5]);
+        assert_eq!(slots_to_wait_for(2, 4), [ARENA_SLOTS - 2, 2]);
+        // Depth 1: every launch waits for the one before it.
+        assert_eq!(slots_to_wait_for(0, 1), [ARENA_SLOTS - 1, 0]);
+        // Out of range: clamped to 1..=ARENA_SLOTS.
+        assert_eq!(slots_to_wait_for(7, 0), slots_to_wait_for(7, 1));
+        assert_eq!(slots_to_wait_for(7, 1000), [7, 7]);
+        // Over a whole turn of launches, at most `depth` are ever unfinished: launch n may
+        // start once launch n - depth is done.
+        for depth in [1, 4, 17, ARENA_SLOTS] {
+            for n in 0..3 * ARENA_SLOTS {
+                let [oldest, own] = slots_to_wait_for(n % ARENA_SLOTS, depth);
+                if n >= depth {
+                    assert_eq!(oldest, (n - depth) % ARENA_SLOTS);
+                }
+                assert_eq!(own, n % ARENA_SLOTS);
+            }
+        }
+    }
+
     /// A one-item all-reduce plan on `send` -> `recv` as the planner would make it, cached.
     fn cached_copy_plan(send: u64, recv: u64) -> Arc<CachedPlan> {
         let mut w = OxWork::new(WorkKind::Copy);
@@ -925,10 +970,16 @@ impl Runtime {
         };
         let agent =
             super::adaptive::Agent::start(setup, &self.bootstrap, meter.clone(), schedule.clone())?;
+        // A collective's split is fixed when it is enqueued: what waits ahead of the GPU
+        // follows a switch only after it has run.
+        let depth = crate::env::registry::ADAPTIVE_QUEUE_DEPTH
+            .int()
+            .clamp(1, ARENA_SLOTS as i64) as usize;
+        self.arena.limit_depth(depth);
         crate::info!(
             INIT | NET,
-            "rank {}: channel weights adapt to measured throughput, agreed every {period_ms} ms \
-             (OXCCL_ADAPTIVE_WEIGHTS=0: fixed)",
+            "rank {}: channel weights adapt to measured throughput, agreed every {period_ms} ms, \
+             at most {depth} large launches ahead of the GPU (OXCCL_ADAPTIVE_WEIGHTS=0: fixed)",
             self.topo.my_rank
         );
         self.adaptive = Some(AdaptiveWeights {
