@@ -301,7 +301,7 @@ impl CommConfig {
         c
     }
 
-    /// Bounds that cross (the environment's may) are both set to the upper one, as NVIDIA's.
+    /// Bounds that cross (the environment's may) are both set to the maximum's value, as NVIDIA's.
     fn settle_channel_bounds(&mut self) {
         if self.min_ctas > self.max_ctas {
             crate::info!(
@@ -391,7 +391,7 @@ mod tests {
         let c = sources::with(&env, &[], || CommConfig::resolve(Some(&cfg), None)).unwrap();
         assert!(c.blocking);
         assert_eq!(c.max_ctas, 32);
-        // Bounds the environment crosses are set both to the upper one, as NVIDIA's.
+        // Bounds the environment crosses are both set to the maximum's value, as NVIDIA's.
         let env = [("NCCL_MIN_CTAS", "16"), ("NCCL_MAX_CTAS", "4")];
         let c = sources::with(&env, &[], || CommConfig::resolve(Some(&cfg), None)).unwrap();
         assert_eq!((c.min_ctas, c.max_ctas), (4, 4));

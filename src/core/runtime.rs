@@ -40,7 +40,7 @@ struct WorkArena {
     recorded: Vec<bool>,
     next: usize,
     /// Most eager launches of the arena that may be unfinished at once, the new one included
-    /// (`ARENA_SLOTS` unless adaptive weights limit it: `limit_depth`).
+    /// (`ARENA_SLOTS` unless adaptive weights limit it).
     depth: usize,
     /// The last eager write had to wait for an earlier launch to finish.
     waited: bool,
@@ -60,18 +60,20 @@ impl WorkArena {
         })
     }
 
-    /// Let at most `depth` eager launches of the arena be unfinished at once.
-    fn limit_depth(&mut self, depth: usize) {
-        self.depth = depth.clamp(1, ARENA_SLOTS);
-    }
-
     /// Copy `items` for an eager launch into the next slot, once the launch that used it last
     /// has finished. Returns the slot and the items' device address.
     fn write_eager(&mut self, items: &[u8], abort: &AtomicBool) -> Result<(usize, u64)> {
         check_items_size(items)?;
         let slot = self.next;
         self.next = (self.next + 1) % ARENA_SLOTS;
-        for s in slots_to_wait_for(slot, self.depth) {
+        let [oldest, own] = slots_to_wait_for(slot, self.depth);
+        // At full depth both are the slot itself: ask its event once.
+        let waits = if oldest == own {
+            &[own][..]
+        } else {
+            &[oldest, own][..]
+        };
+        for &s in waits {
             if self.recorded[s] && !self.done[s].done()? {
                 self.waited = true;
                 wait_event(
@@ -975,7 +977,7 @@ impl Runtime {
         let depth = crate::env::registry::ADAPTIVE_QUEUE_DEPTH
             .int()
             .clamp(1, ARENA_SLOTS as i64) as usize;
-        self.arena.limit_depth(depth);
+        self.arena.depth = depth;
         crate::info!(
             INIT | NET,
             "rank {}: channel weights adapt to measured throughput, agreed every {period_ms} ms, \

@@ -758,15 +758,15 @@ pub fn copy_channels(bytes: u64, max_channels: u32) -> u32 {
     (bytes.div_ceil(COPY_BYTES_PER_CHANNEL)).clamp(1, max) as u32
 }
 
-/// `NCCL_MIN_P2P_NCHANNELS` and `NCCL_MAX_P2P_NCHANNELS` (read again after a settings reload): the range of channels
-/// one P2P operation is split over (default 1..=`P2P_MAX_CHANNELS`). As in NVIDIA's library,
-/// every rank must see the same values.
 /// The most channels one P2P operation uses on a communicator of `nchannels` (NVIDIA's
 /// "p2p channels per peer").
 pub fn p2p_channels_per_peer(nchannels: u32) -> u32 {
     p2p_channel_range().1.min(nchannels).max(1)
 }
 
+/// `NCCL_MIN_P2P_NCHANNELS` and `NCCL_MAX_P2P_NCHANNELS` (read again after a settings reload): the range of channels
+/// one P2P operation is split over (default 1..=`P2P_MAX_CHANNELS`). As in NVIDIA's library,
+/// every rank must see the same values.
 fn p2p_channel_range() -> (u32, u32) {
     static RANGE: crate::env::Cached<(u32, u32)> = crate::env::Cached::new(|| {
         let max = crate::env::registry::MAX_P2P_NCHANNELS
