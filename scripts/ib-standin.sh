@@ -159,11 +159,16 @@ HOSTS2=(-p 2 --ranks-per-gpu 2 --hostid-per-rank)
 HOSTS4=(-p 4 --ranks-per-gpu 4 --hostid-per-rank)
 
 DEADLINE=$((START + ${IB_STANDIN_BUDGET:-540}))
-# bench_table LOG: a side-by-side run's table, for the summary
+# bench_table LOG: a side-by-side run's per-band summary (a single run's last 40 table lines
+# when it has none), for the summary
 bench_table() {
   [ -f "$1" ] || return 0
   echo "---- ${1##*/}" >>"$SUMMARY"
-  grep -E '^#|^ *[0-9]' "$1" | grep -v -E '^# (Using|nThread|Rank)' | tail -n 40 >>"$SUMMARY"
+  if grep -q '^# Side-by-side summary' "$1"; then
+    sed -n '/^# Side-by-side summary/,$p' "$1" | grep -E '^#|^ +[a-z_]+ ' >>"$SUMMARY"
+  else
+    grep -E '^#|^ *[0-9]' "$1" | grep -v -E '^# (Using|nThread|Rank)' | tail -n 40 >>"$SUMMARY"
+  fi
 }
 # step NAME LIMIT ENV... -- BENCH-ARGS...: runs the benchmark, sets RC and LOG (RC 125: skipped
 # for want of time).
