@@ -49,8 +49,9 @@
 #   env: NT_COLLS (all_reduce all_gather reduce_scatter broadcast reduce alltoall gather scatter
 #   sendrecv), NT_ARGS (the arguments after -g 1, as above), NT_BIN (a folder with the *_perf
 #   binaries; default: .device/nccl-tests/nccl-tests.tar.xz unpacked into a temporary folder),
-#   NT_CPUS (the CPUs every run is pinned to; default the first CPU of GPU 0's NUMA node, from
-#   scripts/gpu-cpus; none: not pinned), NT_BUDGET_S (100) and NT_RUN_TIMEOUT_S (30): the runs share the budget, counted from the
+#   NT_CPUS (the CPUs every run is pinned to; default the first two CPUs of GPU 0's NUMA node,
+#   from scripts/gpu-cpus; none: not pinned), NT_REPEAT (3: runs of each library, taking turns;
+#   each size's time is the median of its runs), NT_BUDGET_S (100) and NT_RUN_TIMEOUT_S (30): the runs share the budget, counted from the
 #   first run; each is limited to the smaller of its timeout and what is left, and one with
 #   less than 5 s left is not started (SKIPPED (time budget)). OUT (/tmp/nccl-tests-run) gets
 #   nccl-tests-run.tar.gz (table.txt, BUILD-INFO, logs/); the table is printed too.
@@ -279,10 +280,11 @@ report() {
 # ---------------------------------------------------------------------------------------------
 # run
 
-# run_one COLL LABEL LIBDIR LIBFILE SUBJECT BIN LOGDIR DATA TIMEOUT
+# run_one COLL LABEL LIBDIR LIBFILE SUBJECT BIN LOGDIR DATA TIMEOUT RUN: run number RUN of a
+# library; its rows go to DATA/COLL/LABEL.rows.RUN, its status to DATA/COLL/LABEL.status.RUN.
 run_one() {
-  local coll=$1 label=$2 dir=$3 file=$4 subject=$5 bin=$6 logs=$7 data=$8 t=$9 log rc t0=$SECONDS
-  log=$logs/$coll.$label
+  local coll=$1 label=$2 dir=$3 file=$4 subject=$5 bin=$6 logs=$7 data=$8 t=$9 n=${10} log rc t0=$SECONDS
+  log=$logs/$coll.$label.$n
   rm -f "$log".*
   # shellcheck disable=SC2086 # NT_ARGS is a list of arguments
   env -u LD_BIND_NOW LD_LIBRARY_PATH="$dir" NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO \
@@ -291,20 +293,38 @@ run_one() {
   rc=$?
   echo "$rc" >"$log.rc"
   mkdir -p "$data/$coll"
-  check_run "$log" "$dir" "$file" "$subject" >"$data/$coll/$label.status"
-  if [ "$(cut -f1 "$data/$coll/$label.status")" = ok ]; then parse_log "$log.out" >"$data/$coll/$label.rows"; fi
-  printf '  %-15s %-8s %3ss (%3ss in all) %s\n' "$coll" "$label" "$((SECONDS - t0))" "$((SECONDS - t_run))" \
-    "$(cut -f1,3 "$data/$coll/$label.status" | tr '\t' ' ')"
+  check_run "$log" "$dir" "$file" "$subject" >"$data/$coll/$label.status.$n"
+  if [ "$(cut -f1 "$data/$coll/$label.status.$n")" = ok ]; then parse_log "$log.out" >"$data/$coll/$label.rows.$n"; fi
+  printf '  %-15s %-8s run %s %3ss (%3ss in all) %s\n' "$coll" "$label" "$n" "$((SECONDS - t0))" "$((SECONDS - t_run))" \
+    "$(cut -f1,3 "$data/$coll/$label.status.$n" | tr '\t' ' ')"
+}
+
+# merge_runs DIR LABEL: the runs of one library for one collective as one: LABEL.status is the
+# first failed run's status (else the first run's), LABEL.rows each size's median time over the
+# runs that passed (the lower middle of an even count) and its largest wrong count.
+merge_runs() {
+  local dir=$1 label=$2 st
+  st=$(cat "$dir/$label".status.* 2>/dev/null | awk -F'\t' '$1 != "ok" { print; f = 1; exit } NR == 1 { first = $0 } END { if (!f && NR) print first }')
+  [ -n "$st" ] || return 0
+  printf '%s\n' "$st" >"$dir/$label.status"
+  [ "${st%%$'\t'*}" = ok ] || return 0
+  cat "$dir/$label".rows.* | sort -t$'\t' -k1,1n -k2,2g | awk -F'\t' 'BEGIN { OFS = "\t" }
+    function flush() { if (n) print size, v[int((n + 1) / 2)], w }
+    !seen || $1 != size { flush(); seen = 1; size = $1; n = 0; w = 0 }
+    { v[++n] = $2; if ($3 != "0" && $3 != "N/A") w = $3; else if (w == 0) w = $3 }
+    END { flush() }' >"$dir/$label.rows"
 }
 
 run() {
   local out=${OUT:-/tmp/nccl-tests-run}
-  # Every run pinned to the same CPUs near GPU 0 (NT_CPUS, default scripts/gpu-cpus 1; "none":
-  # not pinned): where the scheduler puts a process moves a call by up to 1 µs.
-  local cpus=${NT_CPUS:-$("$here/gpu-cpus" 1)}
+  # Every run pinned to the same CPUs near GPU 0 (NT_CPUS, default scripts/gpu-cpus 2; "none":
+  # not pinned): where the scheduler puts a process moves a call by up to 1 µs. Two, not one:
+  # on one CPU a library's own threads take turns with the caller's.
+  local cpus=${NT_CPUS:-$("$here/gpu-cpus" 2)}
+  local repeat=${NT_REPEAT:-3}
   pin=()
   [[ -n $cpus && $cpus != none ]] && command -v taskset >/dev/null && pin=(taskset -c "$cpus")
-  say "runs pinned to CPUs: ${cpus:-none}"
+  say "runs pinned to CPUs: ${cpus:-none}; $repeat runs per library, in turns, medians per size"
   local colls=${NT_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall gather scatter sendrecv}
   args=${NT_ARGS:--b 8 -e 8M -f 4 -w 5 -n 20 -c 1 -d float}
   local budget=${NT_BUDGET_S:-100} run_to=${NT_RUN_TIMEOUT_S:-30}
@@ -366,18 +386,27 @@ run() {
   say "running ${colls// /, } with ${labels[*]} (budget ${budget}s)"
   t_run=$SECONDS
   local left t failed=0
+  local n
   for c in $colls; do
+    # The libraries take turns, NT_REPEAT rounds: each size's time is the median of its runs.
+    for ((n = 1; n <= repeat; n++)); do
+      for i in "${!labels[@]}"; do
+        left=$((budget - (SECONDS - t_run)))
+        t=$((left < run_to ? left : run_to))
+        if [ "$t" -lt 5 ]; then
+          mkdir -p "$data/$c"
+          # A later round cut by the budget leaves the rounds that ran.
+          [ "$n" -gt 1 ] && continue
+          printf 'fail\t\tSKIPPED (time budget: %ss of %ss used)\n' "$((SECONDS - t_run))" "$budget" >"$data/$c/${labels[$i]}.status.$n"
+          continue
+        fi
+        run_one "$c" "${labels[$i]}" "${dirs[$i]}" "${files[$i]}" "$([ "$i" = 0 ] && echo 1 || echo 0)" \
+          "$bin" "$logs" "$data" "$t" "$n"
+      done
+    done
     for i in "${!labels[@]}"; do
-      left=$((budget - (SECONDS - t_run)))
-      t=$((left < run_to ? left : run_to))
-      if [ "$t" -lt 5 ]; then
-        mkdir -p "$data/$c"
-        printf 'fail\t\tSKIPPED (time budget: %ss of %ss used)\n' "$((SECONDS - t_run))" "$budget" >"$data/$c/${labels[$i]}.status"
-        continue
-      fi
-      run_one "$c" "${labels[$i]}" "${dirs[$i]}" "${files[$i]}" "$([ "$i" = 0 ] && echo 1 || echo 0)" \
-        "$bin" "$logs" "$data" "$t"
-      [ "$(cut -f1 "$data/$c/${labels[$i]}.status")" = ok ] || failed=1
+      merge_runs "$data/$c" "${labels[$i]}"
+      [ "$(cut -f1 "$data/$c/${labels[$i]}.status" 2>/dev/null)" = ok ] || failed=1
     done
   done
   for i in "${!labels[@]}"; do
@@ -472,9 +501,19 @@ selftest() {
       l=${labels[$i]}
       local file=$work/lib/$l/libnccl.so.2
       [ "$c/$l" = broadcast/nv2323 ] && file=$work/lib/nv2323/oxccl.so
-      check_run "$logs/$c.$l" "$work/lib/$l" "$file" "$([ $i = 0 ] && echo 1 || echo 0)" >"$data/$c/$l.status"
-      [ "$(cut -f1 "$data/$c/$l.status")" = ok ] && parse_log "$logs/$c.$l.out" >"$data/$c/$l.rows"
+      check_run "$logs/$c.$l" "$work/lib/$l" "$file" "$([ $i = 0 ] && echo 1 || echo 0)" >"$data/$c/$l.status.1"
+      [ "$(cut -f1 "$data/$c/$l.status.1")" = ok ] && parse_log "$logs/$c.$l.out" >"$data/$c/$l.rows.1"
     done
+  done
+  # Two more runs of ours' all_reduce, one slower and one faster at every size: the median
+  # is the first run's time.
+  for i in 2 3; do
+    cp "$data/all_reduce/ours.status.1" "$data/all_reduce/ours.status.$i"
+    awk -F'\t' -v d=$(( i == 2 ? 2 : -1 )) 'BEGIN { OFS = "\t" } { $2 = sprintf("%.2f", $2 + d); print }' \
+      "$data/all_reduce/ours.rows.1" >"$data/all_reduce/ours.rows.$i"
+  done
+  for c in all_reduce alltoall broadcast; do
+    for l in "${labels[@]}"; do merge_runs "$data/$c" "$l"; done
   done
   report "$data" "all_reduce alltoall broadcast" "${labels[@]}" >"$work/table.txt"
   cat "$work/table.txt"

@@ -12,7 +12,10 @@
 //! outcome from the same reports: new speeds or none (`sched::adaptive::next_speeds`) and,
 //! for new speeds, the first collective they apply to, past every rank's fence
 //! (`switch_from`). So no rank has planned a collective the switch covers with the old
-//! weights, and no rank waits on the exchange unless it outruns its margin. Collective
+//! weights, and no rank waits on the exchange unless it outruns its margin. A switch may start
+//! before an earlier one that no collective has reached yet and then replaces it: a collective
+//! plans with the newest switch it reached. With the weights adapting, a collective is given
+//! its epoch only once the launches ahead of it are few (`Runtime::wait_for_launch_room`). Collective
 //! numbers are the communicator's (`core::progress`), the same on every rank. Send/receive
 //! keep the weights agreed at init (epoch 0): their order relative to collectives may
 //! differ between the two ends within a group.
@@ -55,8 +58,7 @@ struct State {
     fence: Option<u64>,
     /// The latest switches, oldest first.
     switches: Vec<Switch>,
-    /// The last switch's `from` and epoch (0, 0 before any).
-    last_from: u64,
+    /// The last switch's epoch (0 before any).
     last_epoch: u32,
     /// The exchange ended: no round will close.
     stopped: bool,
@@ -116,7 +118,7 @@ impl Schedule {
     /// far plus `margin`. Returns the fence.
     pub fn open_round(&self, margin: u64) -> u64 {
         let mut st = self.0.state.lock();
-        let fence = st.highest + margin.max(1);
+        let fence = st.highest + margin;
         st.fence = Some(fence);
         fence
     }
@@ -126,17 +128,20 @@ impl Schedule {
         self.0.state.lock().highest
     }
 
-    /// The last switch's `from` (0 before any) and the epoch a new switch gets.
-    pub fn next_switch_basis(&self) -> (u64, u32) {
-        let st = self.0.state.lock();
-        (st.last_from, st.last_epoch + 1)
+    /// The epoch a new switch gets.
+    pub fn next_epoch(&self) -> u32 {
+        self.0.state.lock().last_epoch + 1
+    }
+
+    /// Whether collectives are given epochs by the exchange's outcomes.
+    pub fn is_active(&self) -> bool {
+        self.0.active.load(Ordering::Acquire)
     }
 
     /// Close the open round with its outcome.
     pub fn close_round(&self, outcome: Option<Switch>) {
         let mut st = self.0.state.lock();
         if let Some(s) = outcome {
-            st.last_from = s.from;
             st.last_epoch = s.epoch;
             if st.switches.len() == KEPT_SWITCHES {
                 st.switches.remove(0);
@@ -265,18 +270,27 @@ impl Rounds {
         let rates = rule::agreed_rates(&reports, self.nominal.len());
         crate::trace!(
             NET,
-            "channel weights round {}: agreed rates {:?} Mbit/s, speeds in use {:?}",
+            "channel weights round {}: agreed rates {:?} Mbit/s, speeds in use {:?}; this rank \
+             received {:?} KiB in {:?} ms busy per device, collectives planned up to {highest}",
             self.round,
             rates,
-            self.current
+            self.current,
+            mine.samples
+                .iter()
+                .map(|s| s.bytes >> 10)
+                .collect::<Vec<_>>(),
+            mine.samples
+                .iter()
+                .map(|s| s.busy_ns / 1_000_000)
+                .collect::<Vec<_>>(),
         );
         let Some(speeds) = rule::next_speeds(&self.current, &self.nominal, &rates) else {
             return Ok(None);
         };
-        let (last_from, epoch) = schedule.next_switch_basis();
+        let epoch = schedule.next_epoch();
         self.current = speeds.clone();
         Ok(Some(Switch {
-            from: rule::switch_from(last_from, &reports),
+            from: rule::switch_from(&reports),
             epoch,
             speeds,
         }))

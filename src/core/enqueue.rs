@@ -33,6 +33,13 @@ pub fn enqueue(
     }
     let p2p = matches!(task.kind, CollKind::Send | CollKind::Recv);
     if !p2p {
+        if comm.weights.is_active() {
+            // The launches ahead first, so the epoch is the newest agreed by the time this
+            // collective can be launched (not the one when it began to wait).
+            if let Some(rt) = comm.rt.lock().as_mut() {
+                rt.wait_for_launch_room(stream as usize, &comm.abort)?;
+            }
+        }
         // Collectives are numbered alike on every rank: the number picks the weights.
         task.weights_epoch = comm.weights.epoch_for(seq, &comm.abort)?;
     }

@@ -65,7 +65,22 @@ impl WorkArena {
     fn write_eager(&mut self, items: &[u8], abort: &AtomicBool) -> Result<(usize, u64)> {
         check_items_size(items)?;
         let slot = self.next;
+        self.wait_for_room(abort)?;
         self.next = (self.next + 1) % ARENA_SLOTS;
+        let off = slot * ARENA_SLOT_BYTES;
+        // SAFETY: off + items.len() <= the arena's size (checked above); no running kernel
+        // reads the slot (its last launch finished).
+        unsafe {
+            std::ptr::copy_nonoverlapping(items.as_ptr(), self.mem.host().add(off), items.len())
+        };
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok((slot, self.mem.dev() + off as u64))
+    }
+
+    /// Wait until the next eager launch may write its slot: the slot's last launch and the one
+    /// `depth` launches back are done (at once when they are).
+    fn wait_for_room(&mut self, abort: &AtomicBool) -> Result<()> {
+        let slot = self.next;
         let [oldest, own] = slots_to_wait_for(slot, self.depth);
         // At full depth both are the slot itself: ask its event once.
         let waits = if oldest == own {
@@ -83,14 +98,7 @@ impl WorkArena {
                 )?;
             }
         }
-        let off = slot * ARENA_SLOT_BYTES;
-        // SAFETY: off + items.len() <= the arena's size (checked above); no running kernel
-        // reads the slot (its last launch finished).
-        unsafe {
-            std::ptr::copy_nonoverlapping(items.as_ptr(), self.mem.host().add(off), items.len())
-        };
-        std::sync::atomic::fence(Ordering::SeqCst);
-        Ok((slot, self.mem.dev() + off as u64))
+        Ok(())
     }
 
     /// Copy `items` for a launch captured on `stream` into memory the capturing graph owns
@@ -1003,6 +1011,13 @@ impl Runtime {
                 continue;
             }
             if let Some(speeds) = a.schedule.speeds_of(t.weights_epoch) {
+                crate::trace!(
+                    NET,
+                    "rank {}: planning with the channel weights of epoch {}: {:?} Mbit/s",
+                    self.topo.my_rank,
+                    t.weights_epoch,
+                    speeds
+                );
                 net.routes.add_epoch(t.weights_epoch, speeds);
                 self.geometry = None;
             }
@@ -1158,6 +1173,22 @@ impl Runtime {
             self.noted.pop_front();
         }
         Ok(completed)
+    }
+
+    /// With the arena's depth limited (adaptive weights): wait until a launch on `stream` may be
+    /// written without waiting, so that a collective is given its weights epoch only once the
+    /// launches ahead of it are few and takes the newest weights agreed meanwhile. Nothing to do
+    /// at full depth, or while `stream` captures (a captured launch uses no slot, and no event
+    /// may be queried then).
+    pub fn wait_for_launch_room(&mut self, stream: usize, abort: &AtomicBool) -> Result<()> {
+        if self.arena.depth >= ARENA_SLOTS {
+            return Ok(());
+        }
+        cuda::set_current(self.ctx)?;
+        if cuda::stream_is_capturing(stream as CUstream)? {
+            return Ok(());
+        }
+        self.arena.wait_for_room(abort)
     }
 
     /// Wait until the latest launch finished (polling `abort`).

@@ -303,7 +303,7 @@ registry! {
         "Re-agree the network devices' channel weights from measured throughput while a communicator runs (needs it on every rank)").undocumented();
     ADAPTIVE_PERIOD_MS = Param::integer("OXCCL_ADAPTIVE_PERIOD_MS", 200,
         "Milliseconds between two exchanges of measured network rates for adaptive channel weights").undocumented();
-    ADAPTIVE_QUEUE_DEPTH = Param::integer("OXCCL_ADAPTIVE_QUEUE_DEPTH", 4,
+    ADAPTIVE_QUEUE_DEPTH = Param::integer("OXCCL_ADAPTIVE_QUEUE_DEPTH", 2,
         "With adaptive channel weights: most launches with their work items in the arena (large collectives) that may wait ahead of the GPU, so that new weights reach the next collectives (64: no limit)").undocumented();
 
     // ---- topology files (`topo::file`) ----

@@ -2379,6 +2379,21 @@ fn weighted_channels_every_collective_is_correct() {
     }
 }
 
+/// A float sum all-reduce of `count` elements out of place, planned with weights `epoch`.
+fn float_all_reduce(count: usize, epoch: u32) -> Task {
+    Task {
+        kind: CollKind::AllReduce,
+        dtype: ncclDataType_t::ncclFloat32,
+        op: RedOp::Sum,
+        count,
+        sendbuff: 0x1000,
+        recvbuff: 0x1_0000_0000,
+        root: 0,
+        opts: Default::default(),
+        weights_epoch: epoch,
+    }
+}
+
 #[test]
 fn weighted_channels_give_the_fast_device_its_share_of_the_bytes() {
     // A 64 MiB float all-reduce of 2 ranks on hosts of their own over a 4000 and a 1000
@@ -2387,19 +2402,7 @@ fn weighted_channels_give_the_fast_device_its_share_of_the_bytes() {
     let nranks = 2;
     let count = 16 << 20;
     let tasks: Vec<Vec<Task>> = (0..nranks)
-        .map(|_| {
-            vec![Task {
-                kind: CollKind::AllReduce,
-                dtype: ncclDataType_t::ncclFloat32,
-                op: RedOp::Sum,
-                count,
-                sendbuff: 0x1000,
-                recvbuff: 0x1_0000_0000,
-                root: 0,
-                opts: Default::default(),
-                weights_epoch: 0,
-            }]
-        })
+        .map(|_| vec![float_all_reduce(count, 0)])
         .collect();
     let weighted = |rank: i32| {
         let mut v = two_unequal_devices(2, 64)(rank).unwrap();
@@ -2444,6 +2447,41 @@ fn weighted_channels_give_the_fast_device_its_share_of_the_bytes() {
             "rank {}",
             e.rank
         );
+    }
+}
+
+#[test]
+fn a_later_weights_epoch_moves_the_bytes_to_its_speeds() {
+    // The same all-reduce as above planned with epoch 1, whose speeds say both devices now
+    // carry 1000 Mbit/s: each device's channels carry half of the elements, while epoch 0
+    // keeps 4/5 on the fast one.
+    let nranks = 2;
+    let count = 16 << 20;
+    let task = |epoch: u32| float_all_reduce(count, epoch);
+    let tasks: Vec<Vec<Task>> = (0..nranks).map(|_| vec![task(1)]).collect();
+    let weighted = |rank: i32| {
+        let mut v = two_unequal_devices(2, 64)(rank).unwrap();
+        v.remote = vec![rank != 0, rank != 1];
+        v.routes.add_epoch(1, vec![1000, 1000]);
+        Some(v)
+    };
+    let geoms = geometries_net(nranks, 64, 1 << 16, 4, &tasks, &weighted);
+    let routes = geoms[0].net.as_ref().unwrap().routes.clone();
+    for g in &geoms {
+        for (epoch, want) in [(0, 0.8), (1, 0.5)] {
+            let p = plan(g, &[task(epoch)]).unwrap();
+            let mut elems = [0u64; 2];
+            for w in deserialize_all(&p.items) {
+                elems[routes.device_of_row(w.cta, 64, 2) as usize] += w.count;
+            }
+            let share = elems[0] as f64 / count as f64;
+            assert!(
+                (share - want).abs() < 0.01,
+                "rank {} epoch {epoch}: {:?}",
+                g.rank,
+                elems
+            );
+        }
     }
 }
 

@@ -97,8 +97,8 @@ fn every_rank_gives_every_collective_the_same_epoch() {
     });
     let (epochs0, switches0) = &results[0];
     assert!(
-        switches0.len() >= 3,
-        "the weights should move in several bounded steps: {switches0:?}"
+        switches0.len() >= 2,
+        "the weights should move in bounded steps: {switches0:?}"
     );
     for (rank, (epochs, switches)) in results.iter().enumerate() {
         assert_eq!(switches, switches0, "rank {rank} agreed on other switches");
@@ -191,4 +191,22 @@ fn a_report_of_another_round_is_an_error_and_stops_the_schedule() {
     schedule.open_round(1);
     // Stopped: nothing waits.
     assert_eq!(schedule.epoch_for(100, &AtomicBool::new(false)).unwrap(), 0);
+}
+
+#[test]
+fn a_newer_switch_that_starts_earlier_replaces_the_older() {
+    // Epoch 1 was agreed from collective 50; before any rank reached it, epoch 2 from 48.
+    let s = |from, epoch| Switch {
+        from,
+        epoch,
+        speeds: vec![1000, 1000],
+    };
+    let switches = [s(50, 1), s(48, 2)];
+    assert_eq!(epoch_of(&switches, 47), 0);
+    assert_eq!(epoch_of(&switches, 48), 2);
+    assert_eq!(epoch_of(&switches, 60), 2);
+    // A later switch from further on still takes over there.
+    let switches = [s(50, 1), s(48, 2), s(70, 3)];
+    assert_eq!(epoch_of(&switches, 69), 2);
+    assert_eq!(epoch_of(&switches, 70), 3);
 }
