@@ -190,6 +190,8 @@ pub struct Rounds {
     nominal: Vec<u32>,
     current: Vec<u32>,
     last_totals: Vec<Sample>,
+    /// The previous round's agreed rates (the same on every rank).
+    last_rates: Vec<Option<u64>>,
     last_highest: u64,
     last_at: Instant,
 }
@@ -200,6 +202,7 @@ impl Rounds {
             round: 0,
             current: nominal.clone(),
             last_totals: vec![Sample::default(); nominal.len()],
+            last_rates: vec![None; nominal.len()],
             nominal,
             last_highest: 0,
             last_at: Instant::now(),
@@ -284,7 +287,10 @@ impl Rounds {
                 .map(|s| s.busy_ns / 1_000_000)
                 .collect::<Vec<_>>(),
         );
-        let Some(speeds) = rule::next_speeds(&self.current, &self.nominal, &rates) else {
+        let previous = std::mem::replace(&mut self.last_rates, rates.clone());
+        let Some(speeds) =
+            rule::next_speeds_confirmed(&self.current, &self.nominal, &previous, &rates)
+        else {
             return Ok(None);
         };
         let epoch = schedule.next_epoch();

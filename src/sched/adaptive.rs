@@ -157,6 +157,47 @@ pub fn next_speeds(current: &[u32], nominal: &[u32], rates: &[Option<u64>]) -> O
     })
 }
 
+/// The next speeds from two consecutive rounds' agreed rates (`previous`, then `rates`): a
+/// move only when each round alone would move every device's share the same way (or one of
+/// them leaves it), and then by the two rounds' mean rate per device. A single round's rates
+/// scatter by a fifth or more (a rank whose kernel or proxy stalled counts the stall as the
+/// link's time), which alone would move the split back and forth every round; a link that
+/// really changed shows in two rounds running and is followed one round later.
+pub fn next_speeds_confirmed(
+    current: &[u32],
+    nominal: &[u32],
+    previous: &[Option<u64>],
+    rates: &[Option<u64>],
+) -> Option<Vec<u32>> {
+    if previous.len() != rates.len() {
+        return None;
+    }
+    let now = next_speeds(current, nominal, rates)?;
+    let before = next_speeds(current, nominal, previous)?;
+    let held = shares_of(current);
+    let (a, b) = (shares_of(&now), shares_of(&before));
+    let agree = (0..held.len()).all(|d| {
+        let (x, y) = (a[d].cmp(&held[d]), b[d].cmp(&held[d]));
+        x == y || x.is_eq() || y.is_eq()
+    });
+    if !agree {
+        return None;
+    }
+    let mean: Vec<Option<u64>> = previous
+        .iter()
+        .zip(rates)
+        .map(|(p, r)| match (p, r) {
+            (Some(p), Some(r)) => Some((p + r) / 2),
+            _ => p.or(*r),
+        })
+        .collect();
+    next_speeds(current, nominal, &mean)
+}
+
+fn shares_of(speeds: &[u32]) -> Vec<u64> {
+    shares_permille(&speeds.iter().map(|&s| s as u64).collect::<Vec<_>>())
+}
+
 /// Raise every speed to at least the floor share of the total (`FLOOR_PCT`, at most half an
 /// even share).
 fn with_floor(mut speeds: Vec<u64>) -> Vec<u64> {
@@ -336,6 +377,129 @@ mod tests {
                 a
             );
         }
+    }
+
+    #[test]
+    fn a_move_needs_two_rounds_that_agree() {
+        let nominal = [4000, 1000];
+        let held = [1000u32, 1000];
+        let r = |a: u64, b: u64| [Some(a), Some(b)];
+        // Scatter: one round says the first link is slower, the next that it is faster.
+        assert_eq!(
+            next_speeds_confirmed(&held, &nominal, &r(420, 900), &r(1000, 640)),
+            None
+        );
+        // One round alone says nothing: the round before wanted no move.
+        assert_eq!(
+            next_speeds_confirmed(&held, &nominal, &r(1000, 1000), &r(500, 1000)),
+            None
+        );
+        // Two rounds that agree move by their mean (a cut to a quarter, the first round
+        // partly before it).
+        let cut = next_speeds_confirmed(&[4000, 1000], &nominal, &r(2200, 900), &r(1000, 1000));
+        assert_eq!(cut, next_speeds(&[4000, 1000], &nominal, &r(1600, 950)));
+        assert!(cut.is_some());
+        // A device without traffic in one round takes the other round's rate.
+        assert_eq!(
+            next_speeds_confirmed(&[4000, 1000], &nominal, &[Some(1000), None], &r(1000, 1000)),
+            next_speeds(&[4000, 1000], &nominal, &r(1000, 1000))
+        );
+        // Steady links: no move, as with one round.
+        assert_eq!(
+            next_speeds_confirmed(&[4000, 1000], &nominal, &r(3900, 990), &r(4000, 1000)),
+            None
+        );
+    }
+
+    /// Agreed rates (Mbit/s) of one GPU run, round by round every 200 ms: links of 4000 and
+    /// 1000 Mbit/s, the fast one cut to 1000 before round 7 (`N`: too little traffic).
+    const GPU_ROUNDS: [(Option<u64>, Option<u64>); 48] = {
+        const N: Option<u64> = None;
+        const fn s(x: u64) -> Option<u64> {
+            Some(x)
+        }
+        [
+            (s(3836), s(985)),
+            (s(3859), s(936)),
+            (s(3958), s(948)),
+            (s(3859), s(987)),
+            (s(3849), s(968)),
+            (s(3744), s(995)),
+            (s(2224), s(898)),
+            (s(998), N),
+            (s(703), s(905)),
+            (s(1134), N),
+            (s(842), s(929)),
+            (s(926), s(980)),
+            (s(954), s(1000)),
+            (s(888), s(733)),
+            (s(659), s(858)),
+            (s(938), s(979)),
+            (s(880), s(981)),
+            (s(752), s(940)),
+            (s(962), s(642)),
+            (s(418), s(902)),
+            (s(701), s(635)),
+            (s(632), s(915)),
+            (s(847), s(938)),
+            (s(816), s(947)),
+            (s(1177), s(983)),
+            (s(881), s(894)),
+            (s(738), s(844)),
+            (s(944), s(937)),
+            (s(782), s(764)),
+            (s(947), s(528)),
+            (s(621), s(836)),
+            (s(693), s(857)),
+            (s(1003), s(910)),
+            (s(962), s(973)),
+            (s(864), s(937)),
+            (s(898), s(897)),
+            (s(1132), s(1008)),
+            (s(867), s(966)),
+            (s(930), s(939)),
+            (s(933), s(931)),
+            (s(813), s(965)),
+            (s(1114), s(977)),
+            (s(846), s(913)),
+            (s(749), s(1076)),
+            (s(832), s(653)),
+            (s(515), s(885)),
+            (s(783), s(682)),
+            (s(809), s(877)),
+        ]
+    };
+
+    #[test]
+    fn confirmed_moves_follow_a_recorded_cut_without_chasing_its_scatter() {
+        // Replayed round by round, the fast device's share after each round; a round's busbw
+        // is (the share the links call for) / (the larger share against its link), here both
+        // links equal after the cut: 500 / max(share, 1000 - share), in permille.
+        let nominal = [4000, 1000];
+        let (mut cur, mut previous) = (vec![4000u32, 1000], vec![None, None]);
+        let mut shares = Vec::new();
+        for &(a, b) in &GPU_ROUNDS {
+            let rates = vec![a, b];
+            if let Some(next) = next_speeds_confirmed(&cur, &nominal, &previous, &rates) {
+                cur = next;
+            }
+            previous = rates;
+            shares.push(shares_of(&cur)[0]);
+        }
+        // Before the cut the weights stay at 4:1.
+        assert!(shares[..6].iter().all(|&s| s == 800), "{shares:?}");
+        // Within three rounds of the cut (0.6 s) the split is near 1:1 ...
+        assert!(shares[8] <= 600, "{shares:?}");
+        // ... and from 1 s after the cut it keeps within reach of the ideal.
+        let eff: Vec<u64> = shares[11..]
+            .iter()
+            .map(|&s| 500_000 / s.max(1000 - s))
+            .collect();
+        let mean = eff.iter().sum::<u64>() / eff.len() as u64;
+        assert!(
+            mean >= 950 && eff.iter().all(|&e| e >= 850),
+            "mean {mean}, per round {eff:?}, shares {shares:?}"
+        );
     }
 
     #[test]

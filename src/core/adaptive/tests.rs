@@ -113,10 +113,9 @@ fn every_rank_gives_every_collective_the_same_epoch() {
         // Epochs never go back.
         assert!(epochs.windows(2).all(|w| w[0] <= w[1]));
     }
-    // Switches are ordered and their speeds head for 1:1 in bounded steps.
-    assert!(switches0
-        .windows(2)
-        .all(|w| w[0].from < w[1].from && w[0].epoch + 1 == w[1].epoch));
+    // Switches are numbered in turn (a later one may start no later than an earlier one, which
+    // it then replaces) and their speeds head for 1:1 in bounded steps.
+    assert!(switches0.windows(2).all(|w| w[0].epoch + 1 == w[1].epoch));
     let last = &switches0.last().unwrap().speeds;
     assert!(last[0] < 4000 && last[1] >= 1000, "{last:?}");
 }
