@@ -9,16 +9,17 @@
 //! and sends it with its samples. Until the round's outcome is known, a collective numbered
 //! at most the fence plans with the current epoch at once; one beyond it waits for the
 //! outcome (abort-aware; normally it is there long before). Every rank computes the same
-//! outcome from the same reports: new speeds or none (`sched::adaptive::next_speeds`) and,
-//! for new speeds, the first collective they apply to, past every rank's fence
-//! (`switch_from`). So no rank has planned a collective the switch covers with the old
-//! weights, and no rank waits on the exchange unless it outruns its margin. A switch may start
-//! before an earlier one that no collective has reached yet and then replaces it: a collective
-//! plans with the newest switch it reached. With the weights adapting, a collective is given
-//! its epoch only once the launches ahead of it are few (`Runtime::wait_for_launch_room`). Collective
-//! numbers are the communicator's (`core::progress`), the same on every rank. Send/receive
-//! keep the weights agreed at init (epoch 0): their order relative to collectives may
-//! differ between the two ends within a group.
+//! outcome from the same reports and the round before's: new speeds or none
+//! (`sched::adaptive::next_speeds_confirmed`) and, for new speeds, the first collective they
+//! apply to, past every rank's fence (`switch_from`). So no rank has planned a collective the
+//! switch covers with the old weights, and no rank waits on the exchange unless it outruns
+//! its margin. A switch may start before an earlier one that no collective has reached yet
+//! and then replaces it: a collective plans with the newest switch it reached. With the
+//! weights adapting, a collective is given its epoch only once the launches ahead of it are
+//! few (`Runtime::wait_for_launch_room`). Collective numbers are the communicator's
+//! (`core::progress`), the same on every rank. Send/receive keep the weights agreed at init
+//! (epoch 0): their order relative to collectives may differ between the two ends within a
+//! group.
 //!
 //! A failed exchange (a peer gone) stops the thread with a warning; the weights then stay
 //! as they are and nothing waits for an outcome.
