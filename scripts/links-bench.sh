@@ -238,10 +238,14 @@ for lib in "${libs[@]:1}"; do
 done
 # Every log into one archive (a device call returns only a few files): OUTDIR keeps
 # links-bench.tar.gz alone.
-if (cd "$OUTDIR" && tar -czf links-bench.tar.gz.part --exclude 'links-bench.tar.gz*' . &&
-  find . -maxdepth 1 -type f ! -name 'links-bench.tar.gz*' -delete && mv links-bench.tar.gz.part links-bench.tar.gz); then
+# The archive is written beside OUTDIR, not in it: tar refuses a folder that grows while it
+# reads it.
+part=$(mktemp "${TMPDIR:-/tmp}/links-bench.XXXXXX.tar.gz")
+if (cd "$OUTDIR" && tar -czf "$part" --exclude 'links-bench.tar.gz' . &&
+  find . -maxdepth 1 -type f ! -name 'links-bench.tar.gz' -delete && mv "$part" links-bench.tar.gz); then
   echo "rates: fast $FAST Mbit/s, slow $SLOW Mbit/s; logs: $OUTDIR/links-bench.tar.gz"
 else
+  rm -f "$part"
   echo "rates: fast $FAST Mbit/s, slow $SLOW Mbit/s; logs: $OUTDIR (not packed)"
 fi
 [ "$failed" = 0 ]
