@@ -237,9 +237,8 @@ for lib in "${libs[@]:1}"; do
   row "nvidia$n" "$lib"
 done
 # Every log into one archive (a device call returns only a few files): OUTDIR keeps
-# links-bench.tar.gz alone.
-# The archive is written beside OUTDIR, not in it: tar refuses a folder that grows while it
-# reads it.
+# links-bench.tar.gz alone. The archive is written outside OUTDIR and moved in: tar refuses a
+# folder that grows while it reads it.
 part=$(mktemp "${TMPDIR:-/tmp}/links-bench.XXXXXX.tar.gz")
 if (cd "$OUTDIR" && tar -czf "$part" --exclude 'links-bench.tar.gz' . &&
   find . -maxdepth 1 -type f ! -name 'links-bench.tar.gz' -delete && mv "$part" links-bench.tar.gz); then

@@ -412,8 +412,7 @@ fn exchange_loop(
 
 /// The INFO line of a switch: each device's new speed and share.
 fn log_switch(setup: &AgentSetup, switch: &Switch) {
-    let wide: Vec<u64> = switch.speeds.iter().map(|&s| s as u64).collect();
-    let shares = rule::shares_permille(&wide);
+    let shares = rule::shares_of(&switch.speeds);
     let devices: Vec<String> = switch
         .speeds
         .iter()

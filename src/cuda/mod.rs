@@ -293,28 +293,32 @@ thread_local! {
 }
 
 /// Enqueue `work` on this thread's private stream of the current context and wait for it.
-/// A stream that failed is dropped from the cache, so a later call starts on a fresh one
-/// (after a context reset, say).
-fn on_private_stream(work: impl FnOnce(CUstream) -> Result<()>) -> Result<()> {
+/// A cached stream that fails is dropped and the work tried once more on a fresh one: a reset
+/// primary context keeps its handle but not its streams. (The helpers' work may run twice:
+/// zeroing and copies.)
+fn on_private_stream(mut work: impl FnMut(CUstream) -> Result<()>) -> Result<()> {
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: writes one handle.
     check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
     let key = ctx as usize;
-    let stream = PRIVATE_STREAMS.with(|cache| -> Result<CUstream> {
-        let mut cache = cache.borrow_mut();
-        if let Some((_, s)) = cache.iter().find(|(c, _)| *c == key) {
-            return Ok(s.raw());
+    let cached = PRIVATE_STREAMS.with(|cache| {
+        let cache = cache.borrow();
+        cache.iter().find(|(c, _)| *c == key).map(|(_, s)| s.raw())
+    });
+    if let Some(stream) = cached {
+        if work(stream)
+            .and_then(|()| stream_synchronize(stream))
+            .is_ok()
+        {
+            return Ok(());
         }
-        let s = Stream::new()?;
-        let raw = s.raw();
-        cache.push((key, s));
-        Ok(raw)
-    })?;
-    let result = work(stream).and_then(|()| stream_synchronize(stream));
-    if result.is_err() {
         PRIVATE_STREAMS.with(|cache| cache.borrow_mut().retain(|(c, _)| *c != key));
     }
-    result
+    let fresh = Stream::new()?;
+    let stream = fresh.raw();
+    work(stream).and_then(|()| stream_synchronize(stream))?;
+    PRIVATE_STREAMS.with(|cache| cache.borrow_mut().push((key, fresh)));
+    Ok(())
 }
 
 /// What the driver says of the memory at `ptr` (`cuPointerGetAttributes`, which answers

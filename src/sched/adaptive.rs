@@ -144,7 +144,7 @@ pub fn next_speeds(current: &[u32], nominal: &[u32], rates: &[Option<u64>]) -> O
         })
         .collect();
     let next = with_floor(stepped);
-    let before = shares_permille(&current.iter().map(|&s| s as u64).collect::<Vec<_>>());
+    let before = shares_of(current);
     let after = shares_permille(&next);
     let moved = before
         .iter()
@@ -194,7 +194,8 @@ pub fn next_speeds_confirmed(
     next_speeds(current, nominal, &mean)
 }
 
-fn shares_of(speeds: &[u32]) -> Vec<u64> {
+/// `shares_permille` of speeds as the switches carry them.
+pub fn shares_of(speeds: &[u32]) -> Vec<u64> {
     shares_permille(&speeds.iter().map(|&s| s as u64).collect::<Vec<_>>())
 }
 
@@ -352,7 +353,7 @@ mod tests {
                 None => break,
             }
         }
-        let shares = shares_permille(&cur.iter().map(|&s| s as u64).collect::<Vec<_>>());
+        let shares = shares_of(&cur);
         assert!(shares[1] >= FLOOR_PCT * 10 - 1, "{shares:?}");
         // It stops near the floor: the last step would change less than the hysteresis.
         assert!(
