@@ -24,7 +24,8 @@
 #        runs (`# trace` lines, kept in the logs); with CUT_AFTER_S each row over both links
 #        is followed by a "recover" line: busbw before the cut, the new ideal (that busbw
 #        scaled by the links' capacity after/before the cut), and how long after the cut
-#        busbw came back to within 10% of it and stayed there.
+#        busbw came back to within 10% of it and stayed there (per interval, and over every
+#        1 s window from then on).
 # Needs root. Exits non-zero when a run fails (its logs are named).
 set -u
 [ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
@@ -134,8 +135,16 @@ settled = settled[len(settled) // 2]
 back = next((t for i, (t, b) in enumerate(after) if all(x >= 0.9 * ideal for _, x in after[i:])), None)
 when = f"within 10% of it {back - c:.2f} s after the cut" if back is not None else \
     f"not back within 10% of it by t={after[-1][0] - c:.2f} s after the cut"
+# The same over 1 s: the mean of the intervals in every second-long window from t on (a
+# single collective's dip, such as a TCP retransmission, no longer counts alone).
+def window_ok(t0):
+    win = [b for t, b in after if t0 <= t < t0 + 1.0]
+    return not win or sum(win) / len(win) >= 0.9 * ideal
+ends = [t for t, _ in after if t <= after[-1][0] - 1.0]
+wback = next((t for t in ends if all(window_ok(u) for u in ends if u >= t)), None)
+wwhen = f"{wback - c:.2f} s after the cut" if wback is not None else "not by the end"
 print(f"recover: {size >> 20} MiB, cut at t={c:.2f} s: busbw before {was:.3f} GB/s, new ideal "
-      f"{ideal:.3f}, settled {settled:.3f}; {when}")
+      f"{ideal:.3f}, settled {settled:.3f}; {when}; over 1 s windows within 10% from {wwhen}")
 PY
 }
 
