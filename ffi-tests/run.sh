@@ -239,9 +239,10 @@ fi
 # ---- cuda host path: our library on a stand-in CUDA driver, no GPU needed ----
 # The stand-in's directory comes first on LD_LIBRARY_PATH, so the library loads it as libcuda.
 # Each one-rank collective must make the driver calls seen when this was written, or fewer:
-# out of place, one kernel launch (4 calls in all) below 256 KiB and one copy-engine copy
-# (2 calls) from 256 KiB up; in place, nothing (a send/recv to self: 1 call); a group of
-# allreduces, one launch. A 512 KiB out-of-place allreduce's copy must deliver the data. The
+# out of place, one launch of the copy kernel (2 calls in all; the copy engine from 4 MiB,
+# as many calls); in place, nothing (a send/recv to self: 1 call); a group of allreduces, one
+# launch of work items. A 512 KiB out-of-place allreduce's copy must deliver the data (the
+# stand-in does the copy kernel's work as a memcpy). The
 # same again for all-reduces whose buffers move every call, and for two ranks of one process
 # (two stand-in devices) driven by group calls: each group, every rank's calls.
 SI_OUT="$OUT/cuda_standin"
@@ -278,7 +279,7 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
         launches = ("cuLaunchKernel" in n) ? n["cuLaunchKernel"] : 0
         copies = ("cuMemcpyDtoDAsync_v2" in n) ? n["cuMemcpyDtoDAsync_v2"] : 0
         if (place == "in") { wl = 0; wc = 0; most = (name == "sendrecv") ? 1 : 0 }
-        else if (bytes >= 262144 && name !~ /group/) { wl = 0; wc = 1; most = 2 }
+        else if (ranks == 1 && name !~ /group/) { wl = 1; wc = 0; most = 2 }
         else { wl = 1; wc = 0; most = 4 }
         wl *= ranks; wc *= ranks; most *= ranks
         if (calls == "" || launches != wl || copies != wc || total > most)

@@ -145,3 +145,35 @@ ox_kernel_yield(const OxWork* __restrict__ items, uint32_t nitems, uint32_t mode
   // A parked CTA keeps its wait entry (what it waits for, for the watchdog).
   if (!s.parked) ox_wait_clear(s);
 }
+
+// A copy with no work items: `bytes` from src to dst (distinct buffers), for the collectives
+// of a one-rank communicator and its sends to itself. Each CTA copies one contiguous part (a
+// multiple of 16 bytes, so every part keeps the buffers' alignment); each thread issues all
+// of a round's loads before its stores. The source is the caller's buffer, which nothing
+// writes while the kernel runs, so loads may take the read-only path.
+extern "C" __global__ void __launch_bounds__(OX_MAX_THREADS)
+ox_copy_kernel(char* __restrict__ dst, const char* __restrict__ src, uint64_t bytes) {
+  const uint64_t part = ((bytes + gridDim.x - 1) / gridDim.x + 15) & ~(uint64_t)15;
+  const uint64_t lo = part * blockIdx.x < bytes ? part * blockIdx.x : bytes;
+  const uint64_t hi = lo + part < bytes ? lo + part : bytes;
+  if ((((uintptr_t)dst | (uintptr_t)src) & 15) != 0) {
+    ox_copy(dst + lo, nullptr, src + lo, hi - lo);
+    return;
+  }
+  const uint4* __restrict__ s = (const uint4*)(src + lo);
+  uint4* __restrict__ d = (uint4*)(dst + lo);
+  const uint64_t n = (hi - lo) / 16, step = blockDim.x;
+  for (uint64_t base = threadIdx.x; base < n; base += OX_UNROLL * step) {
+    uint4 v[OX_UNROLL];
+#pragma unroll
+    for (int u = 0; u < OX_UNROLL; u++) {
+      if (base + u * step < n) v[u] = __ldg(s + base + u * step);
+    }
+#pragma unroll
+    for (int u = 0; u < OX_UNROLL; u++) {
+      if (base + u * step < n) d[base + u * step] = v[u];
+    }
+  }
+  // The bytes past the last whole 16 (only the last part has any).
+  for (uint64_t i = lo + n * 16 + threadIdx.x; i < hi; i += step) dst[i] = src[i];
+}

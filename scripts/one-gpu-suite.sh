@@ -460,6 +460,8 @@ sec_matrix() {
     --sizes 0,12,1028,1048580 -w 1 -n 2
   bench_step matrix "R=2 processes --graph" 90 "${multi[@]}" -- "${sub[@]}" -p 2 --ranks-per-gpu 2 --graph \
     --sizes 0,12,1028,1048580 -w 1 -n 2
+  bench_step matrix "R=1 one process --graph" 30 "${multi[@]}" -- "${sub[@]}" --devices 0 --graph \
+    --sizes 0,12,1028,1048580,8388612 -w 1 -n 2
   bench_step matrix "R=4 one process NCCL_P2P_DISABLE=1" 90 "${multi[@]}" NCCL_P2P_DISABLE=1 -- "${sub[@]}" \
     --devices "$(zeros 4)" --sizes "$small" -w 0 -n 1
   bench_step matrix "R=2 processes NCCL_P2P_DISABLE=1" 90 "${multi[@]}" NCCL_P2P_DISABLE=1 -- "${sub[@]}" \

@@ -14,8 +14,8 @@
  * memory (a wait whose condition does not hold yet does NOT wait: nothing else would ever
  * run to make it hold); modules and libraries that hand out function handles by name,
  * function attributes, occupancy, and kernel launches that check their configuration and
- * count, but run nothing.
- * Not emulated: kernels (nothing a kernel would write is ever written), stream capture and
+ * count, but run nothing, except oxccl's plain copy kernel (ox_copy_kernel), done as a memcpy.
+ * Not emulated: other kernels (nothing they would write is ever written), stream capture and
  * graphs (streams never capture), managed memory, memory pools, multicast (NVLS), dma-bufs
  * (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0), IPC events, textures, anything else that is
  * not defined here: a program that looks up a missing symbol finds none.
@@ -1617,12 +1617,21 @@ static CUresult checkLaunch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
   return CUDA_SUCCESS;
 }
 
+/* The one kernel whose effect is done here: oxccl's plain copy, ox_copy_kernel(char *dst,
+ * const char *src, uint64_t bytes), is a memcpy, so a one-rank collective's data can be
+ * checked whether the library copies with the driver or with that kernel. */
+static CUresult runKnownKernel(CUfunction f, void **params) {
+  if (params == NULL || strcmp(f->name, "ox_copy_kernel") != 0) return CUDA_SUCCESS;
+  return copy(*(CUdeviceptr *)params[0], *(CUdeviceptr *)params[1], (size_t)*(uint64_t *)params[2]);
+}
+
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                                unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                                unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
   COUNTED();
-  return checkLaunch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
-                     kernelParams, extra);
+  CUresult r = checkLaunch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                           hStream, kernelParams, extra);
+  return r == CUDA_SUCCESS ? runKnownKernel(f, kernelParams) : r;
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {

@@ -15,10 +15,11 @@
  * per operation by function name (fractions when not every call makes them):
  *   ROW <collective> <bytes> <out|in> host_ns=<per call> cpu_ns=<per call> driver_calls=<f:n,...>
  * A group row is per group: ROW group2_allreduce 8 out ...
- * The stand-in copies nothing for kernels; where the library copies with the driver (one-rank
- * copies of 256 KiB and more) the data can be checked: the 512 KiB out-of-place allreduce
- * row ends with wrong=<elements not as expected>. Such a copy is the stand-in's memcpy, done
- * in the call: the host_ns of those rows is mostly the copy engine's work, done by the CPU.
+ * The stand-in runs no kernel but oxccl's plain copy kernel, which it does as a memcpy, as it
+ * does the driver's copies: so a one-rank out-of-place collective's data can be checked (the
+ * copy kernel below 4 MiB, the driver's copy above), and the 512 KiB out-of-place allreduce
+ * row ends with wrong=<elements not as expected>. That memcpy is done in the call: the host_ns
+ * of the larger rows is mostly the copy's work, done by the CPU.
  * INIT and DESTROY lines list the driver calls of the whole start (this program's own
  * cuInit, cuDevicePrimaryCtxRetain and cuCtxSetCurrent included) and of ncclCommDestroy;
  * the CALLED line every driver function called in the whole run, in the order first called.

@@ -5,7 +5,7 @@
 
 use super::yielding;
 use crate::bootstrap::Bootstrap;
-use crate::cuda::module::{Kernel, Kernels};
+use crate::cuda::module::{Kernel, KernelArg, Kernels};
 use crate::cuda::{self, CUcontext, CUstream, Event, HostMapped};
 use crate::error::{Error, Result};
 use crate::profile::{self, Stage};
@@ -1388,7 +1388,7 @@ impl Runtime {
         if plan.nitems == 0 {
             // Copies only (a one-rank communicator, sends to self): they touch no connection,
             // so they need no ordering with this communicator's kernels.
-            run_copies(&plan.copies, stream)?;
+            run_copies(&mut self.kernels, &plan.copies, stream)?;
             return self.others_wait_for(stream, &others);
         }
         let capturing = {
@@ -1490,7 +1490,7 @@ impl Runtime {
     /// after the stream's earlier work, or, under capture, as graph nodes beside the kernel's
     /// node (returned, for `join_copies`).
     fn fork_copies(
-        &self,
+        &mut self,
         copies: &[sched::plan::LocalCopy],
         stream: CUstream,
         capturing: bool,
@@ -1507,7 +1507,7 @@ impl Runtime {
         }
         self.fork.record(stream)?;
         self.fork.wait_on(self.side.raw())?;
-        run_copies(copies, self.side.raw())?;
+        run_copies(&mut self.kernels, copies, self.side.raw())?;
         Ok(Vec::new())
     }
 
@@ -1619,11 +1619,31 @@ fn threads_setting() -> u32 {
     }
 }
 
-/// Device-to-device copies on `stream`, in order.
-fn run_copies(copies: &[sched::plan::LocalCopy], stream: CUstream) -> Result<()> {
+/// Device-to-device copies on `stream`, in order, each by the copy engine or the copy kernel
+/// as the plan chose.
+fn run_copies(
+    kernels: &mut Kernels,
+    copies: &[sched::plan::LocalCopy],
+    stream: CUstream,
+) -> Result<()> {
+    use sched::plan::CopyBy;
     let _span = profile::span(Stage::Copies);
     for c in copies {
-        cuda::memcpy_dtod_async(c.dst, c.src, c.bytes as usize, stream)?;
+        match c.by {
+            CopyBy::Engine => cuda::memcpy_dtod_async(c.dst, c.src, c.bytes as usize, stream)?,
+            CopyBy::Kernel { ctas } => cuda::module::launch_args(
+                kernels.get(cuda::module::COPY_KERNEL)?,
+                ctas,
+                sched::cost::BLOCK_THREADS,
+                0,
+                stream,
+                &[
+                    KernelArg::U64(c.dst),
+                    KernelArg::U64(c.src),
+                    KernelArg::U64(c.bytes),
+                ],
+            )?,
+        }
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::ffi::{c_void, CString};
 /// The fatbin of every kernel in `kernels/` (SASS for the built architectures plus PTX).
 pub static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_kernels.fatbin"));
 
-pub use crate::sched::device::{INLINE_KERNEL, MAIN_KERNEL, YIELD_KERNEL};
+pub use crate::sched::device::{COPY_KERNEL, INLINE_KERNEL, MAIN_KERNEL, YIELD_KERNEL};
 
 /// Loaded modules and looked-up functions, keyed by context (handles kept as integers so the
 /// maps are `Send`; primary contexts live until the process exits).

@@ -277,10 +277,10 @@ registry! {
         "Kernel launches after the first of a yielding operation, at most 32 (below 1: by ring size)").undocumented();
 
     // ---- one-rank copies (`sched::cost`) ----
-    ONE_RANK_KERNEL_COPY_MAX = Param::integer("OXCCL_ONE_RANK_KERNEL_COPY_MAX", 256 << 10,
-        "Bytes from which a one-rank communicator's copies go to the copy engine instead of the kernel").undocumented();
-    ONE_RANK_COPY_CTA_BYTES = Param::integer("OXCCL_ONE_RANK_COPY_CTA_BYTES", 32 << 10,
-        "Bytes per CTA of a one-rank copy in the kernel").undocumented();
+    ONE_RANK_KERNEL_COPY_MAX = Param::integer("OXCCL_ONE_RANK_KERNEL_COPY_MAX", 4 << 20,
+        "Bytes from which a one-rank communicator's copies go to the copy engine instead of the copy kernel").undocumented();
+    ONE_RANK_COPY_CTA_BYTES = Param::integer("OXCCL_ONE_RANK_COPY_CTA_BYTES", 16 << 10,
+        "Bytes per CTA of a one-rank communicator's copy kernel").undocumented();
 
     // ---- diagnostics ----
     HOST_PROFILE = Param::boolean("OXCCL_HOST_PROFILE", false,

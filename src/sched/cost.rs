@@ -706,46 +706,66 @@ fn min_channels_setting() -> u32 {
 
 /// Smallest local copy of a multi-rank plan (an own block, a send to self) that goes to the
 /// copy engine beside the kernel: smaller ones are kernel work, since forking and joining the
-/// side stream costs more host time (about 5 µs) than they take. A one-rank plan's copies
-/// go to the copy engine from `ONE_RANK_KERNEL_COPY_MAX` up (on the user's stream, no fork).
+/// side stream costs more host time (about 5 µs) than they take. The copies of a plan with no
+/// kernel (a one-rank communicator's) are a copy-kernel launch or a copy-engine call on the
+/// user's stream, no fork (`copy_by`).
 pub const COPY_ENGINE_MIN_BYTES: u64 = 1 << 20;
 
 /// Most CTAs of one copy in the kernel (a one-rank PreMulSum, a small copy of a multi-rank
 /// plan).
 pub const COPY_MAX_CHANNELS: u32 = MAX_CTAS;
-/// A one-rank communicator's out-of-place collectives below this many bytes are a copy in the
-/// kernel (a launch costs the caller less than a copy-engine call, and the copy is short);
-/// larger ones go to the copy engine, which copies faster.
-pub const ONE_RANK_KERNEL_COPY_MAX: u64 = 256 << 10;
 
-/// Bytes per CTA of a one-rank copy in the kernel: nothing else runs, so it spreads wide.
-pub const ONE_RANK_COPY_BYTES_PER_CHANNEL: u64 = 32 << 10;
+/// A copy of a plan with no kernel below this many bytes is a `COPY_KERNEL` launch (on the
+/// H100 a launch costs the caller about 1 µs less than a `cuMemcpyDtoDAsync`, and the kernel
+/// keeps up with the copy engine while the data fits in L2); larger ones go to the copy engine.
+pub const COPY_KERNEL_MAX: u64 = 4 << 20;
 
-/// `ONE_RANK_KERNEL_COPY_MAX`, or `OXCCL_ONE_RANK_KERNEL_COPY_MAX` where set (for measuring
-/// where the copy engine starts to pay).
-pub fn one_rank_kernel_copy_max() -> u64 {
+/// Bytes per CTA of `COPY_KERNEL`: it copies without waiting on anything, so it spreads wide
+/// (16 KiB is two loads of 16 bytes per thread).
+pub const COPY_KERNEL_CTA_BYTES: u64 = 16 << 10;
+
+/// Most CTAs of `COPY_KERNEL` (its CTAs need not be resident together).
+pub const COPY_KERNEL_MAX_CTAS: u32 = 1024;
+
+/// `COPY_KERNEL_MAX`, or `OXCCL_ONE_RANK_KERNEL_COPY_MAX` where set (for measuring where the
+/// copy engine starts to pay).
+pub fn copy_kernel_max() -> u64 {
     static MAX: crate::env::Cached<u64> = crate::env::Cached::new(|| {
-        let v =
-            crate::env::registry::ONE_RANK_KERNEL_COPY_MAX.int_or(ONE_RANK_KERNEL_COPY_MAX as i64);
+        let v = crate::env::registry::ONE_RANK_KERNEL_COPY_MAX.int_or(COPY_KERNEL_MAX as i64);
         v.max(0) as u64
     });
     MAX.get()
 }
 
-/// `ONE_RANK_COPY_BYTES_PER_CHANNEL`, or `OXCCL_ONE_RANK_COPY_CTA_BYTES` where set.
-fn one_rank_copy_bytes_per_channel() -> u64 {
+/// `COPY_KERNEL_CTA_BYTES`, or `OXCCL_ONE_RANK_COPY_CTA_BYTES` where set.
+fn copy_kernel_cta_bytes() -> u64 {
     static BYTES: crate::env::Cached<u64> = crate::env::Cached::new(|| {
-        let v = crate::env::registry::ONE_RANK_COPY_CTA_BYTES
-            .int_or(ONE_RANK_COPY_BYTES_PER_CHANNEL as i64);
-        v.max(1) as u64
+        let v = crate::env::registry::ONE_RANK_COPY_CTA_BYTES.int_or(COPY_KERNEL_CTA_BYTES as i64);
+        v.max(16) as u64
     });
     BYTES.get()
 }
 
-/// Channels for a one-rank copy in the kernel of `bytes`, at most `max_channels`.
+/// The CTAs of `COPY_KERNEL` for a copy of `bytes` in a plan with no kernel, one per
+/// `copy_kernel_cta_bytes()`; None from `copy_kernel_max()` up (the copy engine's).
+pub fn copy_kernel_ctas(bytes: u64) -> Option<u32> {
+    if bytes >= copy_kernel_max() {
+        return None;
+    }
+    let ctas = bytes.div_ceil(copy_kernel_cta_bytes());
+    Some(ctas.clamp(1, COPY_KERNEL_MAX_CTAS as u64) as u32)
+}
+
+/// Bytes per CTA of a one-rank copy in kernel items (a group of several): nothing else runs,
+/// so it spreads wide.
+pub const ONE_RANK_COPY_BYTES_PER_CHANNEL: u64 = 32 << 10;
+
+/// Channels for a one-rank copy in kernel items of `bytes`, at most `max_channels`.
 pub fn one_rank_copy_channels(bytes: u64, max_channels: u32) -> u32 {
     let max = COPY_MAX_CHANNELS.min(max_channels).max(1) as u64;
-    (bytes.div_ceil(one_rank_copy_bytes_per_channel())).clamp(1, max) as u32
+    bytes
+        .div_ceil(ONE_RANK_COPY_BYTES_PER_CHANNEL)
+        .clamp(1, max) as u32
 }
 
 /// Bytes per CTA of a copy in the kernel before another CTA is added.

@@ -17,9 +17,10 @@
 //! init caps so that the CTAs of every rank sharing a GPU fit on it together).
 //!
 //! Local copies (a one-rank collective, a send to self, the own block of an all-gather,
-//! alltoall, gather or scatter) come out as `LocalCopy`s, which the runtime hands to the copy
-//! engine (`cuMemcpyAsync`) beside the kernel — all of a one-rank plan's, and those of at
-//! least `cost::COPY_ENGINE_MIN_BYTES` otherwise; smaller ones stay kernel work.
+//! alltoall, gather or scatter) come out as `LocalCopy`s: all of a one-rank plan's, and those
+//! of at least `cost::COPY_ENGINE_MIN_BYTES` otherwise (smaller ones stay kernel work). Beside
+//! a kernel the copy engine does them; a plan with no kernel launches `COPY_KERNEL` for those
+//! below `cost::copy_kernel_max()` (`cost::copy_kernel_ctas`).
 //!
 //! Protocol: each item is a `Proto` (Simple or LL, encoded as `FLAG_LL`), chosen from the
 //! task's byte count by the cost model, so both ends of every connection choose alike;
@@ -163,12 +164,35 @@ pub enum Dir {
     Recv,
 }
 
-/// A device-to-device copy of `bytes` from `src` to `dst`, done by the copy engine.
+/// A device-to-device copy of `bytes` from `src` to `dst`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalCopy {
     pub dst: u64,
     pub src: u64,
     pub bytes: u64,
+    pub by: CopyBy,
+}
+
+/// What does a `LocalCopy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyBy {
+    /// The copy engine (`cuMemcpyDtoDAsync`): beside a kernel, or large.
+    Engine,
+    /// `COPY_KERNEL` on this many CTAs: a plan with no kernel of its own, whose small copies
+    /// cost the caller less as a launch than as a copy-engine call.
+    Kernel { ctas: u32 },
+}
+
+impl LocalCopy {
+    /// A copy for the copy engine (the planner may give it to the copy kernel instead).
+    pub fn new(dst: u64, src: u64, bytes: u64) -> LocalCopy {
+        LocalCopy {
+            dst,
+            src,
+            bytes,
+            by: CopyBy::Engine,
+        }
+    }
 }
 
 /// One kernel launch, and the local copies that run beside it.
@@ -433,7 +457,15 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
         ring_table: geom.ring_table,
         tuner: geom.tuner.as_deref(),
     };
-    let (pieces, copies) = decompose(setting, tasks)?;
+    let (pieces, mut copies) = decompose(setting, tasks)?;
+    if pieces.is_empty() {
+        // No kernel to run beside: the small copies become copy-kernel launches.
+        for c in &mut copies {
+            if let Some(ctas) = cost::copy_kernel_ctas(c.bytes) {
+                c.by = CopyBy::Kernel { ctas };
+            }
+        }
+    }
     let cta_of = assign_ctas(&pieces, geom.nchannels);
     let mut works = Vec::with_capacity(pieces.len());
     for (index, p) in pieces.iter().enumerate() {

@@ -341,11 +341,7 @@ mod tests {
         let (_, from) = layout(&[task(CollKind::AllReduce, 256, 0x10000, 0x20000)], 2).unwrap();
         let plan = plan_of(
             &[item(0x10000, 0x20000), item(0x10200, 0x20400)],
-            vec![LocalCopy {
-                dst: 0x20100,
-                src: 0x10100,
-                bytes: 16,
-            }],
+            vec![LocalCopy::new(0x20100, 0x10100, 16)],
         );
         let to = [0x70000u64, 0x50000];
         let moved = relocate(

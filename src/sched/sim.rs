@@ -1585,47 +1585,79 @@ fn float_task(kind: CollKind, count: usize, send: u64, recv: u64, op: RedOp) -> 
 
 #[test]
 fn one_rank_collectives_are_copies_or_nothing() {
-    use super::plan::LocalCopy;
+    use super::plan::{CopyBy, LocalCopy};
     let g = &geometries(1, 8, 4096, 2, &[vec![]])[0];
     let self_pair = [
         float_task(CollKind::Send, 1000, 0x1000, 0, RedOp::Sum),
         float_task(CollKind::Recv, 1000, 0, 0x9000, RedOp::Sum),
     ];
     let p = plan(g, &self_pair).unwrap();
+    let ctas = super::cost::copy_kernel_ctas(4000).expect("a small copy is the kernel's");
+    let copy = |dst, bytes, by| LocalCopy {
+        dst,
+        src: 0x1000,
+        bytes,
+        by,
+    };
+    assert_eq!(p.nitems, 0, "a send to self launches no plan kernel");
     assert_eq!(
-        (p.nitems, p.copies.len()),
-        (1, 0),
-        "a small send to self is a kernel copy"
+        p.copies,
+        vec![copy(0x9000, 4000, CopyBy::Kernel { ctas })],
+        "a small send to self is a copy-kernel launch"
     );
     for kind in KINDS
         .into_iter()
         .filter(|k| !matches!(k, CollKind::Send | CollKind::Recv))
     {
-        // Small: one kernel copy item of the whole buffer.
+        // Small: one copy-kernel launch of the whole buffer, no plan kernel.
         let small = plan(g, &[float_task(kind, 1000, 0x1000, 0x9000, RedOp::Sum)]).unwrap();
-        assert!(small.copies.is_empty(), "{kind:?}: no copy-engine copy");
-        let items = super::device::deserialize_all(&small.items);
-        assert_eq!(items.len(), 1, "{kind:?}: one kernel copy");
-        let w = &items[0];
-        assert_eq!(w.kind, WorkKind::Copy as u32);
-        assert_eq!((w.src, w.dst, w.count), (0x1000, 0x9000, 4000), "{kind:?}");
-        // From ONE_RANK_KERNEL_COPY_MAX: one copy-engine copy, no kernel.
-        let count = (super::cost::ONE_RANK_KERNEL_COPY_MAX / 4) as usize;
+        assert_eq!(small.nitems, 0, "{kind:?}: no plan kernel");
+        assert_eq!(
+            small.copies,
+            vec![copy(0x9000, 4000, CopyBy::Kernel { ctas })],
+            "{kind:?}: one copy-kernel launch"
+        );
+        // From copy_kernel_max(): one copy-engine copy.
+        let max = super::cost::copy_kernel_max();
         let large = plan(
             g,
-            &[float_task(kind, count, 0x1000, 0x900_0000, RedOp::Sum)],
+            &[float_task(
+                kind,
+                (max / 4) as usize,
+                0x1000,
+                0x900_0000,
+                RedOp::Sum,
+            )],
         )
         .unwrap();
         assert_eq!(large.nitems, 0, "{kind:?}: no kernel");
-        let big = LocalCopy {
-            dst: 0x900_0000,
-            src: 0x1000,
-            bytes: super::cost::ONE_RANK_KERNEL_COPY_MAX,
-        };
-        assert_eq!(large.copies, vec![big], "{kind:?}: one copy-engine copy");
+        assert_eq!(
+            large.copies,
+            vec![copy(0x900_0000, max, CopyBy::Engine)],
+            "{kind:?}: one copy-engine copy"
+        );
         let in_place = plan(g, &[float_task(kind, 1000, 0x1000, 0x1000, RedOp::Avg)]).unwrap();
         assert_eq!((in_place.nitems, in_place.copies.len()), (0, 0), "{kind:?}");
     }
+    // A group of several: the small copies are kernel items of one launch, a large one runs
+    // on the copy engine beside it.
+    let big = super::cost::COPY_ENGINE_MIN_BYTES;
+    let group = [
+        float_task(CollKind::AllReduce, 1000, 0x1000, 0x9000, RedOp::Sum),
+        float_task(CollKind::Broadcast, 1000, 0x2000, 0xa000, RedOp::Sum),
+        float_task(
+            CollKind::AllGather,
+            (big / 4) as usize,
+            0x1000,
+            0x900_0000,
+            RedOp::Sum,
+        ),
+    ];
+    let p = plan(g, &group).unwrap();
+    let items = super::device::deserialize_all(&p.items);
+    assert_eq!(items.len(), 2, "one kernel copy item per small copy");
+    assert!(items.iter().all(|w| w.kind == WorkKind::Copy as u32));
+    assert_eq!(p.copies, vec![copy(0x900_0000, big, CopyBy::Engine)]);
     let mut two = [0u8; 8];
     two[..4].copy_from_slice(&2.0f32.to_le_bytes());
     let scale = RedOp::PreMulSum(Scalar::Host(two));
@@ -1672,11 +1704,7 @@ fn own_blocks_are_copy_engine_copies_beside_the_kernel() {
     let p = plan(&geoms[2], &tasks[2]).unwrap();
     assert_eq!(
         p.copies,
-        vec![LocalCopy {
-            dst: 0x1000_0000 + 2 * bytes,
-            src: 0x1000,
-            bytes
-        }]
+        vec![LocalCopy::new(0x1000_0000 + 2 * bytes, 0x1000, bytes)]
     );
     let in_place = gather(0x1000_0000 + 2 * bytes, 0x1000_0000);
     assert!(plan(&geoms[2], &in_place).unwrap().copies.is_empty());
@@ -1698,11 +1726,7 @@ fn own_blocks_are_copy_engine_copies_beside_the_kernel() {
     let p = plan(&geoms[1], &tasks[1]).unwrap();
     assert_eq!(
         p.copies,
-        vec![LocalCopy {
-            dst: 0x1000_0000 + bytes,
-            src: 0x1000 + bytes,
-            bytes
-        }]
+        vec![LocalCopy::new(0x1000_0000 + bytes, 0x1000 + bytes, bytes)]
     );
 }
 

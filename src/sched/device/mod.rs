@@ -16,6 +16,9 @@ pub const INLINE_KERNEL: &str = "ox_kernel_inline";
 /// The kernel of a yielding launch: `ox_kernel_yield(const OxWork* items, uint32_t nitems,
 /// uint32_t mode, uint32_t park_ns)`, its input as `yield_input` lays it out (`YIELD_*`).
 pub const YIELD_KERNEL: &str = "ox_kernel_yield";
+/// A copy without work items: `ox_copy_kernel(char* dst, const char* src, uint64_t bytes)`,
+/// one contiguous part per CTA (`plan::CopyBy::Kernel`).
+pub const COPY_KERNEL: &str = "ox_copy_kernel";
 
 use crate::abi::ncclDataType_t;
 use crate::sched::redop::{RedOp, Scalar};

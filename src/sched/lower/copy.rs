@@ -1,9 +1,10 @@
 //! Local copies: the collectives of a one-rank communicator (nothing in place; out of place a
-//! kernel copy when small, since on the H200 a kernel launch costs the caller about 0.7 µs
-//! less than a `cuMemcpyDtoDAsync`, a copy-engine copy from `ONE_RANK_KERNEL_COPY_MAX` up, and
-//! kernel items whenever a PreMulSum scales the data), and the sends to self of a group paired
-//! in order with its receives from self (the same choice on one rank; with more ranks a
-//! copy-engine copy beside the kernel from `COPY_ENGINE_MIN_BYTES`, kernel copy items below).
+//! copy, and kernel items whenever a PreMulSum scales the data), and the sends to self of a
+//! group paired in order with its receives from self. A one-rank group's lone copy stays a
+//! `LocalCopy`, which the planner launches as the copy kernel or gives to the copy engine by
+//! size; with more in the group, copies below `COPY_ENGINE_MIN_BYTES` become kernel items of the
+//! group's one launch, as the small copies of a multi-rank group do, and larger ones run on the
+//! copy engine beside it.
 
 use super::{collective_key, is_reduction, Group, Lowering, Piece};
 use crate::error::{Error, Result};
@@ -12,6 +13,15 @@ use crate::sched::device::{OxWork, WorkKind};
 use crate::sched::plan::{split, LocalCopy};
 use crate::sched::redop::RedOp;
 use crate::sched::Task;
+
+/// A copy of a one-rank group, held until the whole group is lowered.
+pub(super) struct OneRankCopy {
+    copy: LocalCopy,
+    /// The task's most channels.
+    max: u32,
+    /// The ordering key of its items, but for the channel.
+    key: (u8, u64, u64, u64, u64),
+}
 
 /// Whether a one-rank task changes its data (PreMulSum scales it); every other op of one rank
 /// (sum, prod, min, max, avg) returns the input unchanged, so a copy, or nothing in place.
@@ -44,17 +54,11 @@ impl Lowering<'_> {
         }
         let max = self.limits.max_channels;
         if !transform {
-            if bytes >= cost::one_rank_kernel_copy_max() {
-                self.copies.push(LocalCopy {
-                    dst: task.recvbuff,
-                    src: task.sendbuff,
-                    bytes,
-                });
-            } else {
-                let nch = cost::one_rank_copy_channels(bytes, max);
-                let key = collective_key(seq);
-                self.kernel_copy(task.sendbuff, task.recvbuff, bytes, nch, max, |_| key);
-            }
+            self.one_rank_copies.push(OneRankCopy {
+                copy: LocalCopy::new(task.recvbuff, task.sendbuff, bytes),
+                max,
+                key: collective_key(seq),
+            });
             return;
         }
         let nch = cost::copy_channels(bytes, max);
@@ -100,22 +104,41 @@ impl Lowering<'_> {
     /// The `seq`-th copy to self of a group: `bytes` from `src` to `dst`, on at most `max`
     /// channels.
     fn self_copy(&mut self, seq: u64, src: u64, dst: u64, bytes: u64, max: u32) {
-        let engine_from = if self.nranks == 1 {
-            cost::one_rank_kernel_copy_max()
-        } else {
-            cost::COPY_ENGINE_MIN_BYTES
-        };
-        if bytes >= engine_from {
-            self.copies.push(LocalCopy { dst, src, bytes });
+        let rank = self.rank as u64;
+        if self.nranks == 1 {
+            self.one_rank_copies.push(OneRankCopy {
+                copy: LocalCopy::new(dst, src, bytes),
+                max,
+                key: (1, 0, rank, seq, 0),
+            });
             return;
         }
-        let rank = self.rank as u64;
-        let nch = if self.nranks == 1 {
-            cost::one_rank_copy_channels(bytes, max)
-        } else {
-            cost::copy_channels(bytes, max)
-        };
+        if bytes >= cost::COPY_ENGINE_MIN_BYTES {
+            self.copies.push(LocalCopy::new(dst, src, bytes));
+            return;
+        }
+        let nch = cost::copy_channels(bytes, max);
         self.kernel_copy(src, dst, bytes, nch, max, |c| (1, 0, rank, seq, c as u64));
+    }
+
+    /// Place the one-rank copies of the group, every task lowered: a lone copy (nothing else
+    /// in the group) as it is; otherwise small ones as kernel items, the rest beside them.
+    pub(super) fn place_one_rank_copies(&mut self) {
+        let copies = std::mem::take(&mut self.one_rank_copies);
+        if copies.len() == 1 && self.pieces.is_empty() {
+            self.copies.push(copies[0].copy);
+            return;
+        }
+        for OneRankCopy { copy, max, key } in copies {
+            if copy.bytes >= cost::COPY_ENGINE_MIN_BYTES {
+                self.copies.push(copy);
+                continue;
+            }
+            let nch = cost::one_rank_copy_channels(copy.bytes, max);
+            self.kernel_copy(copy.src, copy.dst, copy.bytes, nch, max, |c| {
+                (key.0, key.1, key.2, key.3, c as u64)
+            });
+        }
     }
 
     /// Kernel copy items of `bytes` from `src` to `dst` (type-agnostic, by bytes), split over

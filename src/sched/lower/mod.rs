@@ -61,6 +61,8 @@ struct Lowering<'a> {
     nchannels: u32,
     pieces: Vec<Piece>,
     copies: Vec<LocalCopy>,
+    /// A one-rank group's copies until every task is lowered (`place_one_rank_copies`).
+    one_rank_copies: Vec<copy::OneRankCopy>,
     /// Sequence number of the next collective of the group.
     coll_seq: u64,
     /// Sequence number of the next operation towards (peer, direction).
@@ -129,6 +131,7 @@ impl<'a> Lowering<'a> {
             nchannels,
             pieces: Vec::new(),
             copies: Vec::new(),
+            one_rank_copies: Vec::new(),
             coll_seq: 0,
             p2p_seq: BTreeMap::new(),
             self_sends: Vec::new(),
@@ -234,6 +237,7 @@ pub fn decompose(setting: Setting<'_>, tasks: &[Task]) -> Result<(Vec<Piece>, Ve
         lowering.task(task)?;
     }
     lowering.pair_self_copies()?;
+    lowering.place_one_rank_copies();
     Ok((lowering.pieces, lowering.copies))
 }
 

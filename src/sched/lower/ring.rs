@@ -122,11 +122,7 @@ impl Lowering<'_> {
         if bytes < cost::COPY_ENGINE_MIN_BYTES {
             return FLAG_OWN_BLOCK;
         }
-        self.copies.push(LocalCopy {
-            dst: own,
-            src: task.sendbuff,
-            bytes,
-        });
+        self.copies.push(LocalCopy::new(own, task.sendbuff, bytes));
         0
     }
 
