@@ -1648,7 +1648,7 @@ fn one_rank_collectives_are_copies_or_nothing() {
         float_task(
             CollKind::AllGather,
             (big / 4) as usize,
-            0x1000,
+            0x100_0000,
             0x900_0000,
             RedOp::Sum,
         ),
@@ -1657,7 +1657,30 @@ fn one_rank_collectives_are_copies_or_nothing() {
     let items = super::device::deserialize_all(&p.items);
     assert_eq!(items.len(), 2, "one kernel copy item per small copy");
     assert!(items.iter().all(|w| w.kind == WorkKind::Copy as u32));
-    assert_eq!(p.copies, vec![copy(0x900_0000, big, CopyBy::Engine)]);
+    let large = LocalCopy {
+        src: 0x100_0000,
+        ..copy(0x900_0000, big, CopyBy::Engine)
+    };
+    assert_eq!(p.copies, vec![large]);
+    // A group whose second copy reads what the first writes: both whole copies, in order.
+    let chain = [
+        float_task(CollKind::AllReduce, 1000, 0x1000, 0x9000, RedOp::Sum),
+        float_task(CollKind::AllReduce, 1000, 0x9000, 0x20000, RedOp::Sum),
+    ];
+    let p = plan(g, &chain).unwrap();
+    assert_eq!(p.nitems, 0, "dependent copies launch no work items");
+    let chained = LocalCopy {
+        src: 0x9000,
+        ..copy(0x20000, 4000, CopyBy::Kernel { ctas })
+    };
+    assert_eq!(
+        p.copies,
+        vec![copy(0x9000, 4000, CopyBy::Kernel { ctas }), chained]
+    );
+    // The same copy twice writes the same bytes: one launch of work items.
+    let twice = [chain[0], chain[0]];
+    let p = plan(g, &twice).unwrap();
+    assert_eq!((p.nitems, p.copies.len()), (2, 0));
     let mut two = [0u8; 8];
     two[..4].copy_from_slice(&2.0f32.to_le_bytes());
     let scale = RedOp::PreMulSum(Scalar::Host(two));

@@ -4,7 +4,7 @@
 //! `LocalCopy`, which the planner launches as the copy kernel or gives to the copy engine by
 //! size; with more in the group, copies below `COPY_ENGINE_MIN_BYTES` become kernel items of the
 //! group's one launch, as the small copies of a multi-rank group do, and larger ones run on the
-//! copy engine beside it.
+//! copy engine beside it; copies of a group that depend on each other stay whole, in order.
 
 use super::{collective_key, is_reduction, Group, Lowering, Piece};
 use crate::error::{Error, Result};
@@ -21,6 +21,27 @@ pub(super) struct OneRankCopy {
     max: u32,
     /// The ordering key of its items, but for the channel.
     key: (u8, u64, u64, u64, u64),
+}
+
+/// Whether some copy of `copies` touches what an earlier one writes, or writes what an
+/// earlier one reads (the same copy twice writes the same bytes either way: not a dependence).
+fn depend_on_each_other(copies: &[OneRankCopy]) -> bool {
+    let span = |at: u64, bytes: u64| at..at.saturating_add(bytes);
+    let meet =
+        |a: std::ops::Range<u64>, b: std::ops::Range<u64>| a.start < b.end && b.start < a.end;
+    copies.iter().enumerate().any(|(i, later)| {
+        let (src, dst) = (later.copy.src, later.copy.dst);
+        copies[..i]
+            .iter()
+            .filter(|e| e.copy != later.copy)
+            .any(|earlier| {
+                let wrote = span(earlier.copy.dst, earlier.copy.bytes);
+                let read = span(earlier.copy.src, earlier.copy.bytes);
+                meet(span(src, later.copy.bytes), wrote.clone())
+                    || meet(span(dst, later.copy.bytes), wrote)
+                    || meet(span(dst, later.copy.bytes), read)
+            })
+    })
 }
 
 /// Whether a one-rank task changes its data (PreMulSum scales it); every other op of one rank
@@ -123,10 +144,14 @@ impl Lowering<'_> {
 
     /// Place the one-rank copies of the group, every task lowered: a lone copy (nothing else
     /// in the group) as it is; otherwise small ones as kernel items, the rest beside them.
+    /// Copies that read or write what an earlier one of the group writes (or write what it
+    /// reads) stay whole copies run in the group's order, as NVIDIA's library, which copies at
+    /// each call, orders them: kernel items on different CTAs would race.
     pub(super) fn place_one_rank_copies(&mut self) {
         let copies = std::mem::take(&mut self.one_rank_copies);
-        if copies.len() == 1 && self.pieces.is_empty() {
-            self.copies.push(copies[0].copy);
+        let in_order = copies.len() == 1 || depend_on_each_other(&copies);
+        if in_order && self.pieces.is_empty() {
+            self.copies.extend(copies.iter().map(|c| c.copy));
             return;
         }
         for OneRankCopy { copy, max, key } in copies {
