@@ -412,13 +412,15 @@ mod tests {
         );
     }
 
+    /// A measured rate in the recorded rounds below.
+    const fn s(x: u64) -> Option<u64> {
+        Some(x)
+    }
+
     /// Agreed rates (Mbit/s) of one GPU run, round by round every 200 ms: links of 4000 and
     /// 1000 Mbit/s, the fast one cut to 1000 before round 7 (`N`: too little traffic).
     const GPU_ROUNDS: [(Option<u64>, Option<u64>); 48] = {
         const N: Option<u64> = None;
-        const fn s(x: u64) -> Option<u64> {
-            Some(x)
-        }
         [
             (s(3836), s(985)),
             (s(3859), s(936)),
@@ -474,9 +476,6 @@ mod tests {
     /// Agreed rates of a second GPU run (as `GPU_ROUNDS`), the fast link cut before round 6;
     /// after the cut the reshaped link measures about a tenth below the other.
     const GPU_ROUNDS_SECOND: [(Option<u64>, Option<u64>); 44] = {
-        const fn s(x: u64) -> Option<u64> {
-            Some(x)
-        }
         [
             (s(3842), s(981)),
             (s(3477), s(900)),
@@ -570,8 +569,8 @@ mod tests {
         assert!(shares[..5].iter().all(|&s| s == 800), "{shares:?}");
         // Near 1:1 within five rounds of the cut (1 s) ...
         assert!(shares[10] <= 560, "{shares:?}");
-        // ... and from then on a switch is rare: every one costs a collective's worth of
-        // re-planning and sends the links' queues through a change of load.
+        // ... and from then on a switch is rare: each one re-plans and shifts load between
+        // the links, for a change smaller than the rates' scatter.
         let switches = shares[10..].windows(2).filter(|w| w[0] != w[1]).count();
         assert!(switches <= 3, "{switches} switches: {shares:?}");
     }

@@ -708,7 +708,7 @@ fn min_channels_setting() -> u32 {
 /// copy engine beside the kernel: smaller ones are kernel work, since forking and joining the
 /// side stream costs more host time (about 5 µs) than they take. The copies of a plan with no
 /// kernel (a one-rank communicator's) are a copy-kernel launch or a copy-engine call on the
-/// user's stream, no fork (`copy_by`).
+/// user's stream, no fork (`copy_kernel_ctas`).
 pub const COPY_ENGINE_MIN_BYTES: u64 = 1 << 20;
 
 /// Most CTAs of one copy in the kernel (a one-rank PreMulSum, a small copy of a multi-rank
