@@ -104,13 +104,15 @@ for mode in ("1", "2", "p"):
 # Each library's row: the run with the median stream time (host time from the same run).
 rows = {k: {lib: sorted(v, key=lambda t: t[1])[(len(v) - 1) // 2] for lib, v in libs_.items()}
         for k, libs_ in samples.items()}
-print("mode collective bytes place | " + " | ".join(f"{l} host/stream" for l in libs) + " | ours stream / best NVIDIA (medians of the runs)")
+print("mode collective bytes place | " + " | ".join(f"{l} host/stream" for l in libs) + " | ours stream / best NVIDIA | ours host / best NVIDIA (medians of the runs)")
 for key in sorted(rows):
     r = rows[key]
     cells = " | ".join("%.2f / %.2f" % r[l] if l in r else "-" for l in libs)
     nv = [r[l][1] for l in libs if l.startswith("nv") and l in r]
     ratio = "%.2f" % (r["ours"][1] / min(nv)) if "ours" in r and nv else "-"
-    print(f"{key[0]} {key[1]} {key[2]} {key[3]} | {cells} | {ratio}")
+    nvh = [r[l][0] for l in libs if l.startswith("nv") and l in r]
+    hratio = "%.2f" % (r["ours"][0] / min(nvh)) if "ours" in r and nvh and min(nvh) > 0 else "-"
+    print(f"{key[0]} {key[1]} {key[2]} {key[3]} | {cells} | {ratio} | {hratio}")
 PY
 cat "$OUT/side-by-side.txt"
 grep -H "host profile" "$OUT"/oursprof-*.err >"$OUT/profile.txt" 2>/dev/null

@@ -3,7 +3,7 @@
 # one run: per collective, a table of the out-of-place time per operation (µs) at each size, one
 # column per library, and the ratio oxccl / fastest NVIDIA library.
 #
-# usage: scripts/nccl-tests.sh build | run | selftest
+# usage: scripts/nccl-tests.sh source | build | run | selftest
 #
 # build (this machine): compiles nccl-tests into $DEST/nccl-tests.tar.xz (the nine *_perf
 #   binaries that run uses, stripped: about 44 MB, 0.9 MB compressed, so that a device call can
@@ -17,10 +17,18 @@
 #   NCCL >= 2.28; our include/ has only nccl.h), and linked to libnccl.so.2 by name: at run time
 #   the binaries need libnccl.so.2 (through LD_LIBRARY_PATH), libstdc++, libgcc_s, libm and libc,
 #   nothing of CUDA but the driver. Takes about 4 minutes on 2 cores.
+#   With NT_MPI_HOME (an MPI installation: include/mpi.h, lib/ or lib64/libmpi.so; "auto": the
+#   one mpicc names) the binaries are built with MPI=1 and also need libmpi: that is the build
+#   for NT_NPROCS > 1 below, made on the GPU machine, which has nvcc and Open MPI (the source
+#   mode packs what it needs). NT_BUILD_BINS (default: all nine) picks the binaries.
 #   env: DEST (.device/nccl-tests), CUDA_HOME (.toolchain/py/nvidia/cu13: bin/nvcc, include/,
-#   lib/libcudart_static.a), NCCL_LIB (a libnccl.so with the 2.32.3 ABI to link against; default
+#   lib/ or lib64/libcudart_static.a), NCCL_LIB (a libnccl.so with the 2.32.3 ABI to link against; default
 #   target/release/libnccl.so, else .device/lib/libnccl.so.2), NCCL_DEVICE_INC (a folder with
 #   NVIDIA 2.32.3's nccl_device.h; default .toolchain/nccl-2.32.3/nvidia/nccl/include), JOBS (2).
+#
+# source (this machine): packs SRC (a nccl-tests checkout, without .git) and NCCL_DEVICE_INC
+#   into $DEST/nccl-tests-src.tar.gz (about 0.2 MB: nccl-tests/ and nccl-device-include/), for
+#   building with MPI where MPI is.
 #
 # run (the GPU machine, from the repository root; carry .device/lib, .device/ref and
 #   .device/nccl-tests): for each collective, each library in turn runs
@@ -55,6 +63,14 @@
 #   first run; each is limited to the smaller of its timeout and what is left, and one with
 #   less than 5 s left is not started (SKIPPED (time budget)). OUT (/tmp/nccl-tests-run) gets
 #   nccl-tests-run.tar.gz (table.txt, BUILD-INFO, logs/); the table is printed too.
+#   NT_BIN_ARCHIVE (.device/nccl-tests/nccl-tests.tar.xz) is the archive unpacked when NT_BIN is
+#   not given; its folder's BUILD-INFO heads the table.
+#   NT_NPROCS (1): processes per run. Above 1 every run is `mpirun -np NT_NPROCS` of binaries
+#   built with MPI, all ranks on GPU 0 (NCCL_TESTS_DEVICE=0, NCCL_MULTI_RANK_GPU_ENABLE=1),
+#   under MPS (NT_MPS=1, the default then: a daemon of its own, pipe folder
+#   /tmp/nccl-tests-mps, stopped at the end; 0 leaves the GPU time-sliced), pinned to
+#   2 x NT_NPROCS CPUs near the GPU; rank 0 prints the times. NVIDIA 2.28.9 refuses two ranks
+#   on one GPU; 2.32.3 takes them.
 #   A run is mostly CUDA and NCCL start-up (11 sizes x 25 operations of at most 8 MiB take
 #   milliseconds), about 1-3 s, so the 27 runs need about a minute; unpacking the binaries and
 #   NVIDIA 2.32.3 (275 MB) takes a few seconds more. Exits 2 when it cannot run at all (no GPU,
@@ -82,7 +98,17 @@ build() {
   [ -n "$src" ] || die "set SRC to a nccl-tests checkout (see the header of this script)"
   if [ ! -f "$src/src/common.h" ] || [ ! -f "$src/src/Makefile" ]; then die "$src is no nccl-tests checkout"; fi
   [ -x "$cuda/bin/nvcc" ] || die "no $cuda/bin/nvcc (set CUDA_HOME)"
-  [ -f "$cuda/lib/libcudart_static.a" ] || die "no $cuda/lib/libcudart_static.a (set CUDA_HOME)"
+  local cudalib=$cuda/lib
+  [ -f "$cudalib/libcudart_static.a" ] || cudalib=$cuda/lib64
+  [ -f "$cudalib/libcudart_static.a" ] || die "no libcudart_static.a in $cuda/lib or $cuda/lib64 (set CUDA_HOME)"
+  local mpi=${NT_MPI_HOME:-} bins=${NT_BUILD_BINS:-$BINS}
+  if [ "$mpi" = auto ]; then
+    mpi=$(mpicc -showme:incdirs 2>/dev/null | awk '{ print $1 }')
+    mpi=${mpi%/}
+    mpi=${mpi%/include}
+    mpi=${mpi%/include/openmpi}
+  fi
+  if [ -n "$mpi" ] && [ ! -f "$mpi/include/mpi.h" ]; then die "no include/mpi.h in NT_MPI_HOME ($mpi)"; fi
   if [ ! -f "$devinc/nccl_device.h" ] || [ ! -d "$devinc/nccl_device" ]; then
     die "no nccl_device.h and nccl_device/ in $devinc (set NCCL_DEVICE_INC)"
   fi
@@ -109,17 +135,19 @@ build() {
   [ "$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')" = libnccl.so.2 ] ||
     die "$lib has no SONAME libnccl.so.2"
   local targets=() b
-  for b in $BINS; do targets+=("$tmp/build/${b}_perf"); done
+  for b in $bins; do targets+=("$tmp/build/${b}_perf"); done
   say "building nccl-tests $ver ($src) with $cuda/bin/nvcc into $dest"
   # The binaries are make targets of their own: alltoallv and hypercube are not built.
-  if ! timeout 3600 make -C "$src/src" -j"${JOBS:-2}" MPI=0 CUDA_HOME="$cuda" CUDA_LIB="$cuda/lib" \
+  if ! timeout 3600 make -C "$src/src" -j"${JOBS:-2}" MPI="$([ -n "$mpi" ] && echo 1 || echo 0)" MPI_HOME="$mpi" \
+    CUDA_HOME="$cuda" CUDA_LIB="$cudalib" \
     CUDARTLIB=cudart_static NCCL_HOME="$tmp/nccl" NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90 \
     BUILDDIR="$tmp/build" "${targets[@]}" >"$tmp/make.log" 2>&1; then
     tail -30 "$tmp/make.log"
     die "make failed"
   fi
   local allowed='^(libnccl\.so\.2|libstdc\+\+\.so\.6|libgcc_s\.so\.1|libm\.so\.6|libc\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|ld-linux-x86-64\.so\.2)$'
-  for b in $BINS; do
+  [ -n "$mpi" ] && allowed=${allowed%)\$}'|libmpi\.so\.[0-9]+)$'
+  for b in $bins; do
     strip -o "$tmp/bin/${b}_perf" "$tmp/build/${b}_perf" || die "strip ${b}_perf failed"
     local need
     need=$(readelf -d "$tmp/bin/${b}_perf" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
@@ -135,13 +163,33 @@ build() {
     xz -9 -T1 >"$dest/nccl-tests.tar.xz" || die "tar failed"
   {
     say "nccl-tests $ver ($(git -C "$src" describe --tags --always 2>/dev/null || echo '?'))"
-    say "nvcc: $("$cuda/bin/nvcc" --version | sed -n 's/.*release \(.*\),.*/\1/p'), -gencode=arch=compute_90,code=sm_90, MPI=0, cudart static"
+    say "nvcc: $("$cuda/bin/nvcc" --version | sed -n 's/.*release \(.*\),.*/\1/p'), -gencode=arch=compute_90,code=sm_90, MPI=$([ -n "$mpi" ] && echo "1 ($mpi)" || echo 0), cudart static"
     say "headers: include/nccl.h ($(sed -n 's/^#define NCCL_VERSION_CODE \([0-9]*\).*/\1/p' "$root/include/nccl.h")) + nccl_device from ${devinc#"$root"/}"
-    say "binaries: $BINS (stripped, in nccl-tests.tar.xz)"
+    say "binaries: $bins (stripped, in nccl-tests.tar.xz)"
     say "needs: libnccl.so.2 (LD_LIBRARY_PATH), $(readelf -d "$tmp/bin/all_reduce_perf" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | grep -v libnccl | tr '\n' ' ')"
   } >"$dest/BUILD-INFO"
   cat "$dest/BUILD-INFO"
   say "$(du -b "$dest/nccl-tests.tar.xz" | cut -f1) bytes in $dest/nccl-tests.tar.xz, $(du -sb "$tmp/bin" | cut -f1) bytes unpacked"
+}
+
+# source: the nccl-tests checkout and NVIDIA's device-API headers in one small archive.
+source_pack() {
+  local src=${SRC:-} dest=${DEST:-$root/.device/nccl-tests}
+  local devinc=${NCCL_DEVICE_INC:-$root/.toolchain/nccl-2.32.3/nvidia/nccl/include}
+  [ -n "$src" ] && [ -f "$src/src/common.h" ] || die "set SRC to a nccl-tests checkout (see the header of this script)"
+  if [ ! -f "$devinc/nccl_device.h" ] || [ ! -d "$devinc/nccl_device" ]; then
+    die "no nccl_device.h and nccl_device/ in $devinc (set NCCL_DEVICE_INC)"
+  fi
+  local tmp
+  tmp=$(mktemp -d) || die "mktemp failed"
+  # shellcheck disable=SC2064 # expand now: tmp is local
+  trap "rm -rf '$tmp'" EXIT
+  mkdir -p "$tmp/nccl-device-include" "$dest"
+  tar -C "$src" --exclude=.git -cf - . | { mkdir -p "$tmp/nccl-tests" && tar -C "$tmp/nccl-tests" -xf -; } || die "cannot copy $src"
+  cp -r "$devinc/nccl_device.h" "$devinc/nccl_device" "$tmp/nccl-device-include/"
+  tar -C "$tmp" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -czf "$dest/nccl-tests-src.tar.gz" \
+    nccl-tests nccl-device-include || die "tar failed"
+  say "$(du -b "$dest/nccl-tests-src.tar.gz" | cut -f1) bytes in $dest/nccl-tests-src.tar.gz ($(git -C "$src" describe --tags --always 2>/dev/null || echo '?'))"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -288,8 +336,8 @@ run_one() {
   rm -f "$log".*
   # shellcheck disable=SC2086 # NT_ARGS is a list of arguments
   env -u LD_BIND_NOW LD_LIBRARY_PATH="$dir" NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO \
-    NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE="$log.nccl" LD_DEBUG=libs LD_DEBUG_OUTPUT="$log.ld" \
-    timeout -k 5 "$t" ${pin[@]+"${pin[@]}"} "$bin/${coll}_perf" -g 1 $args >"$log.out" 2>&1 </dev/null
+    NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE="$log.nccl.%p" LD_DEBUG=libs LD_DEBUG_OUTPUT="$log.ld" \
+    timeout -k 5 "$t" ${pin[@]+"${pin[@]}"} ${launch[@]+"${launch[@]}"} "$bin/${coll}_perf" -g 1 $args >"$log.out" 2>&1 </dev/null
   rc=$?
   echo "$rc" >"$log.rc"
   mkdir -p "$data/$coll"
@@ -315,16 +363,45 @@ merge_runs() {
     END { flush() }' >"$dir/$label.rows"
 }
 
+# MPS for the runs of several processes: a daemon of its own, stopped when the run ends.
+mps=0
+mps_dir=/tmp/nccl-tests-mps
+start_mps() {
+  mkdir -p "$mps_dir"
+  export CUDA_MPS_PIPE_DIRECTORY=$mps_dir CUDA_MPS_LOG_DIRECTORY=$mps_dir
+  if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+    mps=1
+    say "$nprocs processes per run on GPU 0, under MPS (daemon started; stopped at the end)"
+  else
+    say "$nprocs processes per run on GPU 0; no MPS daemon could start: the GPU is time-sliced"
+  fi
+}
+stop_mps() {
+  if [ "$mps" = 1 ]; then echo quit | nvidia-cuda-mps-control; mps=0; fi
+}
+
 run() {
   local out=${OUT:-/tmp/nccl-tests-run}
   # Every run pinned to the same CPUs near GPU 0 (NT_CPUS, default scripts/gpu-cpus 2; "none":
   # not pinned): where the scheduler puts a process moves a call by up to 1 µs. Two, not one:
   # on one CPU a library's own threads take turns with the caller's.
-  local cpus=${NT_CPUS:-$("$here/gpu-cpus" 2)}
+  local nprocs=${NT_NPROCS:-1}
+  [[ $nprocs =~ ^[1-9][0-9]*$ ]] || die "NT_NPROCS must be a count of processes, not $nprocs"
+  local cpus=${NT_CPUS:-$("$here/gpu-cpus" $((2 * nprocs)))}
   local repeat=${NT_REPEAT:-3}
   pin=()
   [[ -n $cpus && $cpus != none ]] && command -v taskset >/dev/null && pin=(taskset -c "$cpus")
   say "runs pinned to CPUs: ${cpus:-none}; $repeat runs per library, in turns, medians per size"
+  launch=()
+  if [ "$nprocs" -gt 1 ]; then
+    command -v mpirun >/dev/null || die "NT_NPROCS=$nprocs needs mpirun"
+    # Every rank on GPU 0, and the environment each process needs named for mpirun.
+    export NCCL_TESTS_DEVICE=0 NCCL_MULTI_RANK_GPU_ENABLE=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    launch=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$nprocs")
+    local v
+    for v in LD_LIBRARY_PATH NCCL_NVLS_ENABLE NCCL_DEBUG NCCL_DEBUG_SUBSYS NCCL_DEBUG_FILE LD_DEBUG LD_DEBUG_OUTPUT \
+      NCCL_TESTS_DEVICE NCCL_MULTI_RANK_GPU_ENABLE; do launch+=(-x "$v"); done
+  fi
   local colls=${NT_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall gather scatter sendrecv}
   args=${NT_ARGS:--b 8 -e 8M -f 4 -w 5 -n 20 -c 1 -d float}
   local budget=${NT_BUDGET_S:-100} run_to=${NT_RUN_TIMEOUT_S:-30}
@@ -339,15 +416,24 @@ run() {
   local work
   work=$(mktemp -d) || die "mktemp failed"
   # shellcheck disable=SC2064 # expand now: work is local
-  trap "rm -rf '$work'" EXIT
-  local bin=${NT_BIN:-}
+  trap "rm -rf '$work'; stop_mps" EXIT
+  if [ "$nprocs" -gt 1 ]; then
+    if [ "${NT_MPS:-1}" = 1 ]; then
+      start_mps
+    else
+      say "$nprocs processes per run on GPU 0, time-sliced (NT_MPS=0)"
+    fi
+  fi
+  local bin=${NT_BIN:-} archive=${NT_BIN_ARCHIVE:-.device/nccl-tests/nccl-tests.tar.xz}
   if [ -z "$bin" ]; then
-    [ -f .device/nccl-tests/nccl-tests.tar.xz ] ||
-      die "no .device/nccl-tests/nccl-tests.tar.xz (scripts/nccl-tests.sh build here, then carry .device/nccl-tests)"
+    [ -f "$archive" ] ||
+      die "no $archive (scripts/nccl-tests.sh build here, then carry .device/nccl-tests)"
     mkdir -p "$work/bin"
-    timeout 60 tar -C "$work/bin" -xJf .device/nccl-tests/nccl-tests.tar.xz || die "cannot unpack .device/nccl-tests/nccl-tests.tar.xz"
+    timeout 60 tar -C "$work/bin" -xJf "$archive" || die "cannot unpack $archive"
     bin=$work/bin
   fi
+  local info
+  info=$(dirname "$archive")/BUILD-INFO
   local c
   for c in $colls; do [ -x "$bin/${c}_perf" ] || die "no $bin/${c}_perf"; done
   if [ -f .device/ref/libnccl-2.32.3.so.2.xz ] && case " $libs " in *=.device/ref/lib/libnccl.so.2\ *) true ;; *) false ;; esac &&
@@ -363,9 +449,10 @@ run() {
   local data=$work/data logs=$work/logs labels=() dirs=() files=() entry label path i
   mkdir -p "$data" "$logs"
   {
-    say "# nccl-tests: $(head -1 .device/nccl-tests/BUILD-INFO 2>/dev/null || echo "binaries from $bin")"
+    say "# nccl-tests: $(head -1 "$info" 2>/dev/null || echo "binaries from $bin")$(grep -o 'MPI=1 ([^)]*)' "$info" 2>/dev/null | sed 's/^/, /')"
     say "# GPU: $(timeout 30 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
-    say "# <collective>_perf -g 1 $args; NCCL_NVLS_ENABLE=0; out-of-place time per operation in us"
+    say "# ${launch[*]:+${launch[*]%% -x *} }<collective>_perf -g 1 $args; NCCL_NVLS_ENABLE=0; out-of-place time per operation in us"
+    [ "$nprocs" -gt 1 ] && say "# $nprocs processes on GPU 0 ($([ $mps = 1 ] && echo "under MPS" || echo "time-sliced")); rank 0's times"
     say "# libraries (version as loaded, file):"
   } >"$work/head"
   local skipped=()
@@ -421,7 +508,7 @@ run() {
   { cat "$work/head"; report "$data" "$colls" "${labels[@]}"; } >"$work/table.txt"
   mkdir -p "$out"
   local keep=(table.txt logs)
-  cp .device/nccl-tests/BUILD-INFO "$work/" 2>/dev/null && keep+=(BUILD-INFO)
+  cp "$info" "$work/" 2>/dev/null && keep+=(BUILD-INFO)
   tar -C "$work" -czf "$out/nccl-tests-run.tar.gz" "${keep[@]}"
   say ""
   cat "$work/table.txt"
@@ -556,6 +643,7 @@ selftest() {
 
 mode=${1:-}
 case $mode in
+  source) source_pack ;;
   build) build ;;
   run) run ;;
   selftest) selftest ;;
