@@ -14,7 +14,8 @@
 #            with rdma-core's symbol versions; ibverbs/verbs_test.c, linked with -libverbs
 #            against it, runs RC queue pairs between two processes; every versioned verbs
 #            symbol the test binds to in the real libibverbs.so.1 is exported the same way
-#   cuda     cuda host path: cuda_standin/hostpath_cpu.c on a stand-in libcuda.so.1, driver calls asserted
+#   cuda     cuda host path: cuda_standin/hostpath_cpu.c on a stand-in libcuda.so.1, driver calls asserted;
+#            cuda_standin/exit_after_reset.c: ranks' threads ending after a primary context reset
 #   tuner    tuner plugins v2..v6 through a stand-in CUDA driver: tuner_plugin/oxtest_tuner.c built
 #            once per ABI version (exporting only ncclTunerPlugin_vN), loaded by NCCL_TUNER_PLUGIN
 #            into hostpath_cpu -r 2 (two ranks, one process); what the plugin was asked is
@@ -247,12 +248,14 @@ fi
 # (two stand-in devices) driven by group calls: each group, every rank's calls.
 SI_OUT="$OUT/cuda_standin"
 mkdir -p "$SI_OUT"
-rm -f "$SI_OUT/libcuda.so.1" "$SI_OUT/libcuda.so" "$SI_OUT/hostpath_cpu"
+rm -f "$SI_OUT/libcuda.so.1" "$SI_OUT/libcuda.so" "$SI_OUT/hostpath_cpu" "$SI_OUT/exit_after_reset"
 if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.so.1 -I "$CUDA_INC" \
     -o "$SI_OUT/libcuda.so.1" "$ROOT/ffi-tests/cuda_standin/cuda_standin.c" -lpthread 2>"$SI_OUT/build.log" &&
   ln -sf libcuda.so.1 "$SI_OUT/libcuda.so" &&
   "$CC" -O2 "${WARN[@]}" -I "$ROOT/include" -I "$CUDA_INC" -o "$SI_OUT/hostpath_cpu" \
-    "$ROOT/ffi-tests/cuda_standin/hostpath_cpu.c" -L "$LIBDIR" -lnccl -ldl 2>>"$SI_OUT/build.log"; then
+    "$ROOT/ffi-tests/cuda_standin/hostpath_cpu.c" -L "$LIBDIR" -lnccl -ldl 2>>"$SI_OUT/build.log" &&
+  "$CC" -O2 "${WARN[@]}" -I "$ROOT/include" -I "$CUDA_INC" -o "$SI_OUT/exit_after_reset" \
+    "$ROOT/ffi-tests/cuda_standin/exit_after_reset.c" -L "$LIBDIR" -lnccl -ldl -lpthread 2>>"$SI_OUT/build.log"; then
   # hostpath_case NAME ROWS RANKS ARGS...: one run of hostpath_cpu, checked as said above
   # (with RANKS ranks, each group makes every rank's calls).
   hostpath_case() {
@@ -310,6 +313,19 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
   hostpath_case moving 6 1 -n 2000 -m 16 -c allreduce
   # Two ranks of one process on two stand-in devices, driven by group calls.
   hostpath_case two-ranks 20 2 -n 2000 -r 2
+  # Primary contexts reset (cudaDeviceReset, the CUDA runtime's teardown at exit) while the
+  # threads that ran the ranks are alive: nothing the library keeps for a thread may destroy
+  # a stream of those contexts when the threads end (cuda_standin/exit_after_reset.c).
+  er_log=$SI_OUT/exit_after_reset.log
+  LD_LIBRARY_PATH="$SI_OUT:$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 120 \
+    "$SI_OUT/exit_after_reset" >"$er_log" 2>&1
+  er_rc=$?
+  if [[ $er_rc == 0 ]] && grep -q '^exit_after_reset: ok' "$er_log"; then
+    pass "threads that end after their devices' primary contexts were reset: no stream of those contexts destroyed"
+  else
+    fail "threads that end after their devices' primary contexts were reset" "exit $er_rc; see $er_log"
+    tail -n 5 "$er_log"
+  fi
   # NCCL_CHECK_MODE=DEBUG_LOCAL: a call from host memory the driver does not know fails with
   # NVIDIA's words, and so does registering it; one from device memory runs; without it
   # nothing is checked.

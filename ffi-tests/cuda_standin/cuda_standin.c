@@ -5,6 +5,7 @@
  * (132 SMs, compute capability 9.0, 141 GiB, unified addressing, CUDA 13.0 driver) whose
  * "device memory" is host memory: a device pointer is a host pointer, and every device can
  * reach every other's memory. Primary and created contexts with a per-thread context stack;
+ * primary-context resets (a reset context's streams are gone: destroying one aborts);
  * streams and events that are always done; cuMemAlloc (memfd-backed, so cuIpcGetMemHandle /
  * cuIpcOpenMemHandle work across processes of one user through /proc/<pid>/fd); pinned host
  * memory and host registration; the virtual memory API (memfd allocations of 2 MiB
@@ -358,6 +359,7 @@ struct CUctx_st {
   unsigned flags;
   unsigned long long id;
   unsigned peers;        /* devices whose memory this context was given access to */
+  unsigned resets;       /* primary contexts: cuDevicePrimaryCtxReset calls so far */
 };
 
 static struct CUctx_st primaries[MAX_DEVICES];
@@ -394,6 +396,19 @@ EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   struct CUctx_st *c = primary(dev);
   if (__atomic_load_n(&c->retains, __ATOMIC_RELAXED) <= 0) return CUDA_ERROR_INVALID_CONTEXT;
   __atomic_fetch_sub(&c->retains, 1, __ATOMIC_RELAXED);
+  return CUDA_SUCCESS;
+}
+
+/* As the driver's (what cudaDeviceReset and the CUDA runtime's teardown at exit call): the
+ * primary context's streams, memory and modules are gone, the handle stays. Here its streams
+ * are marked gone: destroying one afterwards aborts the process, as the real driver crashes
+ * on the freed stream; other calls on one fail with CUDA_ERROR_INVALID_HANDLE. */
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  COUNTED();
+  if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  struct CUctx_st *c = primary(dev);
+  __atomic_fetch_add(&c->resets, 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->retains, 0, __ATOMIC_RELAXED);
   return CUDA_SUCCESS;
 }
 
@@ -1129,12 +1144,18 @@ struct CUstream_st {
   int priority;
   CUcontext ctx;
   unsigned long long id;
+  int primaryDev;        /* the device of its primary context, or -1 */
+  unsigned resets;       /* that context's resets when it was made */
 };
 
 static unsigned long long nextStreamId = 16;
 
 static int builtinStream(CUstream s) { return (uintptr_t)s <= 2; }
-static int validStream(CUstream s) { return builtinStream(s) || s->magic == STREAM_MAGIC; }
+/* A stream of a primary context reset since it was made: freed memory in the real driver. */
+static int resetAway(CUstream s) {
+  return s->primaryDev >= 0 && __atomic_load_n(&primaries[s->primaryDev].resets, __ATOMIC_RELAXED) != s->resets;
+}
+static int validStream(CUstream s) { return builtinStream(s) || (s->magic == STREAM_MAGIC && !resetAway(s)); }
 
 static CUresult streamCreate(CUstream *phStream, unsigned int flags, int priority) {
   if (phStream == NULL || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING)) return CUDA_ERROR_INVALID_VALUE;
@@ -1142,6 +1163,8 @@ static CUresult streamCreate(CUstream *phStream, unsigned int flags, int priorit
   struct CUstream_st *s = calloc(1, sizeof *s);
   if (s == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
   s->magic = STREAM_MAGIC, s->flags = flags, s->priority = priority, s->ctx = current();
+  s->primaryDev = s->ctx->primary ? s->ctx->dev : -1;
+  s->resets = s->ctx->primary ? __atomic_load_n(&s->ctx->resets, __ATOMIC_RELAXED) : 0;
   s->id = __atomic_fetch_add(&nextStreamId, 1, __ATOMIC_RELAXED);
   *phStream = s;
   return CUDA_SUCCESS;
@@ -1159,6 +1182,12 @@ EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int flags) {
 
 EXPORT CUresult cuStreamDestroy(CUstream hStream) {
   COUNTED();
+  if (!builtinStream(hStream) && hStream->magic == STREAM_MAGIC && resetAway(hStream)) {
+    fprintf(stderr, "cuda stand-in: cuStreamDestroy of stream %llu, whose primary context (device %d) was "
+            "reset after it was made: the real driver reads freed memory here and crashes\n",
+            hStream->id, hStream->primaryDev);
+    abort();
+  }
   if (builtinStream(hStream) || !validStream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
   hStream->magic = 0;
   free(hStream);

@@ -284,40 +284,43 @@ pub fn memset_zero(dst: CUdeviceptr, bytes: usize) -> Result<()> {
     })
 }
 
-thread_local! {
-    /// The calling thread's private non-blocking stream of each context it used, for the
-    /// synchronous helpers above: made on first use and kept for the thread's life, so a
-    /// connection's buffers do not each create and destroy a stream.
-    static PRIVATE_STREAMS: std::cell::RefCell<Vec<(usize, Stream)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
+/// Idle private streams for the synchronous helpers above, as (context, stream): a thread
+/// takes one of its current context's, works on it alone and puts it back, so a connection's
+/// buffers do not each create and destroy a stream. Process-wide and never dropped: no
+/// stream is destroyed at thread or process exit, when its context may already be gone (a
+/// thread-local cache destroyed them from the exiting thread's destructors, after the
+/// application's CUDA runtime had torn its contexts down: a crash inside the driver).
+static PRIVATE_STREAMS: parking_lot::Mutex<Vec<(usize, usize)>> = parking_lot::Mutex::new(Vec::new());
 
-/// Enqueue `work` on this thread's private stream of the current context and wait for it.
-/// A cached stream that fails is dropped and the work tried once more on a fresh one: a reset
-/// primary context keeps its handle but not its streams. (The helpers' work may run twice:
-/// zeroing and copies.)
+/// Enqueue `work` on a private stream of the current context and wait for it. A cached stream
+/// that fails is let go without destroying it (a reset primary context keeps its handle but
+/// not its streams, and destroying a stream of a context that is gone may crash the driver),
+/// and the work is tried once more on a fresh one. (The helpers' work may run twice: zeroing
+/// and copies.)
 fn on_private_stream(mut work: impl FnMut(CUstream) -> Result<()>) -> Result<()> {
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: writes one handle.
     check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
     let key = ctx as usize;
-    let cached = PRIVATE_STREAMS.with(|cache| {
-        let cache = cache.borrow();
-        cache.iter().find(|(c, _)| *c == key).map(|(_, s)| s.raw())
-    });
+    let cached = {
+        let mut idle = PRIVATE_STREAMS.lock();
+        idle.iter()
+            .position(|(c, _)| *c == key)
+            .map(|i| idle.swap_remove(i).1 as CUstream)
+    };
     if let Some(stream) = cached {
         if work(stream)
             .and_then(|()| stream_synchronize(stream))
             .is_ok()
         {
+            PRIVATE_STREAMS.lock().push((key, stream as usize));
             return Ok(());
         }
-        PRIVATE_STREAMS.with(|cache| cache.borrow_mut().retain(|(c, _)| *c != key));
     }
     let fresh = Stream::new()?;
     let stream = fresh.raw();
     work(stream).and_then(|()| stream_synchronize(stream))?;
-    PRIVATE_STREAMS.with(|cache| cache.borrow_mut().push((key, fresh)));
+    PRIVATE_STREAMS.lock().push((key, fresh.into_raw() as usize));
     Ok(())
 }
 
@@ -501,6 +504,12 @@ impl Stream {
     }
     pub fn raw(&self) -> CUstream {
         self.0
+    }
+    /// The handle, kept alive: nothing destroys the stream any more.
+    pub fn into_raw(self) -> CUstream {
+        let s = self.0;
+        std::mem::forget(self);
+        s
     }
 }
 
