@@ -290,7 +290,8 @@ pub fn memset_zero(dst: CUdeviceptr, bytes: usize) -> Result<()> {
 /// stream is destroyed at thread or process exit, when its context may already be gone (a
 /// thread-local cache destroyed them from the exiting thread's destructors, after the
 /// application's CUDA runtime had torn its contexts down: a crash inside the driver).
-static PRIVATE_STREAMS: parking_lot::Mutex<Vec<(usize, usize)>> = parking_lot::Mutex::new(Vec::new());
+static PRIVATE_STREAMS: parking_lot::Mutex<Vec<(usize, usize)>> =
+    parking_lot::Mutex::new(Vec::new());
 
 /// Enqueue `work` on a private stream of the current context and wait for it. A cached stream
 /// that fails is let go without destroying it (a reset primary context keeps its handle but
@@ -320,7 +321,9 @@ fn on_private_stream(mut work: impl FnMut(CUstream) -> Result<()>) -> Result<()>
     let fresh = Stream::new()?;
     let stream = fresh.raw();
     work(stream).and_then(|()| stream_synchronize(stream))?;
-    PRIVATE_STREAMS.lock().push((key, fresh.into_raw() as usize));
+    PRIVATE_STREAMS
+        .lock()
+        .push((key, fresh.into_raw() as usize));
     Ok(())
 }
 
