@@ -12,28 +12,15 @@
  * Prints "exit_after_reset: ok" and exits 0 when every call succeeded and the threads ended;
  * 1 on a failed call; the stand-in's abort otherwise.
  * Built by ffi-tests/run.sh against the stand-in's libcuda.so.1 and our libnccl.so. */
-#include <cuda.h>
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "driver.h"
 #include "nccl.h"
 
 #define RANKS 2
 #define COUNT 1024
-
-static struct {
-  CUresult (*init)(unsigned);
-  CUresult (*primaryCtxRetain)(CUcontext *, CUdevice);
-  CUresult (*primaryCtxReset)(CUdevice);
-  CUresult (*ctxSetCurrent)(CUcontext);
-  CUresult (*streamCreate)(CUstream *, unsigned);
-  CUresult (*streamSynchronize)(CUstream);
-  CUresult (*streamDestroy)(CUstream);
-  CUresult (*memAlloc)(CUdeviceptr *, size_t);
-  CUresult (*memFree)(CUdeviceptr);
-} cu;
 
 static ncclUniqueId id;
 static pthread_barrier_t destroyed, reset;
@@ -47,26 +34,6 @@ static pthread_barrier_t destroyed, reset;
   } while (0)
 #define CU(call) CHECK(#call, (call) == CUDA_SUCCESS)
 #define NCCL(call) CHECK(#call, (call) == ncclSuccess)
-
-static void *need(void *lib, const char *name) {
-  void *f = dlsym(lib, name);
-  CHECK(name, f != NULL);
-  return f;
-}
-
-static void loadDriver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  CHECK("dlopen libcuda.so.1", lib != NULL);
-  *(void **)&cu.init = need(lib, "cuInit");
-  *(void **)&cu.primaryCtxRetain = need(lib, "cuDevicePrimaryCtxRetain");
-  *(void **)&cu.primaryCtxReset = need(lib, "cuDevicePrimaryCtxReset_v2");
-  *(void **)&cu.ctxSetCurrent = need(lib, "cuCtxSetCurrent");
-  *(void **)&cu.streamCreate = need(lib, "cuStreamCreate");
-  *(void **)&cu.streamSynchronize = need(lib, "cuStreamSynchronize");
-  *(void **)&cu.streamDestroy = need(lib, "cuStreamDestroy_v2");
-  *(void **)&cu.memAlloc = need(lib, "cuMemAlloc_v2");
-  *(void **)&cu.memFree = need(lib, "cuMemFree_v2");
-}
 
 /* One rank: its communicator from start to destroy, then alive until the contexts are reset. */
 static void *rank(void *arg) {

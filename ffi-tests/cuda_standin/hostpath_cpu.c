@@ -37,8 +37,6 @@
  * Exit 0 when every call succeeded, ncclCommDestroy too, and no element was wrong; 1
  * otherwise; 2 on bad usage or a run past the alarm (600 s). */
 #define _GNU_SOURCE
-#include <cuda.h>
-#include <dlfcn.h>
 #include <nccl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -47,27 +45,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "driver.h"
+
 #define MAX_BYTES (512 << 10)
 #define WARMUP 100
 #define COUNTED_CALLS 1000
 
-/* The driver calls this program makes itself, and the stand-in's counters (optional). */
-static struct {
-  CUresult (*init)(unsigned);
-  CUresult (*primaryCtxRetain)(CUcontext *, CUdevice);
-  CUresult (*ctxSetCurrent)(CUcontext);
-  CUresult (*streamCreate)(CUstream *, unsigned);
-  CUresult (*streamSynchronize)(CUstream);
-  CUresult (*streamDestroy)(CUstream);
-  CUresult (*memAlloc)(CUdeviceptr *, size_t);
-  CUresult (*memFree)(CUdeviceptr);
-  CUresult (*memcpyHtoD)(CUdeviceptr, const void *, size_t);
-  CUresult (*memcpyDtoH)(void *, CUdeviceptr, size_t);
-  CUresult (*memsetD8)(CUdeviceptr, unsigned char, size_t);
-  unsigned long (*calls)(const char *);
-  void (*reset)(void);
-  const char *(*name)(unsigned long);
-} cu;
 
 #define MAX_RANKS 8
 static int nranks = 1; /* communicators of one process, one per stand-in device (-r) */
@@ -105,38 +88,6 @@ static void onAlarm(int sig) {
     }                                                                                              \
   } while (0)
 
-static void *need(void *lib, const char *name) {
-  void *f = dlsym(lib, name);
-  if (f == NULL) {
-    printf("FAIL the CUDA driver has no %s\n", name);
-    exit(1);
-  }
-  return f;
-}
-
-/* libcuda.so.1 as the library will find it: the stand-in when its directory comes first on
- * LD_LIBRARY_PATH. */
-static void loadDriver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (lib == NULL) {
-    printf("FAIL dlopen libcuda.so.1: %s\n", dlerror());
-    exit(1);
-  }
-  *(void **)&cu.init = need(lib, "cuInit");
-  *(void **)&cu.primaryCtxRetain = need(lib, "cuDevicePrimaryCtxRetain");
-  *(void **)&cu.ctxSetCurrent = need(lib, "cuCtxSetCurrent");
-  *(void **)&cu.streamCreate = need(lib, "cuStreamCreate");
-  *(void **)&cu.streamSynchronize = need(lib, "cuStreamSynchronize");
-  *(void **)&cu.streamDestroy = need(lib, "cuStreamDestroy_v2");
-  *(void **)&cu.memAlloc = need(lib, "cuMemAlloc_v2");
-  *(void **)&cu.memFree = need(lib, "cuMemFree_v2");
-  *(void **)&cu.memcpyHtoD = need(lib, "cuMemcpyHtoD_v2");
-  *(void **)&cu.memcpyDtoH = need(lib, "cuMemcpyDtoH_v2");
-  *(void **)&cu.memsetD8 = need(lib, "cuMemsetD8_v2");
-  *(void **)&cu.calls = dlsym(lib, "cuda_standin_calls");
-  *(void **)&cu.reset = dlsym(lib, "cuda_standin_reset");
-  *(void **)&cu.name = dlsym(lib, "cuda_standin_name");
-}
 
 static double nowNs(clockid_t clock) {
   struct timespec t;

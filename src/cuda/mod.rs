@@ -287,9 +287,9 @@ pub fn memset_zero(dst: CUdeviceptr, bytes: usize) -> Result<()> {
 /// Idle private streams for the synchronous helpers above, as (context, stream): a thread
 /// takes one of its current context's, works on it alone and puts it back, so a connection's
 /// buffers do not each create and destroy a stream. Process-wide and never dropped: no
-/// stream is destroyed at thread or process exit, when its context may already be gone (a
-/// thread-local cache destroyed them from the exiting thread's destructors, after the
-/// application's CUDA runtime had torn its contexts down: a crash inside the driver).
+/// stream is destroyed at thread or process exit, when the application's CUDA runtime may
+/// already have torn its context down (destroying a stream of a context that is gone crashes
+/// inside the driver).
 static PRIVATE_STREAMS: parking_lot::Mutex<Vec<(usize, usize)>> =
     parking_lot::Mutex::new(Vec::new());
 
