@@ -9,8 +9,8 @@
 //! and sends it with its samples. Until the round's outcome is known, a collective numbered
 //! at most the fence plans with the current epoch at once; one beyond it waits for the
 //! outcome (abort-aware; normally it is there long before). Every rank computes the same
-//! outcome from the same reports and the round before's: new speeds or none
-//! (`sched::adaptive::next_speeds_confirmed`) and, for new speeds, the first collective they
+//! outcome from the same reports and the rounds before: new speeds or none
+//! (`sched::adaptive::Follower`) and, for new speeds, the first collective they
 //! apply to, past every rank's fence (`switch_from`). So no rank has planned a collective the
 //! switch covers with the old weights, and no rank waits on the exchange unless it outruns
 //! its margin. A switch may start before an earlier one that no collective has reached yet
@@ -191,8 +191,8 @@ pub struct Rounds {
     nominal: Vec<u32>,
     current: Vec<u32>,
     last_totals: Vec<Sample>,
-    /// The previous round's agreed rates (the same on every rank).
-    last_rates: Vec<Option<u64>>,
+    /// The recent rounds' agreed rates and the rule they go through (the same on every rank).
+    follower: rule::Follower,
     last_highest: u64,
     last_at: Instant,
 }
@@ -203,7 +203,7 @@ impl Rounds {
             round: 0,
             current: nominal.clone(),
             last_totals: vec![Sample::default(); nominal.len()],
-            last_rates: vec![None; nominal.len()],
+            follower: rule::Follower::default(),
             nominal,
             last_highest: 0,
             last_at: Instant::now(),
@@ -288,9 +288,9 @@ impl Rounds {
                 .map(|s| s.busy_ns / 1_000_000)
                 .collect::<Vec<_>>(),
         );
-        let previous = std::mem::replace(&mut self.last_rates, rates.clone());
-        let Some(speeds) =
-            rule::next_speeds_confirmed(&self.current, &self.nominal, &previous, &rates)
+        let Some(speeds) = self
+            .follower
+            .next_speeds(&self.current, &self.nominal, &rates)
         else {
             return Ok(None);
         };

@@ -183,15 +183,106 @@ pub fn next_speeds_confirmed(
     if !agree {
         return None;
     }
-    let mean: Vec<Option<u64>> = previous
+    next_speeds(current, nominal, &pair_mean(previous, rates))
+}
+
+/// Per device, the mean of two rounds' rates (the one there is where the other had too little
+/// traffic).
+fn pair_mean(previous: &[Option<u64>], rates: &[Option<u64>]) -> Vec<Option<u64>> {
+    previous
         .iter()
         .zip(rates)
         .map(|(p, r)| match (p, r) {
             (Some(p), Some(r)) => Some((p + r) / 2),
             _ => p.or(*r),
         })
-        .collect();
-    next_speeds(current, nominal, &mean)
+        .collect()
+}
+
+/// Whether some device's rate lies further from its current speed than one step reaches
+/// (`MAX_STEP_PCT`): the link changed by more than the rates ever scatter.
+fn beyond_one_step(current: &[u32], nominal: &[u32], rates: &[Option<u64>]) -> bool {
+    (0..current.len()).any(|d| {
+        let cur = current[d].max(1) as u64;
+        rates[d].is_some_and(|r| {
+            let r = r.min(nominal[d].max(1) as u64);
+            r * 100 < cur * (100 - MAX_STEP_PCT) || r * 100 > cur * (100 + MAX_STEP_PCT)
+        })
+    })
+}
+
+/// Most rounds whose rates a settled split is measured over (their median per device): at
+/// 200 ms per round, 1.8 s.
+pub const WINDOW_ROUNDS: usize = 9;
+/// Fewest rounds in the window before its median may move the split.
+pub const MIN_WINDOW_ROUNDS: usize = 3;
+
+/// The agreed rates of the recent rounds and the rule that turns them into the next speeds;
+/// every rank holds the same one, fed the same rates. A change beyond what one step reaches
+/// (a link cut or restored) is followed as soon as two rounds running confirm it
+/// (`next_speeds_confirmed`), and the window then starts from those two rounds. Any smaller
+/// move goes by the median of the window's rounds per device: pairs of rounds that stall
+/// alike (a cut link reading 500–700 Mbit/s against its 950) move a split that two rounds
+/// decide, but not one that a majority of nine decides.
+#[derive(Clone, Debug, Default)]
+pub struct Follower {
+    rounds: std::collections::VecDeque<Vec<Option<u64>>>,
+}
+
+impl Follower {
+    /// Take one round's agreed rates (`agreed_rates`); the next speeds, or None when the
+    /// weights stay as they are. `current` and `nominal` as for `next_speeds`.
+    pub fn next_speeds(
+        &mut self,
+        current: &[u32],
+        nominal: &[u32],
+        rates: &[Option<u64>],
+    ) -> Option<Vec<u32>> {
+        let previous = self
+            .rounds
+            .back()
+            .filter(|p| p.len() == rates.len())
+            .cloned()
+            .unwrap_or_else(|| vec![None; rates.len()]);
+        self.rounds.push_back(rates.to_vec());
+        while self.rounds.len() > WINDOW_ROUNDS {
+            self.rounds.pop_front();
+        }
+        if beyond_one_step(current, nominal, &pair_mean(&previous, rates)) {
+            if let Some(next) = next_speeds_confirmed(current, nominal, &previous, rates) {
+                self.rounds.drain(..self.rounds.len() - 2);
+                return Some(next);
+            }
+        }
+        if self.rounds.len() < MIN_WINDOW_ROUNDS {
+            return None;
+        }
+        next_speeds(current, nominal, &self.median(rates.len()))
+    }
+
+    /// Per device, the median rate of the window's rounds; None where at most half of them had
+    /// enough traffic.
+    fn median(&self, ndev: usize) -> Vec<Option<u64>> {
+        (0..ndev)
+            .map(|d| {
+                let mut seen: Vec<u64> = self
+                    .rounds
+                    .iter()
+                    .filter_map(|r| r.get(d).copied().flatten())
+                    .collect();
+                if seen.len() * 2 <= self.rounds.len() {
+                    return None;
+                }
+                seen.sort_unstable();
+                let mid = seen.len() / 2;
+                Some(if seen.len() % 2 == 1 {
+                    seen[mid]
+                } else {
+                    (seen[mid - 1] + seen[mid]) / 2
+                })
+            })
+            .collect()
+    }
 }
 
 /// `shares_permille` of speeds as the switches carry them.
@@ -524,11 +615,79 @@ mod tests {
         ]
     };
 
+    /// Agreed rates of a third GPU run (as `GPU_ROUNDS`), the first two rounds without traffic,
+    /// the fast link cut during round 22; after the cut pairs of rounds read the cut link at
+    /// 500–700 Mbit/s.
+    const GPU_ROUNDS_THIRD: [(Option<u64>, Option<u64>); 62] = {
+        const N: Option<u64> = None;
+        [
+            (N, N),
+            (N, N),
+            (s(4098), s(1004)),
+            (s(3782), s(981)),
+            (s(3593), s(935)),
+            (s(4137), s(983)),
+            (s(3812), s(974)),
+            (s(3696), s(986)),
+            (s(3690), s(982)),
+            (s(3806), s(958)),
+            (s(3737), s(971)),
+            (s(3888), s(976)),
+            (s(3726), s(931)),
+            (s(3963), s(975)),
+            (s(3840), s(991)),
+            (s(4031), s(993)),
+            (s(3553), s(877)),
+            (s(3842), s(957)),
+            (s(3834), s(1019)),
+            (s(3817), s(984)),
+            (s(3801), s(951)),
+            (s(2255), s(943)),
+            (s(1109), s(695)),
+            (s(877), s(900)),
+            (s(996), s(547)),
+            (s(848), s(1092)),
+            (s(932), s(459)),
+            (s(869), s(1024)),
+            (s(952), s(936)),
+            (s(988), s(997)),
+            (s(833), s(918)),
+            (s(967), s(901)),
+            (s(858), s(772)),
+            (s(693), s(708)),
+            (s(629), s(919)),
+            (s(1019), s(950)),
+            (s(901), s(956)),
+            (s(798), s(876)),
+            (s(647), s(925)),
+            (s(696), s(946)),
+            (s(880), s(907)),
+            (s(968), s(941)),
+            (s(712), s(956)),
+            (s(924), s(921)),
+            (s(941), s(960)),
+            (s(499), s(661)),
+            (s(679), s(917)),
+            (s(758), s(863)),
+            (s(929), s(893)),
+            (s(977), s(956)),
+            (s(859), s(958)),
+            (s(881), s(918)),
+            (s(660), s(921)),
+            (s(1047), s(942)),
+            (s(977), s(957)),
+            (s(632), s(961)),
+            (s(868), s(958)),
+            (s(949), s(978)),
+            (s(1151), s(1017)),
+            (s(952), s(954)),
+            (s(593), s(730)),
+            (s(645), s(844)),
+        ]
+    };
+
     #[test]
     fn confirmed_moves_follow_a_recorded_cut_without_chasing_its_scatter() {
-        // Replayed round by round, the fast device's share after each round; a round's busbw
-        // is (the share the links call for) / (the larger share against its link), here both
-        // links equal after the cut: 500 / max(share, 1000 - share), in permille.
         let shares = replay(&GPU_ROUNDS);
         // Before the cut the weights stay at 4:1.
         assert!(shares[..6].iter().all(|&s| s == 800), "{shares:?}");
@@ -537,30 +696,35 @@ mod tests {
         // ... and from 1 s after the cut it keeps within reach of the ideal.
         let eff: Vec<u64> = shares[11..]
             .iter()
-            .map(|&s| 500_000 / s.max(1000 - s))
+            .map(|&s| equal_links_efficiency(s))
             .collect();
         let mean = eff.iter().sum::<u64>() / eff.len() as u64;
         assert!(
-            mean >= 950 && eff.iter().all(|&e| e >= 850),
+            mean >= 950 && eff.iter().all(|&e| e >= 900),
             "mean {mean}, per round {eff:?}, shares {shares:?}"
         );
     }
 
-    /// The fast device's share (permille) after each of `rounds`, replayed through
-    /// `next_speeds_confirmed` from links of 4000 and 1000 Mbit/s.
+    /// The fast device's share (permille) after each of `rounds`, replayed through a
+    /// `Follower` from links of 4000 and 1000 Mbit/s.
     fn replay(rounds: &[(Option<u64>, Option<u64>)]) -> Vec<u64> {
         let nominal = [4000, 1000];
-        let (mut cur, mut previous) = (vec![4000u32, 1000], vec![None, None]);
+        let mut cur = vec![4000u32, 1000];
+        let mut follower = Follower::default();
         let mut shares = Vec::new();
         for &(a, b) in rounds {
-            let rates = vec![a, b];
-            if let Some(next) = next_speeds_confirmed(&cur, &nominal, &previous, &rates) {
+            if let Some(next) = follower.next_speeds(&cur, &nominal, &[a, b]) {
                 cur = next;
             }
-            previous = rates;
             shares.push(shares_of(&cur)[0]);
         }
         shares
+    }
+
+    /// A round's busbw for a fast-device share once both links carry the same: (the share the
+    /// links call for) / (the larger share against its link), in permille.
+    fn equal_links_efficiency(share: u64) -> u64 {
+        500_000 / share.max(1000 - share)
     }
 
     #[test]
@@ -572,7 +736,52 @@ mod tests {
         // ... and from then on a switch is rare: each one re-plans and shifts load between
         // the links, for a change smaller than the rates' scatter.
         let switches = shares[10..].windows(2).filter(|w| w[0] != w[1]).count();
-        assert!(switches <= 3, "{switches} switches: {shares:?}");
+        assert!(switches <= 2, "{switches} switches: {shares:?}");
+    }
+
+    #[test]
+    fn pairs_of_stalled_rounds_do_not_move_a_settled_split() {
+        let shares = replay(&GPU_ROUNDS_THIRD);
+        assert!(shares[..21].iter().all(|&s| s == 800), "{shares:?}");
+        // Followed within two rounds of the cut (0.4 s) ...
+        assert!(shares[23] <= 600, "{shares:?}");
+        // ... and from 1 s after it within 10% of the ideal in every round, with at most two
+        // switches in the eight seconds the record goes on.
+        let after = &shares[26..];
+        assert!(
+            after.iter().all(|&s| equal_links_efficiency(s) >= 890),
+            "{shares:?}"
+        );
+        let switches = after.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(switches <= 2, "{switches} switches: {shares:?}");
+    }
+
+    #[test]
+    fn a_link_that_slows_by_less_than_a_step_is_followed_by_the_window() {
+        let nominal = [4000, 1000];
+        let mut cur = vec![2000u32, 1000];
+        let mut follower = Follower::default();
+        for _ in 0..WINDOW_ROUNDS {
+            assert_eq!(
+                follower.next_speeds(&cur, &nominal, &[Some(2000), Some(1000)]),
+                None
+            );
+        }
+        // The first link drops to 1400: a majority of the window says so after five rounds.
+        let mut moved_at = None;
+        for round in 1..=WINDOW_ROUNDS {
+            if let Some(next) = follower.next_speeds(&cur, &nominal, &[Some(1400), Some(1000)]) {
+                cur = next;
+                moved_at.get_or_insert(round);
+            }
+        }
+        assert_eq!(moved_at, Some(WINDOW_ROUNDS / 2 + 1), "{cur:?}");
+        assert_eq!(cur, vec![1400, 1000]);
+        // A single stalled round afterwards changes nothing.
+        assert_eq!(
+            follower.next_speeds(&cur, &nominal, &[Some(600), Some(1000)]),
+            None
+        );
     }
 
     #[test]
