@@ -17,7 +17,7 @@ pub const MAX_STEP_PCT: u64 = 50;
 pub const FLOOR_PCT: u64 = 5;
 /// Smallest change of any device's share, in permille, that is worth a switch: smaller
 /// changes are noise and leave the weights as they are.
-pub const HYSTERESIS_PERMILLE: u64 = 40;
+pub const HYSTERESIS_PERMILLE: u64 = 50;
 /// A device's sample says something only with at least this many bytes and this much busy
 /// time.
 pub const MIN_SAMPLE_BYTES: u64 = 256 << 10;
@@ -212,10 +212,11 @@ fn beyond_one_step(current: &[u32], nominal: &[u32], rates: &[Option<u64>]) -> b
 }
 
 /// Most rounds whose rates a settled split is measured over (their median per device): at
-/// 200 ms per round, 1.8 s.
-pub const WINDOW_ROUNDS: usize = 9;
-/// Fewest rounds in the window before its median may move the split.
-pub const MIN_WINDOW_ROUNDS: usize = 3;
+/// 200 ms per round, 2.2 s.
+pub const WINDOW_ROUNDS: usize = 11;
+/// Fewest rounds in the window before its median may move the split (a median of fewer
+/// follows a pair of stalled rounds).
+pub const MIN_WINDOW_ROUNDS: usize = 5;
 
 /// The agreed rates of the recent rounds and the rule that turns them into the next speeds;
 /// every rank holds the same one, fed the same rates. A change beyond what one step reaches
@@ -223,7 +224,7 @@ pub const MIN_WINDOW_ROUNDS: usize = 3;
 /// (`next_speeds_confirmed`), and the window then starts from those two rounds. Any smaller
 /// move goes by the median of the window's rounds per device: pairs of rounds that stall
 /// alike (a cut link reading 500–700 Mbit/s against its 950) move a split that two rounds
-/// decide, but not one that a majority of nine decides.
+/// decide, but not one that a majority of eleven decides.
 #[derive(Clone, Debug, Default)]
 pub struct Follower {
     rounds: std::collections::VecDeque<Vec<Option<u64>>>,
@@ -686,6 +687,81 @@ mod tests {
         ]
     };
 
+    /// Agreed rates of a fourth GPU run (as `GPU_ROUNDS_THIRD`: two rounds without traffic, the
+    /// cut during round 22); after the cut the cut link reads about 830 Mbit/s in the median
+    /// and below 650 in one round of five, while both links carried the same (busbw was
+    /// highest with the split near 1:1).
+    const GPU_ROUNDS_FOURTH: [(Option<u64>, Option<u64>); 65] = {
+        const N: Option<u64> = None;
+        [
+            (N, N),
+            (N, N),
+            (s(2511), s(584)),
+            (s(3035), s(822)),
+            (s(3947), s(967)),
+            (s(3775), s(959)),
+            (s(3739), s(1027)),
+            (s(3590), s(997)),
+            (s(3970), s(982)),
+            (s(3734), s(910)),
+            (s(3836), s(841)),
+            (s(3747), s(968)),
+            (s(3462), s(876)),
+            (s(3905), s(926)),
+            (s(3822), s(999)),
+            (s(3853), s(932)),
+            (s(3875), s(978)),
+            (s(3901), s(954)),
+            (s(3989), s(991)),
+            (s(3799), s(941)),
+            (s(3611), s(960)),
+            (s(969), s(1035)),
+            (s(917), s(1012)),
+            (s(797), s(973)),
+            (s(1009), N),
+            (s(810), s(970)),
+            (s(1107), s(995)),
+            (s(537), s(1257)),
+            (s(524), s(317)),
+            (s(624), s(986)),
+            (s(859), s(716)),
+            (s(611), s(659)),
+            (s(659), s(918)),
+            (s(918), s(966)),
+            (s(914), s(917)),
+            (s(624), s(919)),
+            (s(979), s(963)),
+            (s(984), s(961)),
+            (s(828), s(956)),
+            (s(909), s(919)),
+            (s(994), s(1031)),
+            (s(899), s(942)),
+            (s(704), s(962)),
+            (s(758), s(1005)),
+            (s(987), s(991)),
+            (s(819), s(949)),
+            (s(936), s(934)),
+            (s(685), s(948)),
+            (s(950), s(1007)),
+            (s(896), s(883)),
+            (s(718), s(990)),
+            (s(1008), s(918)),
+            (s(635), s(923)),
+            (s(324), s(1055)),
+            (s(615), s(365)),
+            (s(338), s(872)),
+            (s(1028), s(952)),
+            (s(951), s(980)),
+            (s(833), s(885)),
+            (s(497), s(948)),
+            (s(918), s(972)),
+            (s(975), s(918)),
+            (s(576), s(941)),
+            (s(821), s(952)),
+            (s(728), s(993)),
+        ]
+    };
+
     #[test]
     fn confirmed_moves_follow_a_recorded_cut_without_chasing_its_scatter() {
         let shares = replay(&GPU_ROUNDS);
@@ -693,16 +769,14 @@ mod tests {
         assert!(shares[..6].iter().all(|&s| s == 800), "{shares:?}");
         // Within three rounds of the cut (0.6 s) the split is near 1:1 ...
         assert!(shares[8] <= 600, "{shares:?}");
-        // ... and from 1 s after the cut it keeps within reach of the ideal.
-        let eff: Vec<u64> = shares[11..]
-            .iter()
-            .map(|&s| equal_links_efficiency(s))
-            .collect();
-        let mean = eff.iter().sum::<u64>() / eff.len() as u64;
+        // ... and from 1 s after the cut it keeps within 6% of the ideal, with one switch.
+        let after = &shares[11..];
         assert!(
-            mean >= 950 && eff.iter().all(|&e| e >= 900),
-            "mean {mean}, per round {eff:?}, shares {shares:?}"
+            after.iter().all(|&s| equal_links_efficiency(s) >= 940),
+            "{shares:?}"
         );
+        let switches = after.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(switches <= 1, "{switches} switches: {shares:?}");
     }
 
     /// The fast device's share (permille) after each of `rounds`, replayed through a
@@ -754,6 +828,20 @@ mod tests {
         );
         let switches = after.windows(2).filter(|w| w[0] != w[1]).count();
         assert!(switches <= 2, "{switches} switches: {shares:?}");
+    }
+
+    #[test]
+    fn a_cut_link_that_reads_low_moves_the_split_once() {
+        let shares = replay(&GPU_ROUNDS_FOURTH);
+        assert!(shares[..21].iter().all(|&s| s == 800), "{shares:?}");
+        assert!(shares[23] <= 600, "{shares:?}");
+        let after = &shares[26..];
+        assert!(
+            after.iter().all(|&s| equal_links_efficiency(s) >= 890),
+            "{shares:?}"
+        );
+        let switches = after.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(switches <= 1, "{switches} switches: {shares:?}");
     }
 
     #[test]

@@ -464,7 +464,8 @@ pub fn ring_plan_in(kind: CollKind, bytes: u64, nranks: i32, lim: &Limits) -> (P
 
 /// Protocol and channels for a ring collective that crosses the network link `link`, under
 /// the protocols `allowed`: the protocol and channels of the network model, the channels
-/// raised to what the in-node model gives that protocol.
+/// raised to what the in-node model gives that protocol, but not beyond `net_channel_cap` of
+/// the link.
 ///
 /// Why never fewer channels than in a node: a channel of a ring keeps about one slot in
 /// flight per hop (each step waits for the peer's), so over the network its throughput is a
@@ -513,7 +514,27 @@ pub fn ring_plan_net_routed(
         ..*lim
     };
     let (_, floor) = ring_plan_in(kind, bytes, nranks, &only);
-    (proto, nch.max(floor))
+    let raised = nch.max(floor);
+    (proto, raised.min(net_channel_cap(link_of(raised))).max(nch))
+}
+
+/// Most ring channels (each a TCP connection or queue pair per device) per Gbit/s of the
+/// network link: through a slow link's shallow buffer many connections that each carry a
+/// small part of a collective lose packets together and wait out retransmission timeouts.
+/// Measured over a veth shaped to 1000 Mbit/s (tbf, 10 ms burst, 50 ms queue): 16 MiB over
+/// 64 connections at a time moved at 445 Mbit/s, over 2-32 connections at 960-990; 64 MiB
+/// over 64 at 967. At 4000 Mbit/s 64 connections kept the rate.
+pub const NET_CHANNELS_PER_GBIT: f64 = 16.0;
+
+/// Most channels the network model raises a ring to over `link` (`NET_CHANNELS_PER_GBIT`,
+/// at least 2).
+pub fn net_channel_cap(link: NetLink) -> u32 {
+    let gbit = if link.gbps.is_finite() {
+        link.gbps * 8.0
+    } else {
+        f64::MAX
+    };
+    (gbit * NET_CHANNELS_PER_GBIT).clamp(2.0, u32::MAX as f64) as u32
 }
 
 /// The protocol and channels with the modelled times `time(proto, nch)`: each protocol's
@@ -1275,6 +1296,30 @@ mod tests {
                 assert!(ring_plan_net_with(kind, big, n, 3, both, fast).1 <= 3);
             }
         }
+    }
+
+    #[test]
+    fn slow_links_carry_few_connections() {
+        let both = parse_protocols("");
+        let gbit = |g: i32| NetLink::from_properties(g * 1000, 0.0);
+        for kind in CollKind::RINGS {
+            for bytes in [16u64 << 20, 64 << 20, 1 << 30] {
+                let on = |link| ring_plan_net_with(kind, bytes, 2, NCHANNELS, both, link).1;
+                let inside = ring_plan_with(kind, bytes, 2, NCHANNELS, both).1;
+                // 1 Gbit/s: at most 16 connections; 4 Gbit/s and up: as many as in a node.
+                assert!(on(gbit(1)) <= 16 && on(gbit(1)) >= 2, "{kind:?} {bytes}");
+                assert_eq!(on(gbit(4)), inside.min(64), "{kind:?} {bytes}");
+                assert_eq!(on(gbit(100)), inside, "{kind:?} {bytes}");
+            }
+        }
+        assert_eq!(net_channel_cap(gbit(1)), 16);
+        assert_eq!(net_channel_cap(NetLink::from_properties(50, 0.0)), 2);
+        // A set floor (NCCL_MIN_NCHANNELS) still holds on a slow link.
+        let lim = Limits {
+            min_channels: 32,
+            ..Limits::plain(NCHANNELS, both)
+        };
+        assert!(ring_plan_net_in(CollKind::AllReduce, 16 << 20, 2, &lim, gbit(1)).1 >= 32);
     }
 
     #[test]
