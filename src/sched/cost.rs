@@ -494,17 +494,19 @@ pub fn ring_plan_net_in(
     lim: &Limits,
     link: NetLink,
 ) -> (Proto, u32) {
-    ring_plan_net_routed(kind, bytes, nranks, lim, &|_| link)
+    ring_plan_net_routed(kind, bytes, nranks, lim, &|_| link, net_channel_cap(link))
 }
 
 /// `ring_plan_net_in` where the link depends on the channels: `link_of(nch)` is what channels
-/// `0..nch` get together (their network devices side by side, `NetView::link_for`).
+/// `0..nch` get together (their network devices side by side, `NetView::link_for`), and the
+/// floor raises them to at most `cap` (`NetView::channel_cap`).
 pub fn ring_plan_net_routed(
     kind: CollKind,
     bytes: u64,
     nranks: i32,
     lim: &Limits,
     link_of: &dyn Fn(u32) -> NetLink,
+    cap: u32,
 ) -> (Proto, u32) {
     let (proto, nch) = ring_choice(bytes, lim, &|proto, c| {
         ring_time_net_us(proto, kind, bytes, nranks, c, link_of(c))
@@ -514,8 +516,7 @@ pub fn ring_plan_net_routed(
         ..*lim
     };
     let (_, floor) = ring_plan_in(kind, bytes, nranks, &only);
-    let raised = nch.max(floor);
-    (proto, raised.min(net_channel_cap(link_of(raised))).max(nch))
+    (proto, floor.min(cap).max(nch))
 }
 
 /// Most ring channels (each a TCP connection or queue pair per device) per Gbit/s of the

@@ -119,6 +119,14 @@ impl NetView {
         self.routes.link_for(nch, self.link)
     }
 
+    /// Most channels a ring over the network may use: each device at most
+    /// `cost::net_channel_cap` of its speed when weighted, else the agreed link's cap.
+    pub fn channel_cap(&self) -> u32 {
+        self.routes
+            .channel_cap()
+            .unwrap_or_else(|| super::cost::net_channel_cap(self.link))
+    }
+
     /// The view as the weights of `epoch` have it (`Routes::at_epoch`): itself for epoch 0,
     /// an error when this rank does not know the epoch's speeds (planning with others would
     /// split differently from the peers).

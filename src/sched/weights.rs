@@ -266,6 +266,28 @@ impl Routes {
         }
     }
 
+    /// Most channels `0..nch` may be while every device carries at most
+    /// `cost::net_channel_cap` of its own speed (channels are connections on their device);
+    /// None when even (the caller caps by the agreed link).
+    pub fn channel_cap(&self) -> Option<u32> {
+        if !self.is_weighted() {
+            return None;
+        }
+        let caps: Vec<u32> = self
+            .speeds
+            .iter()
+            .map(|&s| super::cost::net_channel_cap(NetLink::from_properties(s as i32, 0.0)))
+            .collect();
+        let mut on = vec![0u32; self.speeds.len()];
+        for (c, &d) in self.dev_of.iter().enumerate() {
+            on[d as usize] += 1;
+            if on[d as usize] > caps[d as usize] {
+                return Some((c as u32).max(1));
+            }
+        }
+        Some(self.dev_of.len() as u32)
+    }
+
     /// For the INFO line: each device's agreed speed and how many of `nchannels` channels it
     /// carries, e.g. `dev 0 (eth0) 4000 Mbit/s: 51 channels`.
     pub fn describe(&self, nchannels: u32, names: &[String]) -> Vec<String> {
@@ -401,6 +423,23 @@ mod tests {
         assert_eq!(r.device_of_row(64 + 2, 64, 2), r.device_of_row(2, 64, 2));
         // A network that does not have the agreed devices falls back to row mod devices.
         assert_eq!(r.device_of_row(5, 64, 3), 2);
+    }
+
+    #[test]
+    fn no_device_carries_more_channels_than_its_speed_allows() {
+        // 4000 + 1000 Mbit/s: 51 + 13 of 64 channels, within 64 and 16.
+        let (r, _) = Routes::agree(64, &[claim(&[4000, 1000]), claim(&[4000, 1000])]);
+        assert_eq!(r.channel_cap(), Some(64));
+        // The fast device cut to 1000 (a later epoch): at most 16 channels on it, so the
+        // prefix stops before its 17th.
+        let mut cut = r.clone();
+        cut.add_epoch(1, vec![1000, 1000]);
+        let cut = cut.at_epoch(1).unwrap();
+        let cap = cut.channel_cap().unwrap();
+        assert_eq!(cut.sharers(cap)[0], 16);
+        assert_eq!(cut.sharers(cap + 1)[0], 17);
+        // Even routes leave the cap to the agreed link.
+        assert_eq!(Routes::even().channel_cap(), None);
     }
 
     #[test]

@@ -56,7 +56,14 @@ impl Lowering<'_> {
             return Ok(());
         }
         let (proto, nch) = if let Some(net) = net {
-            cost::ring_plan_net_routed(task.kind, bytes, self.nranks, lim, &|c| net.link_for(c))
+            cost::ring_plan_net_routed(
+                task.kind,
+                bytes,
+                self.nranks,
+                lim,
+                &|c| net.link_for(c),
+                net.channel_cap(),
+            )
         } else if task.kind == CollKind::AllReduce {
             match cost::allreduce_plan_in(bytes, self.nranks, lim) {
                 AllReducePlan::Ring { proto, nch } => (proto, nch),
@@ -83,7 +90,14 @@ impl Lowering<'_> {
     ) -> Result<(Proto, u32)> {
         let nranks = self.nranks;
         let plan_in = |lim: &Limits| match net {
-            Some(net) => cost::ring_plan_net_routed(kind, bytes, nranks, lim, &|c| net.link_for(c)),
+            Some(net) => cost::ring_plan_net_routed(
+                kind,
+                bytes,
+                nranks,
+                lim,
+                &|c| net.link_for(c),
+                net.channel_cap(),
+            ),
             None => cost::ring_plan_in(kind, bytes, nranks, lim),
         };
         let best = |proto: Proto| {
