@@ -522,9 +522,10 @@ pub fn ring_plan_net_routed(
 /// Most ring channels (each a TCP connection or queue pair per device) per Gbit/s of the
 /// network link: through a slow link's shallow buffer many connections that each carry a
 /// small part of a collective lose packets together and wait out retransmission timeouts.
-/// Measured over a veth shaped to 1000 Mbit/s (tbf, 10 ms burst, 50 ms queue): 16 MiB over
-/// 64 connections at a time moved at 445 Mbit/s, over 2-32 connections at 960-990; 64 MiB
-/// over 64 at 967. At 4000 Mbit/s 64 connections kept the rate.
+/// Measured over a veth shaped to 1000 Mbit/s (`scripts/tcp-flows.sh`: tbf, 10 ms burst, 50
+/// ms queue): 16 MiB over 64 connections at a time moved at 443 Mbit/s, over 32 at 977 with
+/// one round in six at 450, over 2-16 at 960-967; 64 MiB over 64 at 970. At 4000 Mbit/s 64
+/// connections kept the rate.
 pub const NET_CHANNELS_PER_GBIT: f64 = 16.0;
 
 /// Most channels the network model raises a ring to over `link` (`NET_CHANNELS_PER_GBIT`,
