@@ -853,7 +853,8 @@ fn p2p_range_for(kind: CollKind, (min, max): (u32, u32)) -> (u32, u32) {
 /// Protocol and channels of one P2P operation of `bytes`, part of a `kind` task, with a peer
 /// reached over the network link `link`, under the protocols `allowed` and within the P2P
 /// channel range `range`: each protocol's modelled optimum within the range (at most
-/// `nchannels`), raised to the in-node choice, and LL when allowed, at most
+/// `nchannels`), raised to the in-node choice (at most `net_channel_cap` of the link), and LL
+/// when allowed, at most
 /// `P2P_LL_MAX_BYTES` (while Simple is allowed) and faster. A function of the kind, the bytes
 /// and the link, so both ends agree.
 pub fn p2p_plan_net_with(
@@ -874,8 +875,10 @@ pub fn p2p_plan_net_with(
         allowed,
         &|proto, c| p2p_time_net_us(proto, bytes, c, link),
     );
-    // Never fewer channels than without the network (see `ring_plan_net_with`).
-    (proto, nch.max(p2p_channels_in(bytes, nchannels, min, max)))
+    // Never fewer channels than without the network, nor more than the link carries (see
+    // `ring_plan_net_with`).
+    let floor = p2p_channels_in(bytes, nchannels, min, max).min(net_channel_cap(link));
+    (proto, nch.max(floor))
 }
 
 /// Protocol and channels of one P2P operation of `bytes`, part of a `kind` task, under
@@ -1314,6 +1317,21 @@ mod tests {
                 assert_eq!(on(gbit(100)), inside, "{kind:?} {bytes}");
             }
         }
+        // A send over a 1 Gbit/s link too; over 100 Gbit/s as without the network.
+        let send = |bytes: u64, link| {
+            p2p_plan_net_with(
+                CollKind::Send,
+                bytes,
+                NCHANNELS,
+                both,
+                link,
+                (1, P2P_MAX_CHANNELS),
+            )
+            .1
+        };
+        let inside = p2p_channels_in(256 << 20, NCHANNELS, 1, P2P_MAX_CHANNELS);
+        assert!(send(256 << 20, gbit(1)) <= 16 && inside > 16);
+        assert_eq!(send(256 << 20, gbit(100)), inside);
         assert_eq!(net_channel_cap(gbit(1)), 16);
         assert_eq!(net_channel_cap(NetLink::from_properties(50, 0.0)), 2);
         // A set floor (NCCL_MIN_NCHANNELS) still holds on a slow link.
