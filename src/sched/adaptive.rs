@@ -1,7 +1,8 @@
 //! Self-correcting channel weights, the pure part: what a rank reports of its network devices
 //! (per device, the bytes its receives brought and the time they took while data kept
 //! arriving within a launch: `transport::net::meter`), how every rank turns all
-//! reports into the same next device speeds (bounded steps, a floor per device, hysteresis),
+//! reports into the same next device speeds (two rounds that agree for a large change, the
+//! median of recent rounds for a small one; bounded steps, a floor per device, hysteresis),
 //! and from which collective the new speeds apply. `core::adaptive` runs the exchange; the
 //! speeds replace the agreed ones in `weights::Routes` (same channel→device routes, new
 //! shares of the bytes).
