@@ -252,7 +252,7 @@ impl Follower {
         }
         if beyond_one_step(current, nominal, &pair_mean(&previous, rates)) {
             if let Some(next) = next_speeds_confirmed(current, nominal, &previous, rates) {
-                self.rounds.drain(..self.rounds.len() - 2);
+                self.rounds.drain(..self.rounds.len().saturating_sub(2));
                 return Some(next);
             }
         }

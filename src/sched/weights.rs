@@ -276,7 +276,10 @@ impl Routes {
         let caps: Vec<u32> = self
             .speeds
             .iter()
-            .map(|&s| super::cost::net_channel_cap(NetLink::from_properties(s as i32, 0.0)))
+            .map(|&s| {
+                let mbps = s.min(i32::MAX as u32) as i32;
+                super::cost::net_channel_cap(NetLink::from_properties(mbps, 0.0))
+            })
             .collect();
         let mut on = vec![0u32; self.speeds.len()];
         for (c, &d) in self.dev_of.iter().enumerate() {
