@@ -84,8 +84,13 @@ stop_mps
 # The driver's own price per stream operation (ffi-tests/gpu/enqueue_floor.c): the floor under
 # every library's rows.
 if [[ -x .device/bin/enqueue_floor ]]; then
-  timeout -k 5 60 "${pin[@]}" .device/bin/enqueue_floor -n "$N" >"$OUT/floor.txt" 2>&1
+  kflag=()
+  if [[ -f .device/lib/oxccl_kernels.fatbin.xz ]] && xz -dc .device/lib/oxccl_kernels.fatbin.xz >"$OUT/kernels.fatbin"; then
+    kflag=(-k "$OUT/kernels.fatbin")
+  fi
+  timeout -k 5 60 "${pin[@]}" .device/bin/enqueue_floor -n "$N" "${kflag[@]}" >"$OUT/floor.txt" 2>&1
   echo "rc=$? enqueue_floor: $(grep -c '^FLOOR' "$OUT/floor.txt") rows" | tee -a "$OUT/runs.txt"
+  rm -f "$OUT/kernels.fatbin"
 fi
 # Side by side: one line per case, host and stream µs of each library.
 python3 - "$OUT" "${libs[@]}" >"$OUT/side-by-side.txt" <<'PY'

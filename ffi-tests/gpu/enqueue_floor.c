@@ -11,9 +11,14 @@
  * kernel; an empty kernel with a 64-byte and a 4 KiB parameter, and with a 4 KiB parameter of
  * which only 192 bytes are passed (CU_LAUNCH_PARAM_BUFFER_SIZE below the parameter's size; a
  * REFUSED line when the driver says no); a kernel that uses local memory (a stack); the copy
- * kernel followed by a cuEventRecord; cuStreamWriteValue32; cuEventRecord alone.
+ * kernel followed by a cuEventRecord; cuMemcpyAsync (what cudaMemcpyAsync calls);
+ * cuStreamWriteValue32; cuEventRecord alone; each copy kernel also with a cuCtxSetCurrent of
+ * the current context before every launch (as a library that cannot know the caller's context
+ * does). With -k FATBIN (oxccl's kernels, as built), also
+ * oxccl's `ox_copy_kernel` at 512 and at 256 threads per CTA, on the CTAs oxccl gives a copy of
+ * that size (one per 16 KiB), to tell the launch of oxccl's kernel from the driver's floor.
  *
- * usage: enqueue_floor [-n N] [-s LIST]   (default N 5000, sizes 8,32768,524288) */
+ * usage: enqueue_floor [-n N] [-s LIST] [-k FATBIN]   (default N 5000, sizes 8,32768,524288) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
@@ -38,6 +43,7 @@ static CUresult (*cuStreamSynchronize)(CUstream);
 static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
 static CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
 static CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+static CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 static CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   unsigned, unsigned, CUstream, void **, void **);
 static CUresult (*cuEventCreate)(CUevent *, unsigned);
@@ -104,6 +110,7 @@ static void load_driver(void) {
   *(void **)&cuMemAlloc = sym(lib, "cuMemAlloc_v2");
   *(void **)&cuMemsetD8 = sym(lib, "cuMemsetD8_v2");
   *(void **)&cuMemcpyDtoDAsync = sym(lib, "cuMemcpyDtoDAsync_v2");
+  *(void **)&cuMemcpyAsync = sym(lib, "cuMemcpyAsync");
   *(void **)&cuLaunchKernel = sym(lib, "cuLaunchKernel");
   *(void **)&cuEventCreate = sym(lib, "cuEventCreate");
   *(void **)&cuEventRecord = sym(lib, "cuEventRecord");
@@ -111,16 +118,21 @@ static void load_driver(void) {
 }
 
 enum way {
-  MEMCPY, COPY_KERNEL, EMPTY, BLOB64, BLOB4K, BLOB_SHORT, LOCAL, COPY_EVENT, WRITE_VALUE, EVENT, NWAYS
+  MEMCPY, COPY_KERNEL, EMPTY, BLOB64, BLOB4K, BLOB_SHORT, LOCAL, COPY_EVENT, WRITE_VALUE, EVENT,
+  COPY_CTX, OX_COPY_512, OX_COPY_256, OX_COPY_512_CTX, MEMCPY_UNIFIED, NWAYS
 };
 static const char *names[NWAYS] = {"cuMemcpyDtoDAsync",       "copy_kernel",
                                    "empty_kernel",            "empty_kernel_64B_param",
                                    "empty_kernel_4KiB_param", "4KiB_param_192B_passed",
                                    "kernel_with_local_memory", "copy_kernel+cuEventRecord",
-                                   "cuStreamWriteValue32",    "cuEventRecord"};
+                                   "cuStreamWriteValue32",    "cuEventRecord",
+                                   "cuCtxSetCurrent+copy_kernel", "ox_copy_kernel_512",
+                                   "ox_copy_kernel_256",      "cuCtxSetCurrent+ox_copy_kernel_512",
+                                   "cuMemcpyAsync"};
 
 static CUstream stream;
-static CUfunction copy_k, empty_k, blob_k, local_k;
+static CUcontext ctx;
+static CUfunction copy_k, empty_k, blob_k, local_k, ox_copy_k;
 static CUevent ev;
 static CUdeviceptr src, dst, flag;
 static unsigned char blob[4096];
@@ -131,9 +143,29 @@ static void one(enum way w, size_t bytes) {
   if (grid < 1) grid = 1;
   if (grid > 528) grid = 528;
   void *args[] = {&dst, &src, &nwords};
+  unsigned long long nbytes = bytes;
+  unsigned ox_grid = (unsigned)((bytes + 16383) / 16384);
+  if (ox_grid < 1) ox_grid = 1;
+  if (ox_grid > 1024) ox_grid = 1024;
+  void *ox_args[] = {&dst, &src, &nbytes};
   switch (w) {
+    case COPY_CTX:
+      CU(cuCtxSetCurrent(ctx));
+      CU(cuLaunchKernel(copy_k, grid, 1, 1, 256, 1, 1, 0, stream, args, NULL));
+      break;
+    case OX_COPY_512_CTX:
+      CU(cuCtxSetCurrent(ctx));
+      /* fall through */
+    case OX_COPY_512:
+    case OX_COPY_256:
+      CU(cuLaunchKernel(ox_copy_k, ox_grid, 1, 1, w == OX_COPY_256 ? 256 : 512, 1, 1, 0, stream,
+                        ox_args, NULL));
+      break;
     case MEMCPY:
       CU(cuMemcpyDtoDAsync(dst, src, bytes, stream));
+      break;
+    case MEMCPY_UNIFIED:
+      CU(cuMemcpyAsync(dst, src, bytes, stream));
       break;
     case COPY_EVENT:
     case COPY_KERNEL:
@@ -181,16 +213,36 @@ static void measure(enum way w, size_t bytes, int iters) {
   fflush(stdout);
 }
 
+/* The whole of file `path`, or exits. */
+static void *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    printf("FAIL open %s\n", path);
+    exit(1);
+  }
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  void *buf = malloc((size_t)n);
+  if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    printf("FAIL read %s\n", path);
+    exit(1);
+  }
+  fclose(f);
+  return buf;
+}
+
 int main(int argc, char **argv) {
   int iters = 5000;
   const char *sizes = "8,32768,524288";
+  const char *fatbin = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "-n")) iters = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "-s")) sizes = argv[i + 1];
+    else if (!strcmp(argv[i], "-k")) fatbin = argv[i + 1];
   }
   load_driver();
   CUdevice dev;
-  CUcontext ctx;
   CUmodule mod;
   CU(cuInit(0));
   CU(cuDeviceGet(&dev, 0));
@@ -201,6 +253,11 @@ int main(int argc, char **argv) {
   CU(cuModuleGetFunction(&empty_k, mod, "empty_k"));
   CU(cuModuleGetFunction(&blob_k, mod, "blob_k"));
   CU(cuModuleGetFunction(&local_k, mod, "local_k"));
+  if (fatbin) {
+    CUmodule ox_mod;
+    CU(cuModuleLoadData(&ox_mod, read_file(fatbin)));
+    CU(cuModuleGetFunction(&ox_copy_k, ox_mod, "ox_copy_kernel"));
+  }
   CU(cuStreamCreate(&stream, 1 /* CU_STREAM_NON_BLOCKING */));
   CU(cuEventCreate(&ev, 2 /* CU_EVENT_DISABLE_TIMING */));
   size_t most = 0;
@@ -219,8 +276,15 @@ int main(int argc, char **argv) {
     for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
       size_t b = strtoull(t, NULL, 10);
       measure(MEMCPY, b, iters);
+      measure(MEMCPY_UNIFIED, b, iters);
       measure(COPY_KERNEL, b, iters);
       measure(COPY_EVENT, b, iters);
+      measure(COPY_CTX, b, iters);
+      if (fatbin) {
+        measure(OX_COPY_512, b, iters);
+        measure(OX_COPY_256, b, iters);
+        measure(OX_COPY_512_CTX, b, iters);
+      }
     }
     measure(EMPTY, 0, iters);
     measure(BLOB64, 0, iters);

@@ -1634,7 +1634,7 @@ fn run_copies(
             CopyBy::Kernel { ctas } => cuda::module::launch_args(
                 kernels.get(cuda::module::COPY_KERNEL)?,
                 ctas,
-                sched::cost::BLOCK_THREADS,
+                sched::cost::copy_kernel_threads(),
                 0,
                 stream,
                 &[

@@ -281,6 +281,8 @@ registry! {
         "Bytes from which a one-rank communicator's copies go to the copy engine instead of the copy kernel").undocumented();
     ONE_RANK_COPY_CTA_BYTES = Param::integer("OXCCL_ONE_RANK_COPY_CTA_BYTES", 16 << 10,
         "Bytes per CTA of a one-rank communicator's copy kernel").undocumented();
+    ONE_RANK_COPY_THREADS = Param::integer("OXCCL_ONE_RANK_COPY_THREADS", 512,
+        "Threads per CTA of a one-rank communicator's copy kernel (a multiple of 32 in 32..=512)").undocumented();
 
     // ---- diagnostics ----
     HOST_PROFILE = Param::boolean("OXCCL_HOST_PROFILE", false,

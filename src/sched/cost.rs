@@ -769,6 +769,18 @@ fn copy_kernel_cta_bytes() -> u64 {
     BYTES.get()
 }
 
+/// Threads per CTA of `COPY_KERNEL`: `BLOCK_THREADS`, or `OXCCL_ONE_RANK_COPY_THREADS` where
+/// set to a multiple of 32 in 32..=512.
+pub fn copy_kernel_threads() -> u32 {
+    static THREADS: crate::env::Cached<u64> = crate::env::Cached::new(|| {
+        match crate::env::registry::ONE_RANK_COPY_THREADS.int_or(BLOCK_THREADS as i64) {
+            n if (32..=BLOCK_THREADS as i64).contains(&n) && n % 32 == 0 => n as u64,
+            _ => BLOCK_THREADS as u64,
+        }
+    });
+    THREADS.get() as u32
+}
+
 /// The CTAs of `COPY_KERNEL` for a copy of `bytes` in a plan with no kernel, one per
 /// `copy_kernel_cta_bytes()`; None from `copy_kernel_max()` up (the copy engine's).
 pub fn copy_kernel_ctas(bytes: u64) -> Option<u32> {
