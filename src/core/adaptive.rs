@@ -36,6 +36,17 @@ use std::time::{Duration, Instant};
 /// The bootstrap tag of the exchange's messages ("OXWEIGHT"; the transports' tags have zeros
 /// in bits 33..48).
 const TAG: u64 = 0x4f58_5745_4947_4854;
+/// Collectives of at least this many bytes wait for launch room before they take their weights
+/// epoch (`Runtime::wait_for_launch_room`), so that they split by the newest agreed weights;
+/// smaller ones take the current epoch at once: their split moves too few bytes to be worth a
+/// wait on the caller's path.
+pub const PACED_BYTES: usize = 1 << 20;
+
+/// Whether a collective of `count` elements of `elem_size` bytes waits for launch room.
+pub fn paced(count: usize, elem_size: usize) -> bool {
+    count.saturating_mul(elem_size) >= PACED_BYTES
+}
+
 /// Switches a schedule keeps (collectives are given their epoch when enqueued, soon before
 /// they are planned).
 const KEPT_SWITCHES: usize = 8;

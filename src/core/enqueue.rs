@@ -33,7 +33,7 @@ pub fn enqueue(
     }
     let p2p = matches!(task.kind, CollKind::Send | CollKind::Recv);
     if !p2p {
-        if comm.weights.is_active() {
+        if comm.weights.is_active() && super::adaptive::paced(task.count, task.dtype.size()) {
             // The launches ahead first, so the epoch is the newest agreed by the time this
             // collective can be launched (not the one when it began to wait).
             if let Some(rt) = comm.rt.lock().as_mut() {

@@ -209,3 +209,13 @@ fn a_newer_switch_that_starts_earlier_replaces_the_older() {
     assert_eq!(epoch_of(&switches, 69), 2);
     assert_eq!(epoch_of(&switches, 70), 3);
 }
+
+#[test]
+fn only_collectives_of_a_mebibyte_or_more_wait_for_launch_room() {
+    assert!(!paced(0, 4));
+    assert!(!paced((PACED_BYTES / 4) - 1, 4));
+    assert!(paced(PACED_BYTES / 4, 4));
+    assert!(paced(PACED_BYTES, 1));
+    // A count whose bytes overflow is large, not small.
+    assert!(paced(usize::MAX, 8));
+}
