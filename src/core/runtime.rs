@@ -1631,10 +1631,10 @@ fn run_copies(
     for c in copies {
         match c.by {
             CopyBy::Engine => cuda::memcpy_dtod_async(c.dst, c.src, c.bytes as usize, stream)?,
-            CopyBy::Kernel { ctas } => cuda::module::launch_args(
+            CopyBy::Kernel { ctas, threads } => cuda::module::launch_args(
                 kernels.get(cuda::module::COPY_KERNEL)?,
                 ctas,
-                sched::cost::copy_kernel_threads(),
+                threads,
                 0,
                 stream,
                 &[

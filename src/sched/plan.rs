@@ -186,9 +186,9 @@ pub struct LocalCopy {
 pub enum CopyBy {
     /// The copy engine (`cuMemcpyDtoDAsync`): beside a kernel, or large.
     Engine,
-    /// `COPY_KERNEL` on this many CTAs: a plan with no kernel of its own, whose small copies
-    /// cost the caller less as a launch than as a copy-engine call.
-    Kernel { ctas: u32 },
+    /// `COPY_KERNEL` on `ctas` CTAs of `threads` threads: a plan with no kernel of its own,
+    /// whose small copies cost the caller less as a launch than as a copy-engine call.
+    Kernel { ctas: u32, threads: u32 },
 }
 
 impl LocalCopy {
@@ -468,9 +468,10 @@ pub fn plan(geom: &Geometry, tasks: &[Task]) -> Result<Plan> {
     let (pieces, mut copies) = decompose(setting, tasks)?;
     if pieces.is_empty() {
         // No kernel to run beside: the small copies become copy-kernel launches.
+        let threads = cost::copy_kernel_threads();
         for c in &mut copies {
             if let Some(ctas) = cost::copy_kernel_ctas(c.bytes) {
-                c.by = CopyBy::Kernel { ctas };
+                c.by = CopyBy::Kernel { ctas, threads };
             }
         }
     }

@@ -1593,6 +1593,7 @@ fn one_rank_collectives_are_copies_or_nothing() {
     ];
     let p = plan(g, &self_pair).unwrap();
     let ctas = super::cost::copy_kernel_ctas(4000).expect("a small copy is the kernel's");
+    let threads = super::cost::copy_kernel_threads();
     let copy = |dst, bytes, by| LocalCopy {
         dst,
         src: 0x1000,
@@ -1602,7 +1603,7 @@ fn one_rank_collectives_are_copies_or_nothing() {
     assert_eq!(p.nitems, 0, "a send to self launches no plan kernel");
     assert_eq!(
         p.copies,
-        vec![copy(0x9000, 4000, CopyBy::Kernel { ctas })],
+        vec![copy(0x9000, 4000, CopyBy::Kernel { ctas, threads })],
         "a small send to self is a copy-kernel launch"
     );
     for kind in KINDS
@@ -1614,7 +1615,7 @@ fn one_rank_collectives_are_copies_or_nothing() {
         assert_eq!(small.nitems, 0, "{kind:?}: no plan kernel");
         assert_eq!(
             small.copies,
-            vec![copy(0x9000, 4000, CopyBy::Kernel { ctas })],
+            vec![copy(0x9000, 4000, CopyBy::Kernel { ctas, threads })],
             "{kind:?}: one copy-kernel launch"
         );
         // From copy_kernel_max(): one copy-engine copy.
@@ -1671,11 +1672,14 @@ fn one_rank_collectives_are_copies_or_nothing() {
     assert_eq!(p.nitems, 0, "dependent copies launch no work items");
     let chained = LocalCopy {
         src: 0x9000,
-        ..copy(0x20000, 4000, CopyBy::Kernel { ctas })
+        ..copy(0x20000, 4000, CopyBy::Kernel { ctas, threads })
     };
     assert_eq!(
         p.copies,
-        vec![copy(0x9000, 4000, CopyBy::Kernel { ctas }), chained]
+        vec![
+            copy(0x9000, 4000, CopyBy::Kernel { ctas, threads }),
+            chained
+        ]
     );
     // The same copy twice writes the same bytes: one launch of work items.
     let twice = [chain[0], chain[0]];
