@@ -16,7 +16,8 @@
  * the current context before every launch (as a library that cannot know the caller's context
  * does). With -k FATBIN (oxccl's kernels, as built), also
  * oxccl's `ox_copy_kernel` at 512 and at 256 threads per CTA, on the CTAs oxccl gives a copy of
- * that size (one per 16 KiB), to tell the launch of oxccl's kernel from the driver's floor.
+ * that size (one per 16 KiB), alone, after a cuCtxSetCurrent, and after a cuCtxGetCurrent that
+ * finds the context current, to tell the launch of oxccl's kernel from the driver's floor.
  *
  * usage: enqueue_floor [-n N] [-s LIST] [-k FATBIN]   (default N 5000, sizes 8,32768,524288) */
 #define _GNU_SOURCE
@@ -36,6 +37,7 @@ static CUresult (*cuInit)(unsigned);
 static CUresult (*cuDeviceGet)(CUdevice *, int);
 static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
 static CUresult (*cuCtxSetCurrent)(CUcontext);
+static CUresult (*cuCtxGetCurrent)(CUcontext *);
 static CUresult (*cuModuleLoadData)(CUmodule *, const void *);
 static CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
 static CUresult (*cuStreamCreate)(CUstream *, unsigned);
@@ -103,6 +105,7 @@ static void load_driver(void) {
   *(void **)&cuDeviceGet = sym(lib, "cuDeviceGet");
   *(void **)&cuDevicePrimaryCtxRetain = sym(lib, "cuDevicePrimaryCtxRetain");
   *(void **)&cuCtxSetCurrent = sym(lib, "cuCtxSetCurrent");
+  *(void **)&cuCtxGetCurrent = sym(lib, "cuCtxGetCurrent");
   *(void **)&cuModuleLoadData = sym(lib, "cuModuleLoadData");
   *(void **)&cuModuleGetFunction = sym(lib, "cuModuleGetFunction");
   *(void **)&cuStreamCreate = sym(lib, "cuStreamCreate");
@@ -119,7 +122,7 @@ static void load_driver(void) {
 
 enum way {
   MEMCPY, COPY_KERNEL, EMPTY, BLOB64, BLOB4K, BLOB_SHORT, LOCAL, COPY_EVENT, WRITE_VALUE, EVENT,
-  COPY_CTX, OX_COPY_512, OX_COPY_256, OX_COPY_512_CTX, MEMCPY_UNIFIED, NWAYS
+  COPY_CTX, OX_COPY_512, OX_COPY_256, OX_COPY_512_CTX, OX_COPY_512_GET, MEMCPY_UNIFIED, NWAYS
 };
 static const char *names[NWAYS] = {"cuMemcpyDtoDAsync",       "copy_kernel",
                                    "empty_kernel",            "empty_kernel_64B_param",
@@ -128,7 +131,7 @@ static const char *names[NWAYS] = {"cuMemcpyDtoDAsync",       "copy_kernel",
                                    "cuStreamWriteValue32",    "cuEventRecord",
                                    "cuCtxSetCurrent+copy_kernel", "ox_copy_kernel_512",
                                    "ox_copy_kernel_256",      "cuCtxSetCurrent+ox_copy_kernel_512",
-                                   "cuMemcpyAsync"};
+                                   "cuCtxGetCurrent+ox_copy_kernel_512", "cuMemcpyAsync"};
 
 static CUstream stream;
 static CUcontext ctx;
@@ -155,6 +158,13 @@ static void one(enum way w, size_t bytes) {
       break;
     case OX_COPY_512_CTX:
       CU(cuCtxSetCurrent(ctx));
+      /* fall through */
+    case OX_COPY_512_GET:
+      if (w == OX_COPY_512_GET) {
+        CUcontext cur = NULL;
+        CU(cuCtxGetCurrent(&cur));
+        if (cur != ctx) CU(cuCtxSetCurrent(ctx));
+      }
       /* fall through */
     case OX_COPY_512:
     case OX_COPY_256:
@@ -284,6 +294,7 @@ int main(int argc, char **argv) {
         measure(OX_COPY_512, b, iters);
         measure(OX_COPY_256, b, iters);
         measure(OX_COPY_512_CTX, b, iters);
+        measure(OX_COPY_512_GET, b, iters);
       }
     }
     measure(EMPTY, 0, iters);

@@ -117,8 +117,15 @@ pub fn use_device(dev: i32) -> Result<CUcontext> {
     Ok(ctx)
 }
 
-/// Make `ctx` current on this thread.
+/// Make `ctx` current on this thread. The caller's thread usually has it current already
+/// (its own `cudaSetDevice`): the context is set only when another one is current.
 pub fn set_current(ctx: CUcontext) -> Result<()> {
+    let mut cur: CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one handle.
+    check(unsafe { sys::cuCtxGetCurrent(&mut cur) }, "cuCtxGetCurrent")?;
+    if cur == ctx {
+        return Ok(());
+    }
     // SAFETY: ctx is a retained primary context.
     check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")
 }
