@@ -25,7 +25,9 @@
 #        is followed by a "recover" line: busbw before the cut, the new ideal (that busbw
 #        scaled by the links' capacity after/before the cut), and how long after the cut
 #        busbw came back to within 10% of it and stayed there (per interval, and over every
-#        1 s window from then on).
+#        1 s window from then on); RESTORE_AFTER_S: that many s after the cut the fast
+#        link gets its rate back, and a "restore" line says the same of the way back to the
+#        busbw before the cut.
 # Needs root. Exits non-zero when a run fails (its logs are named).
 set -u
 [ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
@@ -99,13 +101,15 @@ sys.exit("ncclGetUniqueId: %d" % rc) if rc else print("UID=" + buf.raw.hex(), fl
     sed -n 's/^UID=//p'
 }
 
-# recover LOG CUT_UNIX: from a rank's trace lines (oxccl-bench --trace-interval), how busbw
-# came back after the fast link was cut at CUT_UNIX (wall-clock s), in the traced size that
-# was running then: one "recover ..." line.
+# recover LOG CUT_UNIX [RESTORE_UNIX]: from a rank's trace lines (oxccl-bench
+# --trace-interval), how busbw came back after the fast link was cut at CUT_UNIX (wall-clock
+# s), in the traced size that was running then: one "recover ..." line; with RESTORE_UNIX (the
+# link given its rate back), the cut's window ends there and a "restore ..." line says how
+# busbw came back to what it was before the cut.
 recover() {
-  "$py" - "$1" "$2" "$FAST" "$SLOW" "${CUT_TO:-1000}" <<'PY'
+  "$py" - "$1" "$2" "${3:-0}" "$FAST" "$SLOW" "${CUT_TO:-1000}" <<'PY'
 import re, sys
-log, cut, fast, slow, cut_to = sys.argv[1], float(sys.argv[2]), *map(float, sys.argv[3:])
+log, cut, restore, fast, slow, cut_to = sys.argv[1], *map(float, sys.argv[2:])
 traces, cur = [], None
 for line in open(log, errors="replace"):
     m = re.match(r"# trace start size=(\d+) unix=([\d.]+)", line)
@@ -122,29 +126,44 @@ if not hit:
     sys.exit(0)
 size, start, pts = hit[0]
 c = cut - start
+r = restore - start if restore else float("inf")
 full = pts[:-1] or pts  # the last interval is partial
 before = sorted(b for t, b in full if t <= c)
-after = [(t, b) for t, b in full if t > c]
+after = [(t, b) for t, b in full if c < t <= r]
 if not before or not after:
     print(f"recover: {size >> 20} MiB: too few intervals before or after the cut at t={c:.2f} s")
     sys.exit(0)
 was = before[len(before) // 2]
+
+def report(what, event, t0, ideal, after, head):
+    """How busbw came back to within 10% of `ideal` over `after` (the intervals after `event`
+    at t0): for good per interval, and over every 1 s window from then on (the mean of the
+    intervals in it, so that a single collective's dip, such as a TCP retransmission, no
+    longer counts alone)."""
+    settled = sorted(b for t, b in after[-max(1, len(after) // 3):])
+    settled = settled[len(settled) // 2]
+    back = next((t for i, (t, b) in enumerate(after) if all(x >= 0.9 * ideal for _, x in after[i:])), None)
+    when = f"within 10% of it {back - t0:.2f} s after the {event}" if back is not None else \
+        f"not back within 10% of it by t={after[-1][0] - t0:.2f} s after the {event}"
+    def window_ok(u0):
+        win = [b for t, b in after if u0 <= t < u0 + 1.0]
+        return not win or sum(win) / len(win) >= 0.9 * ideal
+    ends = [t for t, _ in after if t <= after[-1][0] - 1.0]
+    wback = next((t for t in ends if all(window_ok(u) for u in ends if u >= t)), None)
+    wwhen = f"{wback - t0:.2f} s after the {event}" if wback is not None else "not by the end"
+    print(f"{what}: {size >> 20} MiB, {head}, settled {settled:.3f}; {when}; "
+          f"over 1 s windows within 10% from {wwhen}")
+
 ideal = was * (cut_to + slow) / (fast + slow)
-settled = sorted(b for t, b in after[-max(1, len(after) // 3):])
-settled = settled[len(settled) // 2]
-back = next((t for i, (t, b) in enumerate(after) if all(x >= 0.9 * ideal for _, x in after[i:])), None)
-when = f"within 10% of it {back - c:.2f} s after the cut" if back is not None else \
-    f"not back within 10% of it by t={after[-1][0] - c:.2f} s after the cut"
-# The same over 1 s: the mean of the intervals in every second-long window from t on (a
-# single collective's dip, such as a TCP retransmission, no longer counts alone).
-def window_ok(t0):
-    win = [b for t, b in after if t0 <= t < t0 + 1.0]
-    return not win or sum(win) / len(win) >= 0.9 * ideal
-ends = [t for t, _ in after if t <= after[-1][0] - 1.0]
-wback = next((t for t in ends if all(window_ok(u) for u in ends if u >= t)), None)
-wwhen = f"{wback - c:.2f} s after the cut" if wback is not None else "not by the end"
-print(f"recover: {size >> 20} MiB, cut at t={c:.2f} s: busbw before {was:.3f} GB/s, new ideal "
-      f"{ideal:.3f}, settled {settled:.3f}; {when}; over 1 s windows within 10% from {wwhen}")
+report("recover", "cut", c, ideal, after,
+       f"cut at t={c:.2f} s: busbw before {was:.3f} GB/s, new ideal {ideal:.3f}")
+if restore:
+    again = [(t, b) for t, b in full if t > r]
+    if len(again) < 2:
+        print(f"restore: {size >> 20} MiB: too few intervals after the restore at t={r:.2f} s")
+    else:
+        report("restore", "restore", r, was, again,
+               f"restored at t={r:.2f} s: ideal {was:.3f} GB/s (busbw before the cut)")
 PY
 }
 
@@ -175,11 +194,15 @@ run() {
   done
   # CUT_AFTER_S=N CUT_TO=MBIT: N s into a run over both links, the fast link drops to MBIT
   # (restored after the run); ranks log the weights as they change (NCCL_DEBUG_SUBSYS NET).
-  local cutter= cutfile=$OUTDIR/$file-cut.txt
-  rm -f "$cutfile"
+  local cutter= cutfile=$OUTDIR/$file-cut.txt restorefile=$OUTDIR/$file-restore.txt
+  rm -f "$cutfile" "$restorefile"
   if [ -n "${CUT_AFTER_S:-}" ] && [ "$ifname" = oxf,oxs ]; then
     (sleep "$CUT_AFTER_S" && reshape oxf "${CUT_TO:-1000}" && date +%s.%N >"$cutfile" &&
-      echo "links-bench: $label: fast link cut to ${CUT_TO:-1000} Mbit/s at $(cat "$cutfile")" >&2) &
+      echo "links-bench: $label: fast link cut to ${CUT_TO:-1000} Mbit/s at $(cat "$cutfile")" >&2 &&
+      if [ -n "${RESTORE_AFTER_S:-}" ]; then
+        sleep "$RESTORE_AFTER_S" && reshape oxf "$FAST" && date +%s.%N >"$restorefile" &&
+          echo "links-bench: $label: fast link back at $FAST Mbit/s at $(cat "$restorefile")" >&2
+      fi) &
     cutter=$!
   fi
   for r in 0 1; do wait "${pids[$r]}" || ok=0; done
@@ -201,7 +224,7 @@ run() {
       if (t > worst[s]) worst[s] = t; bytes[s] = b }
     END { for (s in worst) printf "%s %.3f\n", s, bytes[s] / worst[s] / 1e3 }'
   if [ -n "${TRACE_MS:-}" ] && [ -s "$cutfile" ]; then
-    recover "$OUTDIR/$file-0.log" "$(cat "$cutfile")"
+    recover "$OUTDIR/$file-0.log" "$(cat "$cutfile")" "$(cat "$restorefile" 2>/dev/null)"
   fi
   # A run that succeeded may still have warned (a false hang report, a failed exchange).
   local warns

@@ -172,6 +172,12 @@ impl Schedule {
         self.0.changed.notify_all();
     }
 
+    /// The speeds of the newest switch agreed (None before any).
+    pub fn latest_speeds(&self) -> Option<Vec<u32>> {
+        let st = self.0.state.lock();
+        st.switches.last().map(|s| s.speeds.clone())
+    }
+
     /// The speeds of `epoch`, if still kept.
     pub fn speeds_of(&self, epoch: u32) -> Option<Vec<u32>> {
         let st = self.0.state.lock();

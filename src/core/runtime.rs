@@ -127,6 +127,15 @@ fn slots_to_wait_for(slot: usize, depth: usize) -> [usize; 2] {
     [(slot + ARENA_SLOTS - depth) % ARENA_SLOTS, slot]
 }
 
+/// `OXCCL_ADAPTIVE_QUEUE_MS`: how much estimated work of large collectives may wait ahead of
+/// the GPU behind the running one while the weights adapt.
+fn queue_horizon() -> Duration {
+    let ms = crate::env::registry::ADAPTIVE_QUEUE_MS
+        .int()
+        .clamp(0, 60_000);
+    Duration::from_millis(ms as u64)
+}
+
 fn check_items_size(items: &[u8]) -> Result<()> {
     if items.len() > ARENA_SLOT_BYTES {
         return Err(Error::invalid_usage(format!(
@@ -980,17 +989,14 @@ impl Runtime {
         };
         let agent =
             super::adaptive::Agent::start(setup, &self.bootstrap, meter.clone(), schedule.clone())?;
-        // A collective's split is fixed when it is enqueued: what waits ahead of the GPU
-        // follows a switch only after it has run.
-        let depth = crate::env::registry::ADAPTIVE_QUEUE_DEPTH
-            .int()
-            .clamp(1, ARENA_SLOTS as i64) as usize;
-        self.arena.depth = depth;
+        let horizon = queue_horizon();
         crate::info!(
             INIT | NET,
             "rank {}: channel weights adapt to measured throughput, agreed every {period_ms} ms, \
-             at most {depth} large launches ahead of the GPU (OXCCL_ADAPTIVE_WEIGHTS=0: fixed)",
-            self.topo.my_rank
+             at most {} ms of large collectives waiting ahead of the GPU \
+             (OXCCL_ADAPTIVE_WEIGHTS=0: fixed)",
+            self.topo.my_rank,
+            horizon.as_millis()
         );
         self.adaptive = Some(AdaptiveWeights {
             meter,
@@ -1175,12 +1181,28 @@ impl Runtime {
         Ok(completed)
     }
 
-    /// With the arena's depth limited (adaptive weights): wait until a launch on `stream` may be
-    /// written without waiting, so that a collective is given its weights epoch only once the
-    /// launches ahead of it are few and takes the newest weights agreed meanwhile. Nothing to do
-    /// at full depth, or while `stream` captures (a captured launch uses no slot, and no event
-    /// may be queried then).
-    pub fn wait_for_launch_room(&mut self, stream: usize, abort: &AtomicBool) -> Result<()> {
+    /// With adaptive weights: wait until a launch on `stream` may be written with at most
+    /// `queue_horizon()` of large collectives waiting ahead of it, a collective that sends
+    /// `wire_bytes` over the network taken as the estimate for each (`adaptive::queue_depth`
+    /// at the speeds in use), so that it is given its weights epoch only then and takes the
+    /// newest weights agreed meanwhile. Nothing to do without adaptive weights, or while
+    /// `stream` captures (a captured launch uses no slot, and no event may be queried then).
+    pub fn wait_for_launch_room(
+        &mut self,
+        stream: usize,
+        wire_bytes: u64,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let (Some(adaptive), Some(net)) = (self.adaptive.as_ref(), self.net.as_ref()) else {
+            return Ok(());
+        };
+        let speeds = adaptive
+            .schedule
+            .latest_speeds()
+            .unwrap_or_else(|| net.routes.speeds().to_vec());
+        let total_mbps = speeds.iter().map(|&s| u64::from(s)).sum();
+        self.arena.depth =
+            sched::adaptive::queue_depth(wire_bytes, total_mbps, queue_horizon(), ARENA_SLOTS);
         if self.arena.depth >= ARENA_SLOTS {
             return Ok(());
         }

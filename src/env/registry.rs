@@ -301,12 +301,12 @@ registry! {
         "Register memory with PCI relaxed ordering: 0 off, 1 on, 2 where the verbs library and device allow it");
 
     // Self-correcting channel weights (`core::adaptive`).
-    ADAPTIVE_WEIGHTS = Param::boolean("OXCCL_ADAPTIVE_WEIGHTS", false,
+    ADAPTIVE_WEIGHTS = Param::boolean("OXCCL_ADAPTIVE_WEIGHTS", true,
         "Re-agree the network devices' channel weights from measured throughput while a communicator runs (needs it on every rank)").undocumented();
     ADAPTIVE_PERIOD_MS = Param::integer("OXCCL_ADAPTIVE_PERIOD_MS", 200,
         "Milliseconds between two exchanges of measured network rates for adaptive channel weights").undocumented();
-    ADAPTIVE_QUEUE_DEPTH = Param::integer("OXCCL_ADAPTIVE_QUEUE_DEPTH", 2,
-        "With adaptive channel weights: most launches with their work items in the arena (large collectives) that may wait ahead of the GPU, so that new weights reach the next collectives (64: no limit)").undocumented();
+    ADAPTIVE_QUEUE_MS = Param::integer("OXCCL_ADAPTIVE_QUEUE_MS", 200,
+        "With adaptive channel weights: most milliseconds of large collectives (estimated at the speeds in use) that may wait ahead of the GPU behind the running one, so that new weights reach the next collectives").undocumented();
 
     // ---- topology files (`topo::file`) ----
     TOPO_FILE = Param::text("NCCL_TOPO_FILE", None,

@@ -10,6 +10,9 @@
 //! Everything here is a function of integers every rank holds alike after the exchange, so
 //! every rank computes the same speeds and the same switch point.
 
+use super::CollKind;
+use std::time::Duration;
+
 /// Most a device's speed moves in one update, in percent of its current speed (a link cut to a
 /// quarter is followed in two updates).
 pub const MAX_STEP_PCT: u64 = 50;
@@ -344,9 +347,67 @@ pub fn fence_margin(collectives_per_s: f64, period_s: f64) -> u64 {
     MIN_FENCE_MARGIN + ahead.min(1e12) as u64
 }
 
+/// Bytes one rank sends over the network in a collective `kind` whose call passes `bytes`
+/// (its count times the element size) among `nranks` ranks, as a ring moves them: what the
+/// time a large collective keeps its links busy is estimated from.
+pub fn wire_bytes(kind: CollKind, bytes: u64, nranks: u32) -> u64 {
+    let n = u64::from(nranks.max(1));
+    match kind {
+        CollKind::AllReduce => bytes.saturating_mul(2 * (n - 1)) / n,
+        // The count is per rank (or per peer): every other rank's part crosses.
+        CollKind::AllGather
+        | CollKind::ReduceScatter
+        | CollKind::AlltoAll
+        | CollKind::Gather
+        | CollKind::Scatter => bytes.saturating_mul(n - 1),
+        CollKind::Broadcast | CollKind::Reduce | CollKind::Send | CollKind::Recv => bytes,
+    }
+}
+
+/// How many large launches may be unfinished at once, this one included, so that the ones
+/// waiting behind the running launch hold at most `horizon` of work at `total_mbps` (the
+/// devices' speeds in use, summed): a switch of weights agreed now then reaches the GPU within
+/// about `horizon` after the running launch. At least 1 (the running one finishes first), at
+/// most `most` (no limit).
+pub fn queue_depth(wire_bytes: u64, total_mbps: u64, horizon: Duration, most: usize) -> usize {
+    let bits = u128::from(wire_bytes) * 8;
+    let horizon_bits = u128::from(total_mbps) * 1_000_000 * horizon.as_micros() / 1_000_000;
+    if bits == 0 {
+        return most.max(1);
+    }
+    let behind = horizon_bits / bits;
+    (1 + behind.min(most as u128) as usize).clamp(1, most.max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ring_sends_twice_an_all_reduce_and_every_other_ranks_part_of_a_gather() {
+        let mib = 1u64 << 20;
+        assert_eq!(wire_bytes(CollKind::AllReduce, 64 * mib, 2), 64 * mib);
+        assert_eq!(wire_bytes(CollKind::AllReduce, 64 * mib, 4), 96 * mib);
+        assert_eq!(wire_bytes(CollKind::AllGather, mib, 4), 3 * mib);
+        assert_eq!(wire_bytes(CollKind::Broadcast, mib, 8), mib);
+        assert_eq!(wire_bytes(CollKind::AllReduce, mib, 1), 0);
+    }
+
+    #[test]
+    fn the_queue_ahead_holds_about_one_horizon_of_work() {
+        let mib = 1u64 << 20;
+        let horizon = Duration::from_millis(200);
+        // 64 MiB over 4000 + 1000 Mbit/s: 107 ms each, one may wait behind the running one.
+        assert_eq!(queue_depth(64 * mib, 5000, horizon, 64), 2);
+        // The fast link cut to 1000: 268 ms each, none waits.
+        assert_eq!(queue_depth(64 * mib, 2000, horizon, 64), 1);
+        // Fast links never hold the host back.
+        assert_eq!(queue_depth(64 * mib, 800_000, horizon, 64), 64);
+        assert_eq!(queue_depth(mib, 2000, horizon, 64), 48);
+        // Nothing to send, or no horizon.
+        assert_eq!(queue_depth(0, 2000, horizon, 64), 64);
+        assert_eq!(queue_depth(64 * mib, 5000, Duration::ZERO, 64), 1);
+    }
 
     fn sample(mbps: u64) -> Sample {
         // 100 ms busy at `mbps`.
