@@ -399,17 +399,22 @@ fn exchange_loop(
 ) {
     let mut rounds = Rounds::new(setup.nominal.clone());
     let ended = || stop.load(Ordering::Acquire) || setup.comm_abort.load(Ordering::Acquire);
+    let mut pause = setup.period;
     loop {
-        let wake = Instant::now() + setup.period;
+        let wake = Instant::now() + pause;
         while Instant::now() < wake {
             if ended() {
                 schedule.stop();
                 return;
             }
-            std::thread::sleep(Duration::from_millis(5).min(setup.period));
+            std::thread::sleep(Duration::from_millis(5).min(pause));
         }
         let mut exchange = |mine: &[u8]| ring_allgather(&b, mine);
-        match rounds.run(&schedule, meter.totals(), setup.period, &mut exchange) {
+        let began = Instant::now();
+        // The fence covers two pauses of collectives: the next outcome normally comes first.
+        let outcome = rounds.run(&schedule, meter.totals(), pause, &mut exchange);
+        pause = pause_after(setup.period, began.elapsed());
+        match outcome {
             Ok(Some(switch)) => log_switch(&setup, &switch),
             Ok(None) => {}
             Err(e) => {
@@ -425,6 +430,17 @@ fn exchange_loop(
             }
         }
     }
+}
+
+/// A round's exchange takes at most about one part in this many of the time between rounds.
+const ROUND_SPACING: u32 = 4;
+
+/// The pause before the next round: `period`, or longer when the last round took more than a
+/// `ROUND_SPACING`th of it (the ring allgather takes one step per rank, so with thousands of
+/// ranks a round takes a good part of a second), so that the exchange never keeps its thread
+/// and the bootstrap network busy, and no collective outruns its fence waiting for it.
+fn pause_after(period: Duration, last_round: Duration) -> Duration {
+    period.max(last_round.saturating_mul(ROUND_SPACING))
 }
 
 /// The INFO line of a switch: each device's new speed and share.

@@ -219,3 +219,15 @@ fn only_collectives_of_a_mebibyte_or_more_wait_for_launch_room() {
     // A count whose bytes overflow is large, not small.
     assert!(paced(usize::MAX, 8));
 }
+
+#[test]
+fn rounds_slower_than_a_quarter_period_space_themselves_out() {
+    let period = Duration::from_millis(200);
+    assert_eq!(pause_after(period, Duration::from_millis(3)), period);
+    assert_eq!(pause_after(period, Duration::from_millis(50)), period);
+    // Thousands of ranks: a round of 400 ms is followed by 1.6 s without one.
+    assert_eq!(
+        pause_after(period, Duration::from_millis(400)),
+        Duration::from_millis(1600)
+    );
+}
