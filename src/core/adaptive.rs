@@ -399,22 +399,17 @@ fn exchange_loop(
 ) {
     let mut rounds = Rounds::new(setup.nominal.clone());
     let ended = || stop.load(Ordering::Acquire) || setup.comm_abort.load(Ordering::Acquire);
-    let mut pause = setup.period;
     loop {
-        let wake = Instant::now() + pause;
+        let wake = Instant::now() + setup.period;
         while Instant::now() < wake {
             if ended() {
                 schedule.stop();
                 return;
             }
-            std::thread::sleep(Duration::from_millis(5).min(pause));
+            std::thread::sleep(Duration::from_millis(5).min(setup.period));
         }
         let mut exchange = |mine: &[u8]| ring_allgather(&b, mine);
-        let began = Instant::now();
-        // The fence covers two pauses of collectives: the next outcome normally comes first.
-        let outcome = rounds.run(&schedule, meter.totals(), pause, &mut exchange);
-        pause = pause_after(setup.period, began.elapsed());
-        match outcome {
+        match rounds.run(&schedule, meter.totals(), setup.period, &mut exchange) {
             Ok(Some(switch)) => log_switch(&setup, &switch),
             Ok(None) => {}
             Err(e) => {
@@ -432,15 +427,16 @@ fn exchange_loop(
     }
 }
 
-/// A round's exchange takes at most about one part in this many of the time between rounds.
-const ROUND_SPACING: u32 = 4;
+/// Ranks one period between rounds allows for: a round's ring allgather takes one step per
+/// rank, so a larger communicator spaces its rounds further apart. A function of the rank
+/// count alone, so that every rank pauses alike and none waits in a round for another's pause.
+pub const RANKS_PER_PERIOD: usize = 512;
 
-/// The pause before the next round: `period`, or longer when the last round took more than a
-/// `ROUND_SPACING`th of it (the ring allgather takes one step per rank, so with thousands of
-/// ranks a round takes a good part of a second), so that the exchange never keeps its thread
-/// and the bootstrap network busy, and no collective outruns its fence waiting for it.
-fn pause_after(period: Duration, last_round: Duration) -> Duration {
-    period.max(last_round.saturating_mul(ROUND_SPACING))
+/// The time between two rounds of a communicator of `nranks` ranks, from the configured
+/// `period`.
+pub fn round_period(period: Duration, nranks: usize) -> Duration {
+    let periods = nranks.div_ceil(RANKS_PER_PERIOD).max(1);
+    period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
 }
 
 /// The INFO line of a switch: each device's new speed and share.

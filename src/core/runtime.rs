@@ -980,11 +980,15 @@ impl Runtime {
         let period_ms = crate::env::registry::ADAPTIVE_PERIOD_MS
             .int()
             .clamp(10, 60_000);
+        let period = super::adaptive::round_period(
+            Duration::from_millis(period_ms as u64),
+            self.topo.peers.len(),
+        );
         let setup = super::adaptive::AgentSetup {
             rank: self.topo.my_rank,
             nominal,
             names,
-            period: Duration::from_millis(period_ms as u64),
+            period,
             comm_abort,
         };
         let agent =
@@ -992,10 +996,11 @@ impl Runtime {
         let horizon = queue_horizon();
         crate::info!(
             INIT | NET,
-            "rank {}: channel weights adapt to measured throughput, agreed every {period_ms} ms, \
+            "rank {}: channel weights adapt to measured throughput, agreed every {} ms, \
              at most {} ms of large collectives waiting ahead of the GPU \
              (OXCCL_ADAPTIVE_WEIGHTS=0: fixed)",
             self.topo.my_rank,
+            period.as_millis(),
             horizon.as_millis()
         );
         self.adaptive = Some(AdaptiveWeights {

@@ -221,13 +221,10 @@ fn only_collectives_of_a_mebibyte_or_more_wait_for_launch_room() {
 }
 
 #[test]
-fn rounds_slower_than_a_quarter_period_space_themselves_out() {
+fn larger_communicators_space_their_rounds_by_their_rank_count_alone() {
     let period = Duration::from_millis(200);
-    assert_eq!(pause_after(period, Duration::from_millis(3)), period);
-    assert_eq!(pause_after(period, Duration::from_millis(50)), period);
-    // Thousands of ranks: a round of 400 ms is followed by 1.6 s without one.
-    assert_eq!(
-        pause_after(period, Duration::from_millis(400)),
-        Duration::from_millis(1600)
-    );
+    assert_eq!(round_period(period, 2), period);
+    assert_eq!(round_period(period, 512), period);
+    assert_eq!(round_period(period, 513), 2 * period);
+    assert_eq!(round_period(period, 8192), 16 * period);
 }
