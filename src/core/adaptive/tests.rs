@@ -228,3 +228,79 @@ fn larger_communicators_space_their_rounds_by_their_rank_count_alone() {
     assert_eq!(round_period(period, 513), 2 * period);
     assert_eq!(round_period(period, 8192), 16 * period);
 }
+
+/// Two ranks' bootstraps in this process.
+fn two_bootstraps() -> Vec<Bootstrap> {
+    use crate::bootstrap::{get_unique_id_with, BootstrapConfig};
+    let cfg = BootstrapConfig {
+        timeout: Duration::from_secs(20),
+    };
+    let id = get_unique_id_with(&cfg).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|r| {
+                let cfg = &cfg;
+                s.spawn(move || {
+                    let abort = Arc::new(AtomicBool::new(false));
+                    Bootstrap::init_with(&[id], r, 2, abort, cfg).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The real exchange threads of two ranks, the second started 600 ms after the first, and
+/// collectives enqueued slowly on both (one every 150 ms, so that a fence lies at most a
+/// collective ahead): once both run, no collective waits for a round as long as the start's
+/// skew, because each rank pauses the same fixed time between rounds and the rounds stay
+/// together. (Pauses that grew with a round's duration would feed on each other's waits and
+/// hold collectives for seconds.)
+#[test]
+fn a_late_rank_does_not_make_the_rounds_wait_on_each_other() {
+    let boots = two_bootstraps();
+    let period = Duration::from_millis(100);
+    let start = |rank: i32, b: &Bootstrap| {
+        let schedule = Schedule::default();
+        let setup = AgentSetup {
+            rank,
+            nominal: vec![4000, 1000],
+            names: vec!["fast".into(), "slow".into()],
+            period,
+            comm_abort: Arc::new(AtomicBool::new(false)),
+        };
+        let agent = Agent::start(setup, b, NetMeter::new(2), schedule.clone()).unwrap();
+        (agent, schedule)
+    };
+    let first = start(0, &boots[0]);
+    std::thread::sleep(Duration::from_millis(600));
+    let second = start(1, &boots[1]);
+    let abort = AtomicBool::new(false);
+    let longest = std::thread::scope(|s| {
+        let waits: Vec<_> = [&first.1, &second.1]
+            .into_iter()
+            .map(|schedule| {
+                let abort = &abort;
+                s.spawn(move || {
+                    let mut longest = Duration::ZERO;
+                    for seq in 1..=20u64 {
+                        std::thread::sleep(Duration::from_millis(150));
+                        let t = Instant::now();
+                        schedule.epoch_for(seq, abort).unwrap();
+                        // The first second holds the start's skew.
+                        if seq > 8 {
+                            longest = longest.max(t.elapsed());
+                        }
+                    }
+                    longest
+                })
+            })
+            .collect();
+        waits.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    });
+    drop((first, second));
+    assert!(
+        longest < Duration::from_millis(500),
+        "a collective waited {longest:?} for a round"
+    );
+}
