@@ -172,10 +172,12 @@ impl Schedule {
         self.0.changed.notify_all();
     }
 
-    /// The speeds of the newest switch agreed (None before any).
-    pub fn latest_speeds(&self) -> Option<Vec<u32>> {
+    /// The sum of the newest agreed switch's device speeds, Mbit/s (None before any).
+    pub fn latest_total_mbps(&self) -> Option<u64> {
         let st = self.0.state.lock();
-        st.switches.last().map(|s| s.speeds.clone())
+        st.switches
+            .last()
+            .map(|s| s.speeds.iter().map(|&v| u64::from(v)).sum())
     }
 
     /// The speeds of `epoch`, if still kept.

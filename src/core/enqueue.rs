@@ -37,7 +37,7 @@ pub fn enqueue(
             // The launches ahead first, so the epoch is the newest agreed by the time this
             // collective can be launched (not the one when it began to wait).
             if let Some(rt) = comm.rt.lock().as_mut() {
-                let bytes = (task.count * task.dtype.size()) as u64;
+                let bytes = task.count.saturating_mul(task.dtype.size()) as u64;
                 let wire =
                     crate::sched::adaptive::wire_bytes(task.kind, bytes, comm.nranks() as u32);
                 rt.wait_for_launch_room(stream as usize, wire, &comm.abort)?;

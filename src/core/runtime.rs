@@ -248,6 +248,8 @@ pub struct Runtime {
 struct AdaptiveWeights {
     meter: Arc<crate::transport::net::meter::NetMeter>,
     schedule: super::adaptive::Schedule,
+    /// `OXCCL_ADAPTIVE_QUEUE_MS`, read once.
+    queue_horizon: Duration,
     _agent: super::adaptive::Agent,
 }
 
@@ -1006,6 +1008,7 @@ impl Runtime {
         self.adaptive = Some(AdaptiveWeights {
             meter,
             schedule,
+            queue_horizon: horizon,
             _agent: agent,
         });
         Ok(())
@@ -1187,7 +1190,7 @@ impl Runtime {
     }
 
     /// With adaptive weights: wait until a launch on `stream` may be written with at most
-    /// `queue_horizon()` of large collectives waiting ahead of it, a collective that sends
+    /// `OXCCL_ADAPTIVE_QUEUE_MS` of large collectives waiting ahead of it, a collective that sends
     /// `wire_bytes` over the network taken as the estimate for each (`adaptive::queue_depth`
     /// at the speeds in use), so that it is given its weights epoch only then and takes the
     /// newest weights agreed meanwhile. Nothing to do without adaptive weights, or while
@@ -1201,13 +1204,16 @@ impl Runtime {
         let (Some(adaptive), Some(net)) = (self.adaptive.as_ref(), self.net.as_ref()) else {
             return Ok(());
         };
-        let speeds = adaptive
+        let total_mbps = adaptive
             .schedule
-            .latest_speeds()
-            .unwrap_or_else(|| net.routes.speeds().to_vec());
-        let total_mbps = speeds.iter().map(|&s| u64::from(s)).sum();
-        self.arena.depth =
-            sched::adaptive::queue_depth(wire_bytes, total_mbps, queue_horizon(), ARENA_SLOTS);
+            .latest_total_mbps()
+            .unwrap_or_else(|| net.routes.speeds().iter().map(|&s| u64::from(s)).sum());
+        self.arena.depth = sched::adaptive::queue_depth(
+            wire_bytes,
+            total_mbps,
+            adaptive.queue_horizon,
+            ARENA_SLOTS,
+        );
         if self.arena.depth >= ARENA_SLOTS {
             return Ok(());
         }
