@@ -247,7 +247,7 @@ row() { # LABEL LIB ENV...
     if out=$(run "$label-$mode" "$lib" "$ifname" "$@"); then
       printf '%-22s %-5s %12s %12s\n' "$label" "$mode" \
         "$(echo "$out" | awk '$1 == 16777216 {print $2}')" "$(echo "$out" | awk '$1 == 67108864 {print $2}')"
-      echo "$out" | sed -n 's/^recover: /    recover: /p; s/^warn: /    warn: /p'
+      echo "$out" | sed -n 's/^recover: /    recover: /p; s/^restore: /    restore: /p; s/^warn: /    warn: /p'
     else
       printf '%-22s %-5s %12s %12s\n' "$label" "$mode" FAIL FAIL
       failed=$((failed + 1))

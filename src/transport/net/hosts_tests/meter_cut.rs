@@ -19,7 +19,7 @@ use super::super::{block_bytes, host_block};
 use super::{address, hosts_or_skip, pair_over_bootstrap, port, tbf, TwoHosts, V4, V4_SECOND};
 use crate::bootstrap::Bootstrap;
 use crate::core::adaptive::{Agent, AgentSetup, Schedule};
-use crate::sched::adaptive::{shares_permille, MAX_STEP_PCT};
+use crate::sched::adaptive::{shares_permille, MAX_STEP_FACTOR};
 use crate::sched::Dir;
 use parking_lot::Mutex;
 use std::io::{BufRead, BufReader};
@@ -691,7 +691,7 @@ fn follow_a_cut(tag: &str, launches: bool) {
          {fast})\n{log}"
     );
 
-    // The agreed speeds moved towards 1:1, each switch by at most MAX_STEP_PCT per device.
+    // The agreed speeds moved towards 1:1, each switch by at most MAX_STEP_FACTOR per device.
     let switches: Vec<&Vec<u64>> = seen
         .speeds
         .iter()
@@ -720,9 +720,8 @@ fn follow_a_cut(tag: &str, launches: bool) {
     for next in switches {
         for (p, n) in previous.iter().zip(next) {
             assert!(
-                n * 100 <= p * (100 + MAX_STEP_PCT) + 100
-                    && n * 100 + 100 >= p * (100 - MAX_STEP_PCT),
-                "a step beyond {MAX_STEP_PCT}%: {previous:?} -> {next:?}\n{log}"
+                *n <= p * MAX_STEP_FACTOR + 1 && n * MAX_STEP_FACTOR + 1 >= *p,
+                "a step beyond a factor {MAX_STEP_FACTOR}: {previous:?} -> {next:?}\n{log}"
             );
         }
         previous = next.clone();
