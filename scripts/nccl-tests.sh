@@ -40,6 +40,8 @@
 #   (nccl-tests prints in place too). The first library is the one the ratio is about; the ratio
 #   is its time over the fastest of the others at that size. Then one summary line per
 #   collective: the worst ratio at sizes up to 8 MiB and the median ratio (sizes above 0 B).
+#   Last, each run's mean time over the sizes up to 128 KiB per collective and library (which
+#   of a machine's per-process levels each run landed on).
 #   Each run is checked before its numbers count: the dynamic loader's log (LD_DEBUG=libs) must
 #   show that it initialised the library from that folder, nccl-tests must have printed the
 #   version the library reports (nccl-library=), the run must have ended with status 0 and no
@@ -302,6 +304,39 @@ table() {
     }'
 }
 
+# levels DATA COLLS LABEL...: each run's mean time over the sizes from 1 B to 128 KiB, per
+# collective and library, in run order. A one-rank run's small sizes all cost one launch, and a
+# process keeps one level for all of them (two levels 1-1.5 µs apart were seen on one machine,
+# for every library), so this says which level each run landed on.
+levels() {
+  local data=$1 colls=$2 coll l n f line
+  shift 2
+  say "## each run's mean µs over 1 B-128 KiB, in run order"
+  line="| collective |"
+  for l in "$@"; do line+=" $l |"; done
+  say "$line"
+  line="|---|"
+  for l in "$@"; do line+="---|"; done
+  say "$line"
+  for coll in $colls; do
+    line="| $coll |"
+    for l in "$@"; do
+      local means=()
+      local runs=()
+      for f in "$data/$coll/$l".rows.*; do [ -f "$f" ] && runs+=("${f##*.}"); done
+      for n in $(printf '%s\n' ${runs[@]+"${runs[@]}"} | sort -n); do
+        f=$data/$coll/$l.rows.$n
+        means+=("$(awk -F'\t' '$1 > 0 && $1 <= 131072 { s += $2; k++ } END { if (k) printf "%.2f", s / k }' "$f")")
+      done
+      local joined
+      joined=$(printf '%s, ' "${means[@]}")
+      joined=${joined%, }
+      line+=" ${joined:-n/a} |"
+    done
+    say "$line"
+  done
+}
+
 # report DATA COLLS LABEL...: the libraries, the tables, the notes and the summary.
 report() {
   local data=$1 colls=$2 coll l st
@@ -323,6 +358,8 @@ report() {
   say ""
   say "## summary (ratio = $1 / fastest of: ${*:2})"
   cat "$data/summary"
+  say ""
+  levels "$data" "$colls" "$@"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -627,6 +664,10 @@ selftest() {
   expect "  nv2323: n/a: 2.32.3+oxccl: oxccl, not NVIDIA's"
   expect "broadcast       no ratio: no size with both ours and another library"
   expect_not "|     8 MiB |    12.10"
+  # Each run's level: ours' three all_reduce runs at 5, 7 and 4 up to 128 KiB; alltoall's 0 B
+  # and 512 KiB rows left out; no run of nv2323's alltoall passed.
+  expect "| all_reduce | 5.00, 7.00, 4.00 | 10.00 | 8.00 |"
+  expect "| alltoall | 6.00 | 6.00 | n/a |"
   # A run that loaded the library from elsewhere does not count.
   sed -i "s|calling init: .*|calling init: /usr/lib/libnccl.so.2|" "$logs/all_reduce.nv2289.ld.41237"
   case $(check_run "$logs/all_reduce.nv2289" "$work/lib/nv2289" "$work/lib/nv2289/libnccl.so.2" 0) in
