@@ -30,7 +30,7 @@
 #        busbw before the cut.
 # Needs root. Exits non-zero when a run fails (its logs are named).
 set -u
-[ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,/^# Needs root/p' "$0"; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 FAST=${FAST:-4000} SLOW=${SLOW:-1000} ITERS=${ITERS:-10}
@@ -193,7 +193,7 @@ run() {
     pids+=($!)
   done
   # CUT_AFTER_S=N CUT_TO=MBIT: N s into a run over both links, the fast link drops to MBIT
-  # (restored after the run); ranks log the weights as they change (NCCL_DEBUG_SUBSYS NET).
+  # (restored RESTORE_AFTER_S s later, or after the run); ranks log the weights as they change (NCCL_DEBUG_SUBSYS NET).
   local cutter= cutfile=$OUTDIR/$file-cut.txt restorefile=$OUTDIR/$file-restore.txt
   rm -f "$cutfile" "$restorefile"
   if [ -n "${CUT_AFTER_S:-}" ] && [ "$ifname" = oxf,oxs ]; then

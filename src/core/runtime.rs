@@ -39,9 +39,6 @@ struct WorkArena {
     done: Vec<Event>,
     recorded: Vec<bool>,
     next: usize,
-    /// Most eager launches of the arena that may be unfinished at once, the new one included
-    /// (`ARENA_SLOTS` unless adaptive weights limit it).
-    depth: usize,
     /// The last eager write had to wait for an earlier launch to finish.
     waited: bool,
 }
@@ -55,7 +52,6 @@ impl WorkArena {
                 .collect::<Result<_>>()?,
             recorded: vec![false; ARENA_SLOTS],
             next: 0,
-            depth: ARENA_SLOTS,
             waited: false,
         })
     }
@@ -65,7 +61,7 @@ impl WorkArena {
     fn write_eager(&mut self, items: &[u8], abort: &AtomicBool) -> Result<(usize, u64)> {
         check_items_size(items)?;
         let slot = self.next;
-        self.wait_for_room(abort)?;
+        self.wait_for_room(ARENA_SLOTS, abort)?;
         self.next = (self.next + 1) % ARENA_SLOTS;
         let off = slot * ARENA_SLOT_BYTES;
         // SAFETY: off + items.len() <= the arena's size (checked above); no running kernel
@@ -77,11 +73,12 @@ impl WorkArena {
         Ok((slot, self.mem.dev() + off as u64))
     }
 
-    /// Wait until the next eager launch may write its slot: the slot's last launch and the one
-    /// `depth` launches back are done (at once when they are).
-    fn wait_for_room(&mut self, abort: &AtomicBool) -> Result<()> {
+    /// Wait until the next eager launch may write its slot with at most `depth` eager launches
+    /// unfinished, itself included: the slot's last launch and the one `depth` launches back
+    /// are done (at once when they are; `ARENA_SLOTS`: the slot's own last launch alone).
+    fn wait_for_room(&mut self, depth: usize, abort: &AtomicBool) -> Result<()> {
         let slot = self.next;
-        let [oldest, own] = slots_to_wait_for(slot, self.depth);
+        let [oldest, own] = slots_to_wait_for(slot, depth);
         // At full depth both are the slot itself: ask its event once.
         let waits = if oldest == own {
             &[own][..]
@@ -1195,6 +1192,8 @@ impl Runtime {
     /// at the speeds in use), so that it is given its weights epoch only then and takes the
     /// newest weights agreed meanwhile. Nothing to do without adaptive weights, or while
     /// `stream` captures (a captured launch uses no slot, and no event may be queried then).
+    /// The limit is this wait's alone: other launches (smaller collectives, send/receive)
+    /// wait for nothing but their own slot.
     pub fn wait_for_launch_room(
         &mut self,
         stream: usize,
@@ -1208,20 +1207,20 @@ impl Runtime {
             .schedule
             .latest_total_mbps()
             .unwrap_or_else(|| net.routes.speeds().iter().map(|&s| u64::from(s)).sum());
-        self.arena.depth = sched::adaptive::queue_depth(
+        let depth = sched::adaptive::queue_depth(
             wire_bytes,
             total_mbps,
             adaptive.queue_horizon,
             ARENA_SLOTS,
         );
-        if self.arena.depth >= ARENA_SLOTS {
+        if depth >= ARENA_SLOTS {
             return Ok(());
         }
         cuda::set_current(self.ctx)?;
         if cuda::stream_is_capturing(stream as CUstream)? {
             return Ok(());
         }
-        self.arena.wait_for_room(abort)
+        self.arena.wait_for_room(depth, abort)
     }
 
     /// Wait until the latest launch finished (polling `abort`).

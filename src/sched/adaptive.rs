@@ -142,7 +142,6 @@ pub fn next_speeds(current: &[u32], nominal: &[u32], rates: &[Option<u64>]) -> O
 }
 
 /// New speeds, and whether a bound held some device more than a tenth short of its target.
-#[derive(Clone, Debug, PartialEq)]
 struct Step {
     speeds: Vec<u32>,
     short: bool,
