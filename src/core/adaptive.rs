@@ -1,5 +1,5 @@
-//! Self-correcting channel weights, the running part (`OXCCL_ADAPTIVE_WEIGHTS=1` on every
-//! rank, network devices weighted at init): a thread per communicator that every period
+//! Self-correcting channel weights, the running part (`OXCCL_ADAPTIVE_WEIGHTS`, on by default,
+//! on every rank; network devices weighted at init): a thread per communicator that every period
 //! (`OXCCL_ADAPTIVE_PERIOD_MS`) allgathers each rank's measured per-device send rates over
 //! the bootstrap (its own tag, beside the communicator's other bootstrap traffic), and the
 //! `Schedule` that says which weights epoch each collective plans with.

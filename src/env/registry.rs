@@ -301,7 +301,7 @@ registry! {
         "Register memory with PCI relaxed ordering: 0 off, 1 on, 2 where the verbs library and device allow it");
 
     // Self-correcting channel weights (`core::adaptive`).
-    ADAPTIVE_WEIGHTS = Param::boolean("OXCCL_ADAPTIVE_WEIGHTS", false,
+    ADAPTIVE_WEIGHTS = Param::boolean("OXCCL_ADAPTIVE_WEIGHTS", true,
         "Re-agree the network devices' channel weights from measured throughput while a communicator runs (needs it on every rank)").undocumented();
     ADAPTIVE_PERIOD_MS = Param::integer("OXCCL_ADAPTIVE_PERIOD_MS", 200,
         "Milliseconds between two exchanges of measured network rates for adaptive channel weights").undocumented();
