@@ -14,7 +14,7 @@
 # The same library differs by up to 1 µs per call from one process to the next (where the
 # scheduler puts the calling thread), so every library runs HOSTPATH_REPEAT times (default 3),
 # the libraries taking turns, each run pinned to the same CPUs near GPU 0 (HOSTPATH_CPUS, default
-# the first two CPUs of the GPU's NUMA node; "none" leaves the scheduler free); side-by-side.txt
+# two CPUs of the GPU's NUMA node other than CPU 0, scripts/gpu-cpus; "none" leaves the scheduler free); side-by-side.txt
 # gives each row's median over the runs, and <lib>-<mode>-<run>.txt keep every run.
 set -u
 cd "$(dirname "$0")/.."
