@@ -41,7 +41,8 @@
 #   is its time over the fastest of the others at that size. Then one summary line per
 #   collective: the worst ratio at sizes up to 8 MiB and the median ratio (sizes above 0 B).
 #   Last, each run's mean time over the sizes up to 128 KiB per collective and library (which
-#   of a machine's per-process levels each run landed on).
+#   of a machine's per-process levels each run landed on), and the first library's best run
+#   over the best run of any other.
 #   Each run is checked before its numbers count: the dynamic loader's log (LD_DEBUG=libs) must
 #   show that it initialised the library from that folder, nccl-tests must have printed the
 #   version the library reports (nccl-library=), the run must have ended with status 0 and no
@@ -305,21 +306,23 @@ table() {
 }
 
 # levels DATA COLLS LABEL...: each run's mean time over the sizes from 1 B to 128 KiB, per
-# collective and library, in run order. A one-rank run's small sizes all cost one launch, and a
-# process keeps one level for all of them (two levels 1-1.5 µs apart were seen on one machine,
-# for every library), so this says which level each run landed on.
+# collective and library, in run order, and the first library's best run over the best run of
+# any other ("best"). A one-rank run's small sizes all cost one launch, and a process keeps one
+# level for all of them (the CPU its calling thread runs on moves every library by 1-2 µs), so
+# this says which level each run landed on, and "best" compares the libraries at their best.
 levels() {
   local data=$1 colls=$2 coll l n f line
   shift 2
   say "## each run's mean µs over 1 B-128 KiB, in run order"
   line="| collective |"
   for l in "$@"; do line+=" $l |"; done
-  say "$line"
+  say "$line best |"
   line="|---|"
   for l in "$@"; do line+="---|"; done
-  say "$line"
+  say "$line---|"
   for coll in $colls; do
     line="| $coll |"
+    local bests=()
     for l in "$@"; do
       local means=()
       local runs=()
@@ -332,8 +335,11 @@ levels() {
       joined=$(printf '%s, ' "${means[@]}")
       joined=${joined%, }
       line+=" ${joined:-n/a} |"
+      bests+=("$(printf '%s\n' "${means[@]}" | awk 'NF && (b == "" || $1 < b) { b = $1 } END { print (b == "" ? "-" : b) }')")
     done
-    say "$line"
+    say "$line $(printf '%s\n' "${bests[@]}" | awk 'NR == 1 { a = $1; next }
+      $1 != "-" && (o == "" || $1 < o) { o = $1 }
+      END { if (a == "-" || o == "" || o == 0) print "-"; else printf "%.2f", a / o }') |"
   done
 }
 
@@ -666,8 +672,9 @@ selftest() {
   expect_not "|     8 MiB |    12.10"
   # Each run's level: ours' three all_reduce runs at 5, 7 and 4 up to 128 KiB; alltoall's 0 B
   # and 512 KiB rows left out; no run of nv2323's alltoall passed.
-  expect "| all_reduce | 5.00, 7.00, 4.00 | 10.00 | 8.00 |"
-  expect "| alltoall | 6.00 | 6.00 | n/a |"
+  # best: ours' 4.00 over the faster other's 8.00; alltoall 6.00 over 6.00.
+  expect "| all_reduce | 5.00, 7.00, 4.00 | 10.00 | 8.00 | 0.50 |"
+  expect "| alltoall | 6.00 | 6.00 | n/a | 1.00 |"
   # A run that loaded the library from elsewhere does not count.
   sed -i "s|calling init: .*|calling init: /usr/lib/libnccl.so.2|" "$logs/all_reduce.nv2289.ld.41237"
   case $(check_run "$logs/all_reduce.nv2289" "$work/lib/nv2289" "$work/lib/nv2289/libnccl.so.2" 0) in
