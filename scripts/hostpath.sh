@@ -11,11 +11,12 @@
 # daemon; it is stopped at the end).
 # usage: scripts/hostpath.sh [ITERATIONS]   (calls per case, default 2000; HOSTPATH_SIZES,
 #        HOSTPATH_MODES (default "1 2 p") and HOSTPATH_BEFORE=<folder of another oxccl build>)
-# The same library differs by up to 1 µs per call from one process to the next (where the
-# scheduler puts the calling thread), so every library runs HOSTPATH_REPEAT times (default 3),
-# the libraries taking turns, each run pinned to the same CPUs near GPU 0 (HOSTPATH_CPUS, default
-# two CPUs of the GPU's NUMA node other than CPU 0, scripts/gpu-cpus; "none" leaves the scheduler free); side-by-side.txt
-# gives each row's median over the runs, and <lib>-<mode>-<run>.txt keep every run.
+# The same library differs by 1-2 µs per call from one process to the next (which CPU the
+# calling thread runs on; CPU 0 is the slow one), so every library runs HOSTPATH_REPEAT times
+# (default 3), the libraries taking turns, each run pinned to the same CPUs near GPU 0
+# (HOSTPATH_CPUS, default two CPUs of the GPU's NUMA node other than CPU 0, scripts/gpu-cpus;
+# "none" leaves the scheduler free); side-by-side.txt gives each row's median over the runs,
+# and <lib>-<mode>-<run>.txt keep every run.
 set -u
 cd "$(dirname "$0")/.."
 # Everything is written in a folder of its own; what stays in OUT is side-by-side.txt and

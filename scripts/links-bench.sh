@@ -193,7 +193,8 @@ run() {
     pids+=($!)
   done
   # CUT_AFTER_S=N CUT_TO=MBIT: N s into a run over both links, the fast link drops to MBIT
-  # (restored RESTORE_AFTER_S s later, or after the run); ranks log the weights as they change (NCCL_DEBUG_SUBSYS NET).
+  # (restored RESTORE_AFTER_S s later, or after the run); ranks log the weights as they change
+  # (NCCL_DEBUG_SUBSYS NET).
   local cutter= cutfile=$OUTDIR/$file-cut.txt restorefile=$OUTDIR/$file-restore.txt
   rm -f "$cutfile" "$restorefile"
   if [ -n "${CUT_AFTER_S:-}" ] && [ "$ifname" = oxf,oxs ]; then

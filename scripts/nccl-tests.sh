@@ -60,8 +60,8 @@
 #   env: NT_COLLS (all_reduce all_gather reduce_scatter broadcast reduce alltoall gather scatter
 #   sendrecv), NT_ARGS (the arguments after -g 1, as above), NT_BIN (a folder with the *_perf
 #   binaries; default: .device/nccl-tests/nccl-tests.tar.xz unpacked into a temporary folder),
-#   NT_CPUS (the CPUs every run is pinned to; default two CPUs of GPU 0's NUMA node other than CPU 0,
-#   from scripts/gpu-cpus; none: not pinned), NT_REPEAT (3: runs of each library, taking turns;
+#   NT_CPUS (the CPUs every run is pinned to; default two CPUs of GPU 0's NUMA node other than
+#   CPU 0, from scripts/gpu-cpus; none: not pinned), NT_REPEAT (3: runs of each library, taking turns;
 #   each size's time is the median of its runs), NT_BUDGET_S (100) and NT_RUN_TIMEOUT_S (30): the runs share the budget, counted from the
 #   first run; each is limited to the smaller of its timeout and what is left, and one with
 #   less than 5 s left is not started (SKIPPED (time budget)). OUT (/tmp/nccl-tests-run) gets
@@ -426,8 +426,8 @@ stop_mps() {
 run() {
   local out=${OUT:-/tmp/nccl-tests-run}
   # Every run pinned to the same CPUs near GPU 0 (NT_CPUS, default scripts/gpu-cpus 2; "none":
-  # not pinned): where the scheduler puts a process moves a call by 1-2 µs (CPU 0 is the slow one). Two, not one:
-  # on one CPU a library's own threads take turns with the caller's.
+  # not pinned): which CPU a process runs on moves a call by 1-2 µs (CPU 0 is the slow one).
+  # Two, not one: on one CPU a library's own threads take turns with the caller's.
   local nprocs=${NT_NPROCS:-1}
   [[ $nprocs =~ ^[1-9][0-9]*$ ]] || die "NT_NPROCS must be a count of processes, not $nprocs"
   local cpus=${NT_CPUS:-$("$here/gpu-cpus" $((2 * nprocs)))}
