@@ -4,7 +4,7 @@
 # (.device/lib), NVIDIA's 2.28.9 (PyTorch's, found through python3's nvidia.nccl) and NVIDIA's
 # 2.32.3 (.device/ref, made by ../shared/tools/nccl-reference 2.32.3 90 .device/ref). Writes
 # ${OUT:-/tmp/hostpath}/hostpath.tar.gz: <lib>-<mode>-<run>.txt (ROW lines: host µs per call,
-# stream µs per operation), side-by-side.txt (also left beside the archive), profile.txt
+# stream µs per operation, the process's CPU µs per call), side-by-side.txt (also left beside the archive), profile.txt
 # (oxccl's host profile of each mode), runs.txt and floor.txt (what the CUDA driver alone
 # charges per copy, kernel launch and event record: ffi-tests/gpu/enqueue_floor.c). Modes: 1 = one rank, 2 = two ranks of one
 # process (group calls), p = two processes (under MPS when nvidia-cuda-mps-control starts a
@@ -93,7 +93,7 @@ if [[ -x .device/bin/enqueue_floor ]]; then
   echo "rc=$? enqueue_floor: $(grep -c '^FLOOR' "$OUT/floor.txt") rows" | tee -a "$OUT/runs.txt"
   rm -f "$OUT/kernels.fatbin"
 fi
-# Side by side: one line per case, host and stream µs of each library.
+# Side by side: one line per case, host, stream and CPU µs of each library.
 python3 - "$OUT" "${libs[@]}" >"$OUT/side-by-side.txt" <<'PY'
 import sys, re, os
 out, libs = sys.argv[1], [l.split('=')[0] for l in sys.argv[2:]]
@@ -103,22 +103,24 @@ for mode in ("1", "2", "p"):
     for lib in libs:
         for path in sorted(glob.glob(os.path.join(out, f"{lib}-{mode}-*.txt"))):
             for line in open(path):
-                m = re.match(r"ROW (\d+) (\S+)\s+(\d+) (\S+)\s+host=([\d.]+) stream=([\d.]+)", line)
+                m = re.match(r"ROW (\d+) (\S+)\s+(\d+) (\S+)\s+host=([\d.]+) stream=([\d.]+)(?: cpu=([\d.]+))?", line)
                 if m:
                     key = (mode, m[2], int(m[3]), m[4])
-                    samples.setdefault(key, {}).setdefault(lib, []).append((float(m[5]), float(m[6])))
-# Each library's row: the run with the median stream time (host time from the same run).
+                    cpu = float(m[7]) if m[7] is not None else float("nan")
+                    samples.setdefault(key, {}).setdefault(lib, []).append((float(m[5]), float(m[6]), cpu))
+# Each library's row: the run with the median stream time (host and CPU time from that run).
 rows = {k: {lib: sorted(v, key=lambda t: t[1])[(len(v) - 1) // 2] for lib, v in libs_.items()}
         for k, libs_ in samples.items()}
-print("mode collective bytes place | " + " | ".join(f"{l} host/stream" for l in libs) + " | ours stream / best NVIDIA | ours host / best NVIDIA (medians of the runs)")
+def ratio(r, i):
+    nv = [r[l][i] for l in libs if l.startswith("nv") and l in r and r[l][i] == r[l][i]]
+    ok = "ours" in r and r["ours"][i] == r["ours"][i] and nv and min(nv) > 0
+    return "%.2f" % (r["ours"][i] / min(nv)) if ok else "-"
+print("mode collective bytes place | " + " | ".join(f"{l} host/stream/cpu" for l in libs)
+      + " | ours / best NVIDIA: stream | host | cpu (medians of the runs)")
 for key in sorted(rows):
     r = rows[key]
-    cells = " | ".join("%.2f / %.2f" % r[l] if l in r else "-" for l in libs)
-    nv = [r[l][1] for l in libs if l.startswith("nv") and l in r]
-    ratio = "%.2f" % (r["ours"][1] / min(nv)) if "ours" in r and nv else "-"
-    nvh = [r[l][0] for l in libs if l.startswith("nv") and l in r]
-    hratio = "%.2f" % (r["ours"][0] / min(nvh)) if "ours" in r and nvh and min(nvh) > 0 else "-"
-    print(f"{key[0]} {key[1]} {key[2]} {key[3]} | {cells} | {ratio} | {hratio}")
+    cells = " | ".join("%.2f / %.2f / %.2f" % r[l] if l in r else "-" for l in libs)
+    print(f"{key[0]} {key[1]} {key[2]} {key[3]} | {cells} | {ratio(r, 1)} | {ratio(r, 0)} | {ratio(r, 2)}")
 PY
 cat "$OUT/side-by-side.txt"
 grep -H "host profile" "$OUT"/oursprof-*.err >"$OUT/profile.txt" 2>/dev/null

@@ -5,12 +5,13 @@
 # .device/bin/<name> for every ffi-tests/gpu/<name>.c).
 #
 # usage: scripts/one-gpu-suite.sh [--only SECTIONS] [--budget SECONDS | SECONDS]
-#   SECTIONS  a comma list of: ffi faults matrix bench copy torch net, run in the order given
-#             (default: ffi faults matrix bench copy torch, in this order)
+#   SECTIONS  a comma list of: ffi faults matrix bench copy torch net percall, run in the order
+#             given (default: ffi faults matrix bench copy torch, in this order)
 #   SECONDS   the whole run's time budget (default 540): every step runs under `timeout`, a
 #             step that no longer fits is reported as SKIP (budget), and the run ends within
 #             the budget. With several sections each gets a share of what is left when it
-#             starts (weights ffi 3, faults 2, matrix 5, bench 3, copy 1, torch 4, net 5);
+#             starts (weights ffi 3, faults 2, matrix 5, bench 3, copy 1, torch 4, net 5,
+#             percall 3);
 #             time a section does not use passes on to the next.
 # Sections:
 #   ffi     lifecycle -n 1 (ours); coll_config (the ncclXConfig collectives, 2 ranks on GPU 0,
@@ -66,6 +67,14 @@
 #           against a plain TCP pair, reference rows), and torch-hostid (scripts/torch-all.sh
 #           --hostid: DDP on 2 and 4 ranks over the network, loss curves against NVIDIA's).
 #           MATRIX_ONLY=REGEX runs only its steps that match.
+#   percall the per-call cost of small collectives side by side, timed by NVIDIA's nccl-tests
+#           (scripts/nccl-tests.sh run; needs .device/nccl-tests from scripts/nccl-tests.sh build
+#           and .device/ref): the nine collectives, -g 1, 8 B-8 MiB, out of place, ours, NVIDIA
+#           2.32.3 and 2.28.9 taking turns, 3 runs each, pinned to scripts/gpu-cpus 2; then the
+#           level probe: one-rank all_reduce up to 128 KiB with each run pinned to one of those
+#           CPUs alone (which CPU a caller runs on moves every library by 1-2 µs); then
+#           scripts/hostpath.sh mode 1 (the caller's, the stream's and the process's CPU time
+#           per call, 8 B-2 MiB). The tables are in percall.log and the runs' logs in percall/.
 # Output in ${OUT:-./out}: summary.txt (also printed last) and one-gpu-suite.tar.gz, which holds
 # machine.log and one SECTION.log per section run (each kept under 16 MiB) and the folders of
 # the steps that write their own (api232, two-hosts, ...).
@@ -96,8 +105,8 @@ esac
 SECTIONS=()
 for s in ${ONLY//,/ }; do
   case "$s" in
-    ffi | faults | matrix | bench | copy | torch | net) SECTIONS+=("$s") ;;
-    *) echo "one-gpu-suite: unknown section '$s' (ffi faults matrix bench copy torch net)" >&2; exit 2 ;;
+    ffi | faults | matrix | bench | copy | torch | net | percall) SECTIONS+=("$s") ;;
+    *) echo "one-gpu-suite: unknown section '$s' (ffi faults matrix bench copy torch net percall)" >&2; exit 2 ;;
   esac
 done
 [ ${#SECTIONS[@]} -gt 0 ] || { echo "one-gpu-suite: no section selected" >&2; exit 2; }
@@ -112,7 +121,7 @@ TMP=$(mktemp -d /tmp/one-gpu-suite.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
-for s in ffi faults matrix bench copy torch net; do
+for s in ffi faults matrix bench copy torch net percall; do
   for x in "${SECTIONS[@]}"; do [ "$x" = "$s" ] && : >"$OUT/$s.log"; done
 done
 
@@ -154,7 +163,7 @@ row() {
 }
 
 # ---- time: each section gets a share of what is left; a step gets min(nominal, section, run)
-declare -A WEIGHT=([ffi]=3 [faults]=2 [matrix]=5 [bench]=3 [copy]=1 [torch]=4 [net]=5)
+declare -A WEIGHT=([ffi]=3 [faults]=2 [matrix]=5 [bench]=3 [copy]=1 [torch]=4 [net]=5 [percall]=3)
 SEC_END=$END
 section_begin() { # NAME INDEX: the section's end time, from the weights of it and those after
   local i rest=0 avail
@@ -628,6 +637,71 @@ sec_copy() {
     --timeout 60
 }
 
+# One scripts/nccl-tests.sh run: nccl_tests_step NAME NOMINAL [VAR=VALUE...] (NT_* settings).
+# Its table and summary go to percall.log and under the row; its archive to $OUT/percall/.
+nccl_tests_step() {
+  local name=$1 nominal=$2
+  shift 2
+  if [ ! -f "$DEV/nccl-tests/nccl-tests.tar.xz" ]; then
+    row percall "$name" SKIP - 0 "$DEV/nccl-tests/nccl-tests.tar.xz missing (scripts/nccl-tests.sh build)"
+    return 0
+  fi
+  plan percall "$name" "$nominal" "${LEAVE:-0}" || return 0
+  local dir=$OUT/percall/${name//[^A-Za-z0-9._-]/_}
+  mkdir -p "$dir"
+  local libs="ours=$OURS nv2323=.device/ref/lib/libnccl.so.2${NVLIB:+ nv2289=$NVLIB}"
+  runstep percall "$name" env NT_LIBS="$libs" NT_BUDGET_S=$((LIMIT - 15)) OUT="$dir" "$@" "$HERE/nccl-tests.sh" run
+  local verdict
+  case $RC in
+    0) verdict=ok ;;
+    1) verdict=FAIL ;;
+    2) verdict=SKIP ;;
+    *) verdict="FAIL($RC)" ;;
+  esac
+  case $verdict in ok | SKIP) ;; *) FAILED=1 ;; esac
+  local note
+  note="$(grep -cE '^ +[a-z_]+ +[a-z0-9]+ +run [0-9]+ .* ok' "$TMP/step.out") runs passed their checks"
+  [ "$RC" = 2 ] && note=$(grep -m1 '^nccl-tests.sh run: ' "$TMP/step.out" | cut -c1-160)
+  row percall "$name" "$verdict" - "$ELAPSED" "$note"
+  awk '/^## summary/{on=1} on' "$TMP/step.out" | sed 's/^/      /'
+}
+
+sec_percall() {
+  local cpus cpu
+  LEAVE=60 nccl_tests_step "nccl-tests -g 1, 9 collectives" 330 NT_REPEAT=3 NT_RUN_TIMEOUT_S=20 \
+    NT_ARGS="-b 8 -e 8M -f 4 -w 20 -n 200 -c 1 -d float"
+  cpus=$("$HERE/gpu-cpus" 2)
+  [ -n "$cpus" ] || row percall "level probe" SKIP - 0 "no CPUs of GPU 0's node found (scripts/gpu-cpus)"
+  for cpu in ${cpus//,/ }; do
+    LEAVE=60 nccl_tests_step "level probe, CPU $cpu alone" 40 NT_CPUS="$cpu" NT_COLLS=all_reduce NT_REPEAT=3 \
+      NT_RUN_TIMEOUT_S=15 NT_ARGS="-b 8 -e 128K -f 4 -w 20 -n 200 -c 1 -d float"
+  done
+  hostpath_step
+}
+
+# scripts/hostpath.sh, one rank: the caller's time, the stream's and the process's CPU time
+# per call, 1000 calls back to back, each library 3 runs; side-by-side.txt in percall/hostpath.
+hostpath_step() {
+  local name="hostpath -r 1 (host, stream, CPU)"
+  if [ ! -x "$DEV/bin/hostpath" ]; then
+    row percall "$name" SKIP - 0 "$DEV/bin/hostpath missing (scripts/stage-device)"
+    return 0
+  fi
+  if [ ! -e /dev/nvidia0 ]; then
+    row percall "$name" SKIP - 0 "no NVIDIA GPU here (no /dev/nvidia0)"
+    return 0
+  fi
+  plan percall "$name" 120 || return 0
+  runstep percall "$name" env OUT="$OUT/percall/hostpath" HOSTPATH_MODES=1 \
+    HOSTPATH_SIZES=8,32768,524288,2097152 "$HERE/hostpath.sh" 1000
+  local runs bad verdict=ok
+  runs=$(grep -c '^rc=[0-9]* .* mode=' "$TMP/step.out")
+  bad=$(grep '^rc=[0-9]* .* mode=' "$TMP/step.out" | grep -vc '^rc=0 ')
+  if killed; then verdict=KILLED; elif [ "$runs" = 0 ] || [ "$bad" != 0 ]; then verdict=FAIL; fi
+  [ "$verdict" = ok ] || FAILED=1
+  row percall "$name" "$verdict" - "$ELAPSED" "$((runs - bad)) of $runs runs ended with status 0"
+}
+
 # One scripts/torch-all.sh run: torch_all_step SECTION NAME NOMINAL MINIMUM TORCH-ALL-ARGS...
 # (--ours, --budget and --out are added); skipped when torch is missing or less than MINIMUM
 # seconds are left.
@@ -709,7 +783,7 @@ done
 # Only what this run wrote is packed and removed (OUT may hold other things).
 wrote=(machine.log)
 for s in "${SECTIONS[@]}"; do wrote+=("$s.log"); done
-for d in api232 two-hosts; do [ -e "$OUT/$d" ] && wrote+=("$d"); done
+for d in api232 two-hosts percall; do [ -e "$OUT/$d" ] && wrote+=("$d"); done
 if (cd "$OUT" && tar -czf "$TMP/one-gpu-suite.tar.gz" "${wrote[@]}" && rm -rf "${wrote[@]}" &&
   mv "$TMP/one-gpu-suite.tar.gz" .); then
   echo "logs: $OUT/one-gpu-suite.tar.gz" >>"$SUMMARY"

@@ -3,8 +3,12 @@
  *
  * For each collective, size and place (out of / in place) it issues N calls back to back on
  * one stream after a warm-up and prints one ROW line:
- *   ROW <ranks> <collective> <bytes> <place> host=<µs per call> stream=<µs per op> wrong=<n>
+ *   ROW <ranks> <collective> <bytes> <place> host=<µs per call> stream=<µs per op>
+ *       cpu=<µs per call> wrong=<n>
  * host is the caller's time inside the calls (the enqueue path: nothing waits for the GPU),
+ * cpu the CPU time the whole process spent meanwhile (the caller and every thread of the
+ * library: what the calls cost the host's CPUs, more than host where a library's own threads
+ * work while the caller calls, less where the caller sleeps in a call),
  * stream the time from the first call to the end of the last operation on the stream divided
  * by N: what nccl-tests reports as time when the host is the bottleneck, and the GPU time
  * otherwise. With -r 2 the two ranks are communicators of one process driven by group calls
@@ -42,6 +46,12 @@ static const char *sizes = "8,32768,524288,8388608";
 static double now_us(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static double cpu_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
@@ -152,9 +162,9 @@ static long run_case(const char *c, size_t bytes, bool inplace) {
   for (int r = 0; r < nlocal; r++) CUDA(cudaStreamSynchronize(streams[r]));
   long wrong = 0;
   if (rc == ncclSuccess && !inplace) wrong = check_first(c, dst);
-  double t0 = now_us();
+  double c0 = cpu_us(), t0 = now_us();
   for (int i = 0; i < iters && rc == ncclSuccess; i++) rc = call_all(c, src, dst, n);
-  double t1 = now_us();
+  double t1 = now_us(), c1 = cpu_us();
   for (int r = 0; r < nlocal; r++) CUDA(cudaStreamSynchronize(streams[r]));
   double t2 = now_us();
   if (first != 0) {
@@ -163,8 +173,8 @@ static long run_case(const char *c, size_t bytes, bool inplace) {
     printf("ROW %d %-13s %9zu %-3s rc=%d %s\n", nr, c, bytes, inplace ? "in" : "out", rc, ncclGetLastError(NULL));
     wrong++;
   } else {
-    printf("ROW %d %-13s %9zu %-3s host=%.2f stream=%.2f wrong=%ld\n", nr, c, bytes, inplace ? "in" : "out",
-           (t1 - t0) / iters, (t2 - t0) / iters, wrong);
+    printf("ROW %d %-13s %9zu %-3s host=%.2f stream=%.2f cpu=%.2f wrong=%ld\n", nr, c, bytes,
+           inplace ? "in" : "out", (t1 - t0) / iters, (t2 - t0) / iters, (c1 - c0) / iters, wrong);
   }
   fflush(stdout);
   for (int r = 0; r < nlocal; r++) {
