@@ -21,37 +21,24 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes of work items one launch may use (at most `MAX_ITEMS` items).
-pub const ARENA_LAUNCH_BYTES: usize = 64 * 1024;
-const _: () = assert!(ARENA_LAUNCH_BYTES / sched::device::WORK_SIZE <= sched::device::MAX_ITEMS);
-/// Bytes of the arena: the work items of eager launches in flight.
-const ARENA_BYTES: usize = 4 << 20;
-/// The arena's first bytes, where launches' items stay while the launches before them have
-/// finished by the time the ring comes round: few enough to stay in the CPU's caches. Beyond
-/// them only while the GPU is that far behind.
-const ARENA_WARM_BYTES: usize = 256 << 10;
-/// Where a launch's items begin in the arena (the kernels read them as `OxWork` structs).
-const ARENA_ALIGN: usize = 256;
-/// Eager launches with items in the arena that may be unfinished at once before the host
-/// waits for the oldest: each has a completion event of its own, made when first needed.
-pub const ARENA_LAUNCHES: usize = 1024;
+pub const ARENA_SLOT_BYTES: usize = 64 * 1024;
+const _: () = assert!(ARENA_SLOT_BYTES / sched::device::WORK_SIZE <= sched::device::MAX_ITEMS);
+/// Launch slots in the arena (launches in flight before the host waits for the oldest).
+pub const ARENA_SLOTS: usize = 64;
 /// Completion events of launches that take their items by value, used round-robin.
 const INLINE_EVENTS: usize = 64;
 /// Launches whose completion the watchdog can still ask about (`completed_ordinal`).
 const NOTED_LAUNCHES: usize = 256;
 
-/// Host-mapped memory for work items. An eager launch writes its items after the previous
-/// launch's, into bytes no unfinished launch reads (`ItemRing`), and takes the next of
-/// `ARENA_LAUNCHES` completion events in turn; a captured launch gets its own allocation,
+/// Host-mapped memory for work items. Eager launches use slots round-robin, a slot being reused
+/// only after the launch that read it has finished; a captured launch gets its own allocation,
 /// owned by the graph (a CUDA user object) and freed after the graph is destroyed.
 struct WorkArena {
     mem: HostMapped,
-    /// Each eager launch's completion event, by launch number modulo `ARENA_LAUNCHES`,
-    /// recorded after the launch (as many as have been used so far).
+    /// One event per slot, recorded after the launch that read the slot.
     done: Vec<Event>,
     recorded: Vec<bool>,
-    /// The event the next eager launch takes.
     next: usize,
-    ring: ItemRing,
     /// The last eager write had to wait for an earlier launch to finish.
     waited: bool,
 }
@@ -59,54 +46,54 @@ struct WorkArena {
 impl WorkArena {
     fn new() -> Result<WorkArena> {
         Ok(WorkArena {
-            mem: HostMapped::new(ARENA_BYTES)?,
-            done: Vec::new(),
-            recorded: Vec::new(),
+            mem: HostMapped::new(ARENA_SLOT_BYTES * ARENA_SLOTS)?,
+            done: (0..ARENA_SLOTS)
+                .map(|_| Event::new())
+                .collect::<Result<_>>()?,
+            recorded: vec![false; ARENA_SLOTS],
             next: 0,
-            ring: ItemRing::new(ARENA_BYTES),
             waited: false,
         })
     }
 
-    /// Copy `items` for an eager launch into the arena, once the launches that last read
-    /// those bytes, and the one that last recorded the launch's event, have finished. Returns
-    /// the launch's event index and the items' device address.
+    /// Copy `items` for an eager launch into the next slot, once the launch that used it last
+    /// has finished. Returns the slot and the items' device address.
     fn write_eager(&mut self, items: &[u8], abort: &AtomicBool) -> Result<(usize, u64)> {
         check_items_size(items)?;
-        let launch = self.next;
-        if launch == self.done.len() {
-            self.done.push(Event::new()?);
-            self.recorded.push(false);
-        }
-        let (done, recorded, waited) = (&self.done, &self.recorded, &mut self.waited);
-        let off = self.ring.make_room(
-            launch,
-            items.len(),
-            ARENA_WARM_BYTES,
-            |l| launch_finished(done, recorded, l),
-            |l| wait_for_launch(done, recorded, waited, l, abort),
-        )?;
-        self.ring.hold(launch, off, items.len());
-        self.next = (launch + 1) % ARENA_LAUNCHES;
-        // SAFETY: off + items.len() <= the arena's size (`ItemRing::place`); no unfinished
-        // launch reads those bytes (the launches that held them are done).
+        let slot = self.next;
+        self.wait_for_room(ARENA_SLOTS, abort)?;
+        self.next = (self.next + 1) % ARENA_SLOTS;
+        let off = slot * ARENA_SLOT_BYTES;
+        // SAFETY: off + items.len() <= the arena's size (checked above); no running kernel
+        // reads the slot (its last launch finished).
         unsafe {
             std::ptr::copy_nonoverlapping(items.as_ptr(), self.mem.host().add(off), items.len())
         };
         std::sync::atomic::fence(Ordering::SeqCst);
-        Ok((launch, self.mem.dev() + off as u64))
+        Ok((slot, self.mem.dev() + off as u64))
     }
 
-    /// Wait until the next eager launch may take its event with at most `depth` eager
-    /// launches unfinished, itself included: the event's last launch and the one `depth`
-    /// launches back are done (at once when they are; `ARENA_LAUNCHES`: the event's own last
-    /// launch alone).
+    /// Wait until the next eager launch may write its slot with at most `depth` eager launches
+    /// unfinished, itself included: the slot's last launch and the one `depth` launches back
+    /// are done (at once when they are; `ARENA_SLOTS`: the slot's own last launch alone).
     fn wait_for_room(&mut self, depth: usize, abort: &AtomicBool) -> Result<()> {
-        let [oldest, own] = launches_to_wait_for(self.next, depth);
-        let waited = &mut self.waited;
-        wait_for_launch(&self.done, &self.recorded, waited, oldest, abort)?;
-        if own != oldest {
-            wait_for_launch(&self.done, &self.recorded, waited, own, abort)?;
+        let slot = self.next;
+        let [oldest, own] = slots_to_wait_for(slot, depth);
+        // At full depth both are the slot itself: ask its event once.
+        let waits = if oldest == own {
+            &[own][..]
+        } else {
+            &[oldest, own][..]
+        };
+        for &s in waits {
+            if self.recorded[s] && !self.done[s].done()? {
+                self.waited = true;
+                wait_event(
+                    &self.done[s],
+                    abort,
+                    "a previous launch of this communicator",
+                )?;
+            }
         }
         Ok(())
     }
@@ -128,143 +115,13 @@ impl WorkArena {
     }
 }
 
-/// The events whose launches must be done before the eager launch that takes event `launch`:
-/// the event's previous launch (its event is recorded again), and the launch `depth` launches
-/// back, which took event `launch - depth` since events are taken in turn (the same event at
-/// full depth), so that at most `depth` launches are unfinished at once.
-fn launches_to_wait_for(launch: usize, depth: usize) -> [usize; 2] {
-    let depth = depth.clamp(1, ARENA_LAUNCHES);
-    [(launch + ARENA_LAUNCHES - depth) % ARENA_LAUNCHES, launch]
-}
-
-/// Whether the launch that last recorded event `launch` of `done` has finished (true for an
-/// event never recorded).
-fn launch_finished(done: &[Event], recorded: &[bool], launch: usize) -> Result<bool> {
-    if recorded.get(launch) == Some(&true) {
-        done[launch].done()
-    } else {
-        Ok(true)
-    }
-}
-
-/// Wait until the launch that last recorded event `launch` has finished (at once when it has,
-/// or when the event was never recorded); sets `waited` when it had not.
-fn wait_for_launch(
-    done: &[Event],
-    recorded: &[bool],
-    waited: &mut bool,
-    launch: usize,
-    abort: &AtomicBool,
-) -> Result<()> {
-    if !launch_finished(done, recorded, launch)? {
-        *waited = true;
-        wait_event(
-            &done[launch],
-            abort,
-            "a previous launch of this communicator",
-        )?;
-    }
-    Ok(())
-}
-
-/// The arena's bytes as a ring: which launches hold which bytes, oldest first. A launch's
-/// items go right after the newest launch's, or back at the start where they would run past
-/// a given end; bytes are free again once the launch that holds them, and every older one,
-/// gave them back (launches finish in order).
-struct ItemRing {
-    size: usize,
-    /// Where the next launch's items would begin (aligned).
-    head: usize,
-    /// (launch's event index, first byte, end) of the launches holding bytes, oldest first.
-    held: VecDeque<(usize, usize, usize)>,
-}
-
-impl ItemRing {
-    fn new(size: usize) -> ItemRing {
-        ItemRing {
-            size,
-            head: 0,
-            held: VecDeque::new(),
-        }
-    }
-
-    /// Where `len` bytes can go now without touching bytes a launch holds, going back to the
-    /// start where they would run past `end` (at most the ring's size); None until the oldest
-    /// launches give their bytes back.
-    fn place(&self, len: usize, end: usize) -> Option<usize> {
-        let end = end.min(self.size);
-        if len > end {
-            return None;
-        }
-        let Some(&(_, tail, _)) = self.held.front() else {
-            return Some(if self.head + len <= end { self.head } else { 0 });
-        };
-        if tail < self.head {
-            // Held: tail..head. Free: head.., then 0..tail.
-            if self.head + len <= end {
-                Some(self.head)
-            } else if len <= tail {
-                Some(0)
-            } else {
-                None
-            }
-        } else {
-            // Held: tail.. and ..head (everything: head == tail). Free: head..tail.
-            (self.head + len <= tail).then_some(self.head)
-        }
-    }
-
-    /// Where `len` bytes for the launch taking event `launch` go. The oldest launches give
-    /// their bytes back, each once `finished` says so, until the items fit before `warm` (the
-    /// bytes that stay in the CPU's caches) and the event's previous launch holds none. Where
-    /// the oldest launch is unfinished, the items go past `warm` if the ring has room there,
-    /// and the oldest launch is waited for (`wait`) only where it has none. The event's
-    /// previous launch, if it still holds bytes, is the oldest: it was a whole turn of events
-    /// ago, and every older launch gave its event up.
-    fn make_room(
-        &mut self,
-        launch: usize,
-        len: usize,
-        warm: usize,
-        mut finished: impl FnMut(usize) -> Result<bool>,
-        mut wait: impl FnMut(usize) -> Result<()>,
-    ) -> Result<usize> {
-        loop {
-            let own_held = self.oldest() == Some(launch);
-            if !own_held {
-                if let Some(at) = self.place(len, warm) {
-                    return Ok(at);
-                }
-            }
-            let oldest = self.oldest().expect("items that fit an empty arena");
-            if !finished(oldest)? {
-                if !own_held {
-                    if let Some(at) = self.place(len, self.size) {
-                        return Ok(at);
-                    }
-                }
-                wait(oldest)?;
-            }
-            self.release_oldest();
-        }
-    }
-
-    /// The launch with event index `launch` holds `len` bytes from `at` (from `place`).
-    fn hold(&mut self, launch: usize, at: usize, len: usize) {
-        let end = at + len;
-        self.held.push_back((launch, at, end));
-        self.head = end.next_multiple_of(ARENA_ALIGN).min(self.size);
-    }
-
-    /// The event index of the oldest launch holding bytes.
-    fn oldest(&self) -> Option<usize> {
-        self.held.front().map(|&(launch, _, _)| launch)
-    }
-
-    /// The oldest launch has finished: its bytes are free.
-    fn release_oldest(&mut self) {
-        self.held.pop_front();
-    }
+/// The slots whose launches must be done before an eager launch writes `slot`: the slot's
+/// previous launch (it still reads the slot), and the launch `depth` launches back, which used
+/// `slot - depth` since slots are used in turn (the same slot at full depth), so that at most
+/// `depth` launches are unfinished at once.
+fn slots_to_wait_for(slot: usize, depth: usize) -> [usize; 2] {
+    let depth = depth.clamp(1, ARENA_SLOTS);
+    [(slot + ARENA_SLOTS - depth) % ARENA_SLOTS, slot]
 }
 
 /// `OXCCL_ADAPTIVE_QUEUE_MS`: how much estimated work of large collectives may wait ahead of
@@ -277,9 +134,9 @@ fn queue_horizon() -> Duration {
 }
 
 fn check_items_size(items: &[u8]) -> Result<()> {
-    if items.len() > ARENA_LAUNCH_BYTES {
+    if items.len() > ARENA_SLOT_BYTES {
         return Err(Error::invalid_usage(format!(
-            "a group needs {} bytes of work items, more than the {ARENA_LAUNCH_BYTES} one launch can take: split the group",
+            "a group needs {} bytes of work items, more than the {ARENA_SLOT_BYTES} one launch can take: split the group",
             items.len()
         )));
     }
@@ -728,173 +585,27 @@ mod tests {
 
     #[test]
     fn a_limited_arena_waits_for_the_launch_depth_launches_back() {
-        const N: usize = ARENA_LAUNCHES;
-        // Full depth: only the event's own previous launch.
-        assert_eq!(launches_to_wait_for(5, N), [5, 5]);
-        // Depth 4: launch n waits for launch n - 4, which took the event 4 back (wrapping).
-        assert_eq!(launches_to_wait_for(5, 4), [1, 5]);
-        assert_eq!(launches_to_wait_for(2, 4), [N - 2, 2]);
+        // Full depth: only the slot's own previous launch.
+        assert_eq!(slots_to_wait_for(5, ARENA_SLOTS), [5, 5]);
+        // Depth 4: launch n waits for launch n - 4, which used the slot 4 back (wrapping).
+        assert_eq!(slots_to_wait_for(5, 4), [1, 5]);
+        assert_eq!(slots_to_wait_for(2, 4), [ARENA_SLOTS - 2, 2]);
         // Depth 1: every launch waits for the one before it.
-        assert_eq!(launches_to_wait_for(0, 1), [N - 1, 0]);
-        // Out of range: clamped to 1..=ARENA_LAUNCHES.
-        assert_eq!(launches_to_wait_for(7, 0), launches_to_wait_for(7, 1));
-        assert_eq!(launches_to_wait_for(7, N + 1000), [7, 7]);
+        assert_eq!(slots_to_wait_for(0, 1), [ARENA_SLOTS - 1, 0]);
+        // Out of range: clamped to 1..=ARENA_SLOTS.
+        assert_eq!(slots_to_wait_for(7, 0), slots_to_wait_for(7, 1));
+        assert_eq!(slots_to_wait_for(7, 1000), [7, 7]);
         // Over a whole turn of launches, at most `depth` are ever unfinished: launch n may
         // start once launch n - depth is done.
-        for depth in [1, 4, 17, N] {
-            for n in 0..3 * N {
-                let [oldest, own] = launches_to_wait_for(n % N, depth);
+        for depth in [1, 4, 17, ARENA_SLOTS] {
+            for n in 0..3 * ARENA_SLOTS {
+                let [oldest, own] = slots_to_wait_for(n % ARENA_SLOTS, depth);
                 if n >= depth {
-                    assert_eq!(oldest, (n - depth) % N);
+                    assert_eq!(oldest, (n - depth) % ARENA_SLOTS);
                 }
-                assert_eq!(own, n % N);
+                assert_eq!(own, n % ARENA_SLOTS);
             }
         }
-    }
-
-    #[test]
-    fn launch_items_follow_each_other_round_the_ring_and_wait_only_for_bytes_still_held() {
-        const A: usize = ARENA_ALIGN;
-        let mut ring = ItemRing::new(1000);
-        // Empty: from the start, each after the last, aligned.
-        assert_eq!(ring.place(100, 1000), Some(0));
-        ring.hold(0, 0, 100);
-        assert_eq!(ring.place(100, 1000), Some(A));
-        ring.hold(1, A, 100);
-        assert_eq!(ring.place(400, 1000), Some(2 * A));
-        // With an end of 768 they would run past it, and the start is held.
-        assert_eq!(ring.place(400, 768), None);
-        ring.hold(2, 2 * A, 400);
-        // 0..100, 256..356, 512..912 held, the next from 1000 (past the end): nothing until
-        // launch 0 gives its bytes back.
-        assert_eq!(ring.oldest(), Some(0));
-        assert_eq!(ring.place(1, 1000), None);
-        ring.release_oldest();
-        assert_eq!(ring.place(256, 1000), Some(0));
-        assert_eq!(ring.place(257, 1000), None);
-        ring.hold(3, 0, 200);
-        // Held: 256..912 and 0..200, the next from 256: nothing is free.
-        assert_eq!(ring.place(1, 1000), None);
-        ring.release_oldest();
-        assert_eq!(ring.place(256, 1000), Some(A));
-        assert_eq!(ring.place(257, 1000), None);
-        ring.release_oldest();
-        // Only launch 3 (0..200) holds bytes: the rest of the ring is free, up to the end given.
-        assert_eq!(ring.oldest(), Some(3));
-        assert_eq!(ring.place(744, 1000), Some(A));
-        assert_eq!(ring.place(745, 1000), None);
-        assert_eq!(ring.place(300, 512), None);
-        ring.release_oldest();
-        // Empty: back to the start where the items would run past the end.
-        assert_eq!(ring.place(744, 1000), Some(A));
-        assert_eq!(ring.place(745, 1000), Some(0));
-        assert_eq!(ring.place(300, 512), Some(0));
-        assert_eq!(ring.place(1000, 5000), Some(0));
-        assert_eq!(ring.place(1001, 5000), None);
-    }
-
-    #[test]
-    fn a_ring_never_hands_out_bytes_a_held_launch_reads() {
-        // Launches of varied sizes, placed within a warm end or the whole ring at random, the
-        // oldest given back whenever the next does not fit: every placement lies inside the
-        // ring and clear of every held range.
-        let size = 64 * ARENA_ALIGN;
-        let mut ring = ItemRing::new(size);
-        let mut held: VecDeque<(usize, usize)> = VecDeque::new();
-        let mut seed = 12345u64;
-        let mut next = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) as usize
-        };
-        for launch in 0..20_000 {
-            let len = 1 + next() % (size / 3);
-            let end = if next() % 2 == 0 { size / 2 } else { size };
-            let at = loop {
-                if let Some(at) = ring.place(len, end) {
-                    break at;
-                }
-                assert!(!held.is_empty(), "an empty ring takes {len} bytes");
-                ring.release_oldest();
-                held.pop_front();
-            };
-            assert!(at + len <= size);
-            assert_eq!(at % ARENA_ALIGN, 0);
-            for &(a, b) in &held {
-                assert!(at + len <= a || b <= at, "{at}+{len} overlaps {a}..{b}");
-            }
-            ring.hold(launch % ARENA_LAUNCHES, at, len);
-            held.push_back((at, at + len));
-        }
-    }
-
-    /// Runs `launches` launches of `len` bytes of items through an arena ring as eager
-    /// launches use it, on a simulated GPU that has finished every launch but the newest
-    /// `behind` by the time the next is written (`usize::MAX`: none until waited for).
-    /// Returns each launch's place and the launches before which the host had to wait.
-    fn simulate_arena(launches: usize, len: usize, behind: usize) -> (Vec<usize>, Vec<usize>) {
-        let mut ring = ItemRing::new(ARENA_BYTES);
-        // Which launch last took each event; launches below `finished` are done.
-        let mut holder = vec![usize::MAX; ARENA_LAUNCHES];
-        let mut finished = 0usize;
-        let (mut places, mut waits) = (Vec::new(), Vec::new());
-        for n in 0..launches {
-            finished = finished.max(n.saturating_sub(behind));
-            let event = n % ARENA_LAUNCHES;
-            let done = std::cell::Cell::new(finished);
-            let waited = std::cell::Cell::new(false);
-            let at = ring
-                .make_room(
-                    event,
-                    len,
-                    ARENA_WARM_BYTES,
-                    |e| Ok(holder[e] == usize::MAX || holder[e] < done.get()),
-                    |e| {
-                        waited.set(true);
-                        done.set(done.get().max(holder[e] + 1));
-                        Ok(())
-                    },
-                )
-                .unwrap();
-            finished = done.get();
-            if waited.get() {
-                waits.push(n);
-            }
-            ring.hold(event, at, len);
-            holder[event] = n;
-            places.push(at);
-        }
-        (places, waits)
-    }
-
-    #[test]
-    fn items_stay_in_the_warm_bytes_while_the_gpu_keeps_up() {
-        for len in [4096 + 176, 9580, ARENA_LAUNCH_BYTES] {
-            let (places, waits) = simulate_arena(5000, len, 2);
-            assert!(waits.is_empty(), "{len}: waited before {waits:?}");
-            assert!(
-                places.iter().all(|&at| at + len <= ARENA_WARM_BYTES),
-                "{len}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_stalled_gpu_makes_the_host_wait_only_once_the_ring_or_the_events_run_out() {
-        // 9580 bytes take 9728 of the ring: 431 launches fill it.
-        let (places, waits) = simulate_arena(3000, 9580, usize::MAX);
-        assert_eq!(waits.first(), Some(&(ARENA_BYTES / 9728)));
-        assert!(places[..431].windows(2).all(|w| w[1] == w[0] + 9728));
-        // 1000 bytes: the ring would take 4096 launches, the events end at 1024.
-        let (_, waits) = simulate_arena(3000, 1000, usize::MAX);
-        assert_eq!(waits.first(), Some(&ARENA_LAUNCHES));
-        // Then every launch waits for the one a whole turn back, and no more.
-        assert!(waits.iter().all(|&n| n >= ARENA_LAUNCHES));
-        // A GPU 100 launches behind: the ring holds them, no wait.
-        let (places, waits) = simulate_arena(3000, 9580, 100);
-        assert!(waits.is_empty());
-        assert!(places.iter().any(|&at| at >= ARENA_WARM_BYTES));
     }
 
     /// A one-item all-reduce plan on `send` -> `recv` as the planner would make it, cached.
@@ -1500,9 +1211,9 @@ impl Runtime {
             wire_bytes,
             total_mbps,
             adaptive.queue_horizon,
-            ARENA_LAUNCHES,
+            ARENA_SLOTS,
         );
-        if depth >= ARENA_LAUNCHES {
+        if depth >= ARENA_SLOTS {
             return Ok(());
         }
         cuda::set_current(self.ctx)?;
