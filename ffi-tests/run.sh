@@ -14,7 +14,8 @@
 #            with rdma-core's symbol versions; ibverbs/verbs_test.c, linked with -libverbs
 #            against it, runs RC queue pairs between two processes; every versioned verbs
 #            symbol the test binds to in the real libibverbs.so.1 is exported the same way
-#   cuda     cuda host path: cuda_standin/hostpath_cpu.c on a stand-in libcuda.so.1, driver calls asserted;
+#   cuda     cuda host path: cuda_standin/hostpath_cpu.c on a stand-in libcuda.so.1, driver calls asserted,
+#            and under the stand-in's slow GPU (CUDA_STANDIN_LAUNCH_US), the caller waiting for it;
 #            cuda_standin/exit_after_reset.c: ranks' threads ending after a primary context reset
 #   tuner    tuner plugins v2..v6 through a stand-in CUDA driver: tuner_plugin/oxtest_tuner.c built
 #            once per ABI version (exporting only ncclTunerPlugin_vN), loaded by NCCL_TUNER_PLUGIN
@@ -315,6 +316,23 @@ if "$CC" -shared -fPIC -O2 "${WARN[@]}" -fvisibility=hidden -Wl,-soname,libcuda.
   hostpath_case moving 6 1 -n 2000 -m 16 -c allreduce
   # Two ranks of one process on two stand-in devices, driven by group calls.
   hostpath_case two-ranks 20 2 -n 2000 -r 2
+  # A GPU that falls behind (the stand-in's CUDA_STANDIN_LAUNCH_US=200: every launch keeps its
+  # stream busy 200 µs): four ranks' all-reduces, whose work items go through the arena, run
+  # ahead of it until every arena slot's launch is unfinished, then each waits for the oldest.
+  # Every call must succeed and the run end (ncclCommDestroy waits for the last launch), and
+  # the timed calls must have waited for the GPU (about 200 µs per group): a caller that did
+  # not would be writing items a running launch still reads.
+  slow_log=$SI_OUT/hostpath_cpu.slow-gpu.log
+  CUDA_STANDIN_LAUNCH_US=200 LD_LIBRARY_PATH="$SI_OUT:$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 120 \
+    "$SI_OUT/hostpath_cpu" -n 300 -r 4 -c allreduce -s 32768 >"$slow_log" 2>&1
+  slow_rc=$?
+  slow_ns=$(awk '$1 == "ROW" && $2 == "r4_allreduce" { sub(/^host_ns=/, "", $5); print $5 }' "$slow_log")
+  if [[ $slow_rc == 0 && -n $slow_ns ]] && ((slow_ns >= 100000)); then
+    pass "a GPU 200 µs per launch behind the caller: 4 ranks' all-reduces through the arena wait for it ($slow_ns ns per group) and end cleanly"
+  else
+    fail "a GPU 200 µs per launch behind the caller" "exit $slow_rc, host_ns=${slow_ns:-none} (want >= 100000); see $slow_log"
+    tail -n 20 "$slow_log"
+  fi
   # Primary contexts reset (cudaDeviceReset, the CUDA runtime's teardown at exit) while the
   # threads that ran the ranks are alive: nothing the library keeps for a thread may destroy
   # a stream of those contexts when the threads end (cuda_standin/exit_after_reset.c).

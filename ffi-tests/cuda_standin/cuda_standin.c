@@ -6,7 +6,12 @@
  * "device memory" is host memory: a device pointer is a host pointer, and every device can
  * reach every other's memory. Primary and created contexts with a per-thread context stack;
  * primary-context resets (a reset context's streams are gone: destroying one aborts);
- * streams and events that are always done; cuMemAlloc (memfd-backed, so cuIpcGetMemHandle /
+ * streams and events that are done at once, or, with CUDA_STANDIN_LAUNCH_US=N, a GPU that
+ * takes N µs per kernel launch (each created stream runs its launches one after another, N µs
+ * each, from when it is free; an event is done once its stream's launches before it are, a
+ * stream waiting on an event is busy until then, and cuEventQuery / cuStreamQuery say
+ * CUDA_ERROR_NOT_READY before; cuEventSynchronize / cuStreamSynchronize sleep until then;
+ * the legacy and per-thread streams stay always done); cuMemAlloc (memfd-backed, so cuIpcGetMemHandle /
  * cuIpcOpenMemHandle work across processes of one user through /proc/<pid>/fd); pinned host
  * memory and host registration; the virtual memory API (memfd allocations of 2 MiB
  * granularity mapped with mmap into PROT_NONE reservations, access set with mprotect,
@@ -1146,9 +1151,36 @@ struct CUstream_st {
   unsigned long long id;
   int primaryDev;        /* the device of its primary context, or -1 */
   unsigned resets;       /* that context's resets when it was made */
+  long long busyUntil;   /* CLOCK_MONOTONIC ns when its launches so far are done */
 };
 
 static unsigned long long nextStreamId = 16;
+
+/* The slow GPU of CUDA_STANDIN_LAUNCH_US: ns per launch (0: everything done at once), and the
+ * lock that orders the streams' and events' times. */
+static long long launchNs = -1;
+static pthread_mutex_t gpuTime = PTHREAD_MUTEX_INITIALIZER;
+static long long monoNs(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+static long long perLaunchNs(void) {
+  long long v = __atomic_load_n(&launchNs, __ATOMIC_RELAXED);
+  if (v < 0) {
+    const char *env = getenv("CUDA_STANDIN_LAUNCH_US");
+    v = env && atoll(env) > 0 ? atoll(env) * 1000LL : 0;
+    __atomic_store_n(&launchNs, v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+/* Sleeps until CLOCK_MONOTONIC reaches `until` ns. */
+static void sleepUntil(long long until) {
+  for (long long now = monoNs(); now < until; now = monoNs()) {
+    struct timespec d = {(until - now) / 1000000000LL, (until - now) % 1000000000LL};
+    nanosleep(&d, NULL);
+  }
+}
 
 static int builtinStream(CUstream s) { return (uintptr_t)s <= 2; }
 /* A stream of a primary context reset since it was made: freed memory in the real driver. */
@@ -1194,14 +1226,26 @@ EXPORT CUresult cuStreamDestroy(CUstream hStream) {
   return CUDA_SUCCESS;
 }
 
+/* When a stream's work so far is done (0 for the legacy and per-thread streams). */
+static long long streamDone(CUstream s) {
+  if (builtinStream(s)) return 0;
+  pthread_mutex_lock(&gpuTime);
+  long long t = s->busyUntil;
+  pthread_mutex_unlock(&gpuTime);
+  return t;
+}
+
 EXPORT CUresult cuStreamQuery(CUstream hStream) {
   COUNTED();
-  return validStream(hStream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  if (!validStream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
+  return streamDone(hStream) > monoNs() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
   COUNTED();
-  return validStream(hStream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  if (!validStream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
+  sleepUntil(streamDone(hStream));
+  return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
@@ -1232,10 +1276,19 @@ EXPORT CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
   return *pctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
+static long long eventReadyAt(CUevent e);
+
 EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int flags) {
   COUNTED();
   (void)flags;
-  return validStream(hStream) && hEvent ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  if (!validStream(hStream) || !hEvent) return CUDA_ERROR_INVALID_HANDLE;
+  if (!builtinStream(hStream)) {
+    long long ready = eventReadyAt(hEvent);
+    pthread_mutex_lock(&gpuTime);
+    if (hStream->busyUntil < ready) hStream->busyUntil = ready;
+    pthread_mutex_unlock(&gpuTime);
+  }
+  return CUDA_SUCCESS;
 }
 
 /* Streams never capture. */
@@ -1319,9 +1372,12 @@ struct CUevent_st {
   unsigned flags;
   int recorded;
   struct timespec when;
+  long long readyAt; /* CLOCK_MONOTONIC ns when the work before its record is done */
 };
 
 static int validEvent(CUevent e) { return e != NULL && e->magic == EVENT_MAGIC; }
+/* When the work before the event's last record is done (0: at once, or not the stand-in's). */
+static long long eventReadyAt(CUevent e) { return validEvent(e) ? __atomic_load_n(&e->readyAt, __ATOMIC_ACQUIRE) : 0; }
 
 EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int flags) {
   COUNTED();
@@ -1346,6 +1402,13 @@ static CUresult record(CUevent e, CUstream s) {
   if (!validEvent(e) || !validStream(s)) return CUDA_ERROR_INVALID_HANDLE;
   e->recorded = 1;
   if (!(e->flags & CU_EVENT_DISABLE_TIMING)) clock_gettime(CLOCK_MONOTONIC, &e->when);
+  long long ready = 0;
+  if (!builtinStream(s) && perLaunchNs() > 0) {
+    pthread_mutex_lock(&gpuTime);
+    ready = s->busyUntil;
+    pthread_mutex_unlock(&gpuTime);
+  }
+  __atomic_store_n(&e->readyAt, ready, __ATOMIC_RELEASE);
   return CUDA_SUCCESS;
 }
 
@@ -1362,12 +1425,15 @@ EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigne
 
 EXPORT CUresult cuEventQuery(CUevent hEvent) {
   COUNTED();
-  return validEvent(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  if (!validEvent(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
+  return eventReadyAt(hEvent) > monoNs() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
   COUNTED();
-  return validEvent(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  if (!validEvent(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
+  sleepUntil(eventReadyAt(hEvent));
+  return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
@@ -1654,18 +1720,32 @@ static CUresult runKnownKernel(CUfunction f, void **params) {
   return copy(*(CUdeviceptr *)params[0], *(CUdeviceptr *)params[1], (size_t)*(uint64_t *)params[2]);
 }
 
+/* A launch on `s` keeps it busy for CUDA_STANDIN_LAUNCH_US after its earlier work. */
+static void occupy(CUstream s) {
+  long long ns = perLaunchNs();
+  if (ns == 0 || builtinStream(s)) return;
+  pthread_mutex_lock(&gpuTime);
+  long long now = monoNs();
+  s->busyUntil = (s->busyUntil > now ? s->busyUntil : now) + ns;
+  pthread_mutex_unlock(&gpuTime);
+}
+
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                                unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                                unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
   COUNTED();
   CUresult r = checkLaunch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
                            hStream, kernelParams, extra);
+  if (r == CUDA_SUCCESS) occupy(hStream);
   return r == CUDA_SUCCESS ? runKnownKernel(f, kernelParams) : r;
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {
   COUNTED();
   if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
-  return checkLaunch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
-                     config->blockDimZ, config->sharedMemBytes, config->hStream, kernelParams, extra);
+  CUresult r = checkLaunch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                           config->blockDimY, config->blockDimZ, config->sharedMemBytes, config->hStream,
+                           kernelParams, extra);
+  if (r == CUDA_SUCCESS) occupy(config->hStream);
+  return r;
 }
