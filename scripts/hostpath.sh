@@ -4,8 +4,8 @@
 # (.device/lib), NVIDIA's 2.28.9 (PyTorch's, found through python3's nvidia.nccl) and NVIDIA's
 # 2.32.3 (.device/ref, made by ../shared/tools/nccl-reference 2.32.3 90 .device/ref). Writes
 # ${OUT:-/tmp/hostpath}/hostpath.tar.gz: <lib>-<mode>-<run>.txt (ROW lines: host µs per call,
-# stream µs per operation, the process's CPU µs per call), side-by-side.txt (also left beside the archive), profile.txt
-# (oxccl's host profile of each mode), runs.txt and floor.txt (what the CUDA driver alone
+# stream µs per operation, the process's CPU µs per call), side-by-side.txt (also left beside
+# the archive), profile.txt (oxccl's host profile of each mode), runs.txt and floor.txt (what the CUDA driver alone
 # charges per copy, kernel launch and event record: ffi-tests/gpu/enqueue_floor.c). Modes: 1 = one rank, 2 = two ranks of one
 # process (group calls), p = two processes (under MPS when nvidia-cuda-mps-control starts a
 # daemon; it is stopped at the end).

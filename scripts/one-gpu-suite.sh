@@ -650,7 +650,9 @@ nccl_tests_step() {
   plan percall "$name" "$nominal" "${LEAVE:-0}" || return 0
   local dir=$OUT/percall/${name//[^A-Za-z0-9._-]/_}
   mkdir -p "$dir"
-  local libs="ours=$OURS nv2323=.device/ref/lib/libnccl.so.2${NVLIB:+ nv2289=$NVLIB}"
+  local libs="ours=$OURS" ref
+  ref=$(ref_232_dir) && libs+=" nv2323=$ref/libnccl.so.2"
+  [ -n "$NVLIB" ] && libs+=" nv2289=$NVLIB"
   runstep percall "$name" env NT_LIBS="$libs" NT_BUDGET_S=$((LIMIT - 15)) OUT="$dir" "$@" "$HERE/nccl-tests.sh" run
   local verdict
   case $RC in
